@@ -1,0 +1,57 @@
+# The one entry point for people and CI (README: `make test`, `make tour`).
+# Everything is built from scratch into a virtual environment under .venv.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export CARGO_TERM_COLOR ?= never
+export PYTHONUNBUFFERED := 1
+
+.PHONY: venv develop test test-rust test-python wheel-check tour bench wheel clean
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "maturin==1.16.0" "numpy>=2.0,<2.6" "pytest>=8" "hypothesis>=6" "scipy>=1.11" \
+	    "tqdm>=4.60" "matplotlib>=3.7" \
+	    "nvidia-cuda-nvrtc==13.*" "nvidia-cuda-runtime==13.*" "cuda-bindings==13.*"
+	touch $@
+
+venv: $(VENV)/.stamp
+
+# Builds the extension with the `ci` profile (the same profile `cargo test` uses below, so the
+# dependencies compile once) and installs the package editable into the venv.
+develop: venv
+	$(VENV)/bin/maturin develop --locked --profile ci
+
+test-rust:
+	cargo test --locked --profile ci
+	cargo bench --locked --no-run
+
+test-python: develop
+	$(PY) -m pytest -q tests
+
+# The abi3 release wheel installs into a fresh venv and runs `maleki tour` there.
+wheel-check: venv
+	rm -rf dist $(VENV)-wheel
+	$(VENV)/bin/maturin build --release --locked -o dist
+	$(PYTHON) -m venv $(VENV)-wheel
+	$(VENV)-wheel/bin/python -m pip install -q dist/*.whl
+	cd /tmp && $(CURDIR)/$(VENV)-wheel/bin/maleki --version && $(CURDIR)/$(VENV)-wheel/bin/maleki tour
+
+test: test-rust test-python wheel-check
+
+tour:
+	$(PYTHON) -m pip install . && maleki tour
+
+bench: develop
+	cargo bench --locked
+	$(PY) -m pip install -q ".[bench]"
+	$(PY) benches/run_all.py
+
+wheel: venv
+	$(VENV)/bin/maturin build --release --locked -o dist
+
+clean:
+	rm -rf $(VENV) $(VENV)-wheel dist target python/maleki_rs/_cuda python/maleki_rs/*.so

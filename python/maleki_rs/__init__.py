@@ -1,0 +1,88 @@
+"""maleki_rs: seven research systems as one Python library with a Rust core.
+
+Subsystems are imported lazily (``maleki_rs.pose``, ``maleki_rs.tessel``, ...), so
+``import maleki_rs`` stays cheap and never imports optional dependencies (CuPy, scipy,
+matplotlib). See :func:`show_config` for what this installation provides.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from . import _core
+from .exceptions import MalekiError
+
+__version__: str = _core.__version__
+
+#: Every subsystem of the design; the ones present in this installation are :data:`AVAILABLE`.
+SUBSYSTEMS: tuple[str, ...] = ("pose", "tessel", "msgemm", "adasum", "symsgd", "any2vec", "hisa")
+AVAILABLE: tuple[str, ...] = tuple(
+    name for name in SUBSYSTEMS if importlib.util.find_spec(f"{__name__}.{name}") is not None
+)
+
+__all__ = [
+    "__version__",
+    "SUBSYSTEMS",
+    "AVAILABLE",
+    "MalekiError",
+    "set_num_threads",
+    "get_num_threads",
+    "show_config",
+    *AVAILABLE,
+]
+
+
+def set_num_threads(n: int) -> None:
+    """Sets the number of threads of maleki_rs's own thread pool.
+
+    The default is the environment variable ``MALEKI_RS_NUM_THREADS``, else the number of
+    available cores. maleki_rs never touches rayon's global pool, so other Rust extensions in
+    the same process are unaffected. Calls already running keep their threads.
+
+    Parameters
+    ----------
+    n : int
+        Number of worker threads, ``n >= 1``.
+    """
+    from ._util.validate import check_int
+
+    _core.set_num_threads(check_int(n, "n", min=1, max=4096))
+
+
+def get_num_threads() -> int:
+    """The number of threads of maleki_rs's thread pool."""
+    return int(_core.get_num_threads())
+
+
+def show_config(file: Any = None) -> dict[str, Any]:
+    """Prints (and returns) the version, build, CPU features, threads and subsystems."""
+    from . import _gpu
+
+    info = dict(_core.build_info())
+    info["num_threads"] = get_num_threads()
+    info["subsystems"] = {name: (name in AVAILABLE) for name in SUBSYSTEMS}
+    info["gpu"] = _gpu.describe()
+    lines = [f"maleki_rs {info['version']}"]
+    lines.append(f"  build: {'debug-assertions' if info['debug_assertions'] else 'release'}, "
+                 f"{info['target_arch']}-{info['target_os']}")
+    lines.append(f"  cpu features: {', '.join(info['cpu_features']) or 'none detected'}")
+    lines.append(f"  threads: {info['num_threads']}")
+    lines.append("  subsystems: " + ", ".join(f"{n} ({'available' if a else 'not built yet'})"
+                                              for n, a in info["subsystems"].items()))
+    lines.append(f"  gpu: {info['gpu']}")
+    print("\n".join(lines), file=file)
+    return info
+
+
+def __getattr__(name: str) -> Any:
+    if name in AVAILABLE:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(AVAILABLE))

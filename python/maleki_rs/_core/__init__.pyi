@@ -1,0 +1,9 @@
+"""Type stubs of the compiled module ``maleki_rs._core`` (private; use the package API)."""
+
+from typing import Any
+
+__version__: str
+
+def set_num_threads(n: int) -> None: ...
+def get_num_threads() -> int: ...
+def build_info() -> dict[str, Any]: ...

@@ -1,0 +1,1 @@
+"""Private helpers shared by the subsystems: validation, seeds, progress."""

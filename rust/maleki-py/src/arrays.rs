@@ -1,0 +1,43 @@
+//! numpy array helpers shared by the subsystem bindings.
+//!
+//! The Python wrappers pass arrays through `np.ascontiguousarray(x, dtype=...)`, so the Rust
+//! side can insist on C-contiguous data of one dtype and read it as a slice without copying.
+//! Results are built as `Vec`s and moved into numpy without a copy.
+
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{Element, IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// The contiguous data of `a` as a slice, or a `ValueError` naming `name`.
+pub fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>, name: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| {
+        PyValueError::new_err(format!("{name}: array must be C-contiguous (pass it through np.ascontiguousarray)"))
+    })
+}
+
+/// Checks `a`'s shape against `expected`, where `None` matches any length. Returns the shape.
+pub fn shape_of(a: &PyReadonlyArrayDyn<'_, impl Element>, name: &str, expected: &[Option<usize>]) -> PyResult<Vec<usize>> {
+    let got = a.shape().to_vec();
+    let ok = got.len() == expected.len() && got.iter().zip(expected).all(|(g, e)| e.is_none_or(|e| e == *g));
+    if ok {
+        Ok(got)
+    } else {
+        let want: Vec<String> = expected
+            .iter()
+            .map(|e| e.map_or("*".to_string(), |v| v.to_string()))
+            .collect();
+        Err(PyValueError::new_err(format!(
+            "{name}: expected shape ({}), got {:?}",
+            want.join(", "),
+            got
+        )))
+    }
+}
+
+/// Moves `data` into a new numpy array of the given shape (no copy).
+pub fn to_numpy<'py, T: Element>(py: Python<'py>, data: Vec<T>, shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let arr = ArrayD::from_shape_vec(IxDyn(shape), data)
+        .map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
+    Ok(arr.into_pyarray(py))
+}

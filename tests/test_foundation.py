@@ -1,0 +1,163 @@
+"""The house: package import, configuration, threads, exceptions, the `maleki` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import maleki_rs
+from maleki_rs import cli, exceptions
+from maleki_rs._util import validate
+from maleki_rs._util.progress import reporter
+from maleki_rs._util.rng import generator, resolve_seed
+
+
+def test_version_matches_the_compiled_core():
+    assert maleki_rs.__version__ == maleki_rs._core.__version__
+    assert maleki_rs.__version__.count(".") == 2
+
+
+def test_importing_does_not_import_cupy_or_scipy():
+    code = "import sys, maleki_rs; maleki_rs.show_config(); print('cupy' in sys.modules, 'scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_show_config_lists_subsystems(capsys):
+    info = maleki_rs.show_config()
+    assert set(info["subsystems"]) == set(maleki_rs.SUBSYSTEMS)
+    assert info["num_threads"] == maleki_rs.get_num_threads() >= 1
+    assert "maleki_rs" in capsys.readouterr().out
+
+
+def test_set_num_threads_round_trip_and_validation():
+    old = maleki_rs.get_num_threads()
+    try:
+        maleki_rs.set_num_threads(1)
+        assert maleki_rs.get_num_threads() == 1
+        maleki_rs.set_num_threads(2)
+        assert maleki_rs.get_num_threads() == 2
+    finally:
+        maleki_rs.set_num_threads(old)
+    with pytest.raises(ValueError, match="n: must be >= 1"):
+        maleki_rs.set_num_threads(0)
+    with pytest.raises(TypeError, match="expected an integer"):
+        maleki_rs.set_num_threads(1.5)
+    with pytest.raises(ValueError, match="at least 1"):
+        maleki_rs._core.set_num_threads(-3)
+
+
+def test_thread_count_from_environment():
+    code = "import maleki_rs; print(maleki_rs.get_num_threads())"
+    env = {"MALEKI_RS_NUM_THREADS": "3", "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "3"
+
+
+def test_exceptions_subclass_the_expected_builtins():
+    assert issubclass(exceptions.DegenerateGeometryError, ValueError)
+    assert issubclass(exceptions.ConvergenceError, RuntimeError)
+    assert issubclass(exceptions.InfeasibleError, ValueError)
+    assert issubclass(exceptions.GPUUnavailableError, RuntimeError)
+    for name in exceptions.__all__:
+        assert issubclass(getattr(exceptions, name), exceptions.MalekiError)
+
+
+def test_unknown_attribute_raises_attribute_error():
+    with pytest.raises(AttributeError):
+        maleki_rs.not_a_subsystem  # noqa: B018
+
+
+class TestValidate:
+    def test_float_array_accepts_views_and_fortran_order(self):
+        base = np.arange(24.0).reshape(4, 6)
+        for x in (base[:, ::2], np.asfortranarray(base[:, :3]), base[:, :3].astype(np.float32), [[1, 2, 3]] * 4):
+            out = validate.as_float_array(x, "x", shape=(None, 3))
+            assert out.flags.c_contiguous and out.dtype == np.float64
+            np.testing.assert_array_equal(out, np.asarray(x, dtype=np.float64))
+
+    def test_no_copy_when_already_matching(self):
+        x = np.zeros((5, 3))
+        assert validate.as_float_array(x, "x", shape=(None, 3)) is x
+
+    @pytest.mark.parametrize(
+        "x, exc, msg",
+        [
+            (np.zeros((4, 2)), ValueError, r"x: expected shape \(\*, 3\), got \(4, 2\)"),
+            (np.zeros((0, 3)), ValueError, "non-empty"),
+            (np.array([[1, np.nan, 0]]), ValueError, r"non-finite value at index \(0, 1\)"),
+            (np.array([["a", "b", "c"]]), TypeError, "real numeric"),
+            (np.array([[1j, 0, 0]]), TypeError, "real numeric"),
+            (np.array([[True, False, True]]), TypeError, "real numeric"),
+            (None, TypeError, "got None"),
+        ],
+    )
+    def test_float_array_rejects(self, x, exc, msg):
+        with pytest.raises(exc, match=msg):
+            validate.as_float_array(x, "x", shape=(None, 3))
+
+    def test_scalars(self):
+        assert validate.check_int(np.int32(4), "k", min=1) == 4
+        with pytest.raises(TypeError):
+            validate.check_int(True, "k")
+        with pytest.raises(ValueError, match="k: must be <= 3"):
+            validate.check_int(4, "k", max=3)
+        assert validate.check_float(2, "tol", min=0, min_exclusive=True) == 2.0
+        with pytest.raises(ValueError, match="must be > 0"):
+            validate.check_float(0.0, "tol", min=0, min_exclusive=True)
+        with pytest.raises(ValueError, match="finite"):
+            validate.check_float(float("nan"), "tol")
+        with pytest.raises(ValueError, match="one of 'a', 'b'"):
+            validate.check_choice("c", "mode", ("a", "b"))
+
+    def test_int_array(self):
+        np.testing.assert_array_equal(validate.as_int_array([1.0, 2.0], "o"), [1, 2])
+        with pytest.raises(ValueError, match="integer values"):
+            validate.as_int_array([1.5], "o")
+        with pytest.raises(ValueError, match="values must lie"):
+            validate.as_int_array([300], "o", dtype=np.uint8)
+
+
+def test_seeds_are_resolved_and_streams_independent():
+    s = resolve_seed(None)
+    assert 0 <= s < 2**64
+    assert resolve_seed(7) == 7
+    with pytest.raises(ValueError):
+        resolve_seed(-1)
+    a = generator(7, 0).standard_normal(4)
+    np.testing.assert_array_equal(a, generator(7, 0).standard_normal(4))
+    assert not np.array_equal(a, generator(7, 1).standard_normal(4))
+
+
+def test_progress_argument_resolution():
+    seen = []
+    with reporter(lambda d, t: seen.append((d, t)), "x") as rep:
+        rep.callback(1, 2)
+    assert seen == [(1, 2)]
+    assert reporter(False, "x").callback is None
+    with pytest.raises(TypeError, match="progress"):
+        reporter("yes", "x")
+
+
+class TestCommand:
+    def run(self, *args):
+        return subprocess.run([sys.executable, "-m", "maleki_rs", *args], capture_output=True, text=True)
+
+    def test_version(self):
+        out = self.run("--version")
+        assert out.returncode == 0 and maleki_rs.__version__ in out.stdout
+
+    def test_no_command_prints_help(self):
+        out = self.run()
+        assert out.returncode == 2 and "tour" in out.stdout
+
+    def test_bad_thread_count_is_an_error(self):
+        out = self.run("--threads", "0", "tour")
+        assert out.returncode == 2 and "must be >= 1" in out.stderr
+
+    def test_tour_rejects_unknown_subsystem(self, capsys):
+        assert cli.main(["tour", "--only", "nope"]) == 2
+        assert "not available: nope" in capsys.readouterr().err
