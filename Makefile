@@ -39,6 +39,9 @@ wheel-check: venv
 	$(PYTHON) -m venv $(VENV)-wheel
 	$(VENV)-wheel/bin/python -m pip install -q dist/*.whl
 	cd /tmp && $(CURDIR)/$(VENV)-wheel/bin/maleki --version && $(CURDIR)/$(VENV)-wheel/bin/maleki tour
+	cd /tmp && $(CURDIR)/$(VENV)-wheel/bin/python -c "from maleki_rs._gpu.loader import cuda_root, source_path; \
+	    import maleki_rs, pathlib; r = cuda_root(); assert pathlib.Path(maleki_rs.__file__).parent in r.parents, r; \
+	    print('packaged CUDA sources:', sorted(str(p.relative_to(r)) for p in r.rglob('*.cu')))"
 
 test: test-rust test-python wheel-check
 

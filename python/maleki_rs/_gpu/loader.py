@@ -28,7 +28,8 @@ def cuda_root() -> Path:
     candidates = [Path(env)] if env else []
     candidates += [_PACKAGE.parent.parent / "cuda", _PACKAGE / "_cuda"]
     for c in candidates:
-        if c.is_dir() and any(c.rglob("*.cu")):
+        # A kernel tree has the shared headers; this rules out unrelated folders named cuda/.
+        if (c / "include" / "maleki").is_dir():
             return c
     raise FileNotFoundError(
         "maleki_rs CUDA sources not found (looked in: " + ", ".join(str(c) for c in candidates) + ")"
