@@ -43,7 +43,8 @@ wheel-check: venv
 	    import maleki_rs, pathlib; r = cuda_root(); assert pathlib.Path(maleki_rs.__file__).parent in r.parents, r; \
 	    print('packaged CUDA sources:', sorted(str(p.relative_to(r)) for p in r.rglob('*.cu')))"
 
-test: test-rust test-python wheel-check
+# pytest runs last so that its summary closes the log.
+test: test-rust wheel-check test-python
 
 tour:
 	$(PYTHON) -m pip install . && maleki tour
