@@ -15,10 +15,12 @@
 pub mod count;
 pub mod format;
 pub mod gemm;
+pub mod interop;
 pub mod kernels;
 pub mod layout;
 pub mod packed;
 pub mod plan;
+pub mod quantize;
 pub mod table;
 
 pub use format::{Codebook, Format};
@@ -26,3 +28,4 @@ pub use gemm::{gemm, gemm_counted, gemm_into, Depth, GemmOptions};
 pub use kernels::Backend;
 pub use packed::PackedWeights;
 pub use plan::{Plan, TablePrecision};
+pub use quantize::{quantize, QuantizeOptions};
