@@ -165,7 +165,7 @@ impl Packed {
     ) -> PyResult<Packed> {
         let m = packed.shape()[0];
         let groups = scales.shape()[1];
-        if groups == 0 || k % groups != 0 {
+        if groups == 0 || !k.is_multiple_of(groups) {
             return Err(PyValueError::new_err(format!("scales: {groups} groups do not divide K = {k}")));
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;

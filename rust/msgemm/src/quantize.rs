@@ -229,7 +229,7 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(w: &[T], m: usize, k: usize, opts: &
         return Err(Error::invalid("w", format!("contains a non-finite value at index ({}, {})", i / k, i % k)));
     }
     let g = opts.group_size.unwrap_or(k);
-    if g == 0 || k % g != 0 {
+    if g == 0 || !k.is_multiple_of(g) {
         return Err(Error::invalid(
             "group_size",
             format!("must divide K = {k} (pad K with zero weights otherwise), got {g}"),

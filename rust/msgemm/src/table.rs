@@ -128,13 +128,12 @@ pub fn build_f32_table(plan: &Plan, xs: &[f32], prod: &mut [f32], out: &mut [f32
     for j in 1..r {
         let lim = if j + 1 == r { used } else { p * v };
         let pj = &prod[j * v..(j + 1) * v];
-        for c in 1..v {
+        for (c, &add) in pj.iter().enumerate().skip(1) {
             let lo = c * p;
             if lo >= lim {
                 break;
             }
             let hi = (lo + p).min(lim);
-            let add = pj[c];
             let (src, dst) = out.split_at_mut(lo);
             for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
                 *o = s + add;
@@ -166,13 +165,12 @@ pub fn build_int_table(plan: &Plan, xq: &[i32], prod: &mut [i32], out: &mut [i32
     for j in 1..r {
         let lim = if j + 1 == r { used } else { p * v };
         let pj = &prod[j * v..(j + 1) * v];
-        for c in 1..v {
+        for (c, &add) in pj.iter().enumerate().skip(1) {
             let lo = c * p;
             if lo >= lim {
                 break;
             }
             let hi = (lo + p).min(lim);
-            let add = pj[c];
             let (src, dst) = out.split_at_mut(lo);
             for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
                 *o = s + add;
