@@ -206,3 +206,22 @@ def test_no_input_reaches_a_panic(m, k, groups, n, fmt, depth, table, backend, m
     _no_panic(lambda: mg.msgemm(w, x, depth=depth, mirror=mirror, count=True))
     _no_panic(lambda: mg.quantize(np.full((max(m, 0), max(k, 0)), value), fmt, groups if groups > 0 else None))
     _no_panic(lambda: mg.op_counts(m, k, max(n, 0), format=fmt, depth=depth, group_size=groups, mirror=mirror))
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_threads_argument_survives_fork(pw):
+    import multiprocessing as mp
+    import sys
+
+    if sys.platform != "linux":
+        pytest.skip("fork start method is Linux-only here")
+    x = np.ones(512, np.float32)
+    want = mg.msgemm(pw, x, threads=2)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as p:
+        got = p.apply_async(_child_call, (pw, x)).get(timeout=60)
+    np.testing.assert_array_equal(got, want)
+
+
+def _child_call(pw, x):
+    return mg.msgemm(pw, x, threads=2)

@@ -36,14 +36,24 @@ fn to_array2<T: numpy::Element>(py: Python<'_>, data: Vec<T>, rows: usize, cols:
     Ok(a.into_pyarray(py))
 }
 
-/// Pools of a given size for `threads=` (built once per size, owned by the library).
+/// Pools of a given size for `threads=` (built once per size and process, owned by the
+/// library). A forked child does not inherit the parent's worker threads: pools built by
+/// another process id are leaked (dropping them would signal threads that do not exist) and
+/// rebuilt.
 fn pool_of(threads: usize) -> CoreResult<Arc<ThreadPool>> {
-    static POOLS: Mutex<Option<HashMap<usize, Arc<ThreadPool>>>> = Mutex::new(None);
+    type Pools = (u32, HashMap<usize, Arc<ThreadPool>>);
+    static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
     if threads == 0 || threads > 4096 {
         return Err(Error::invalid("threads", format!("must be in 1..=4096, got {threads}")));
     }
+    let pid = std::process::id();
     let mut guard = POOLS.lock().unwrap_or_else(|e| e.into_inner());
-    let map = guard.get_or_insert_with(HashMap::new);
+    if guard.as_ref().is_some_and(|(owner, _)| *owner != pid) {
+        if let Some(old) = guard.take() {
+            std::mem::forget(old);
+        }
+    }
+    let (_, map) = guard.get_or_insert_with(|| (pid, HashMap::new()));
     if let Some(p) = map.get(&threads) {
         return Ok(Arc::clone(p));
     }
