@@ -1,0 +1,348 @@
+//! `Y = Wd @ X` through look-up tables: planning, dispatch and the parallel driver.
+//!
+//! Work is split into table sets (a chunk of groups for a chunk of columns, kept under a
+//! memory budget) and, within each, into contiguous chunks of 64-row blocks run in parallel
+//! on the current rayon pool (callers run it inside `maleki_common::pool::install`). Every
+//! `y[m, n]` is accumulated over its groups in ascending order by exactly one task, and the
+//! tables do not depend on the split, so results are bitwise identical on any thread count.
+
+use std::borrow::Cow;
+
+use maleki_common::{Error, Result};
+use rayon::prelude::*;
+
+use crate::count::{self, OpCounts};
+use crate::kernels::{self, Backend, LutKernel, RowJob};
+use crate::layout::ROW_BLOCK;
+use crate::packed::PackedWeights;
+use crate::plan::{Plan, TablePrecision};
+use crate::table::{self, TableSet};
+
+/// Table depth of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// `argmax_d R(d)` of the operation-count model among the depths with byte indices
+    /// (`V^d <= 256`) that the chosen backend implements.
+    Auto,
+    Fixed(usize),
+}
+
+/// Options of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmOptions {
+    pub depth: Depth,
+    pub precision: TablePrecision,
+    pub backend: Backend,
+    /// Build only half of each table using the codebook's mirror symmetry.
+    pub mirror: bool,
+}
+
+impl Default for GemmOptions {
+    fn default() -> Self {
+        GemmOptions {
+            depth: Depth::Auto,
+            precision: TablePrecision::I8,
+            backend: Backend::Auto,
+            mirror: false,
+        }
+    }
+}
+
+/// How X is laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XLayout {
+    /// `(K, N)` row-major (a numpy C-order `(K, N)` array).
+    #[default]
+    KbyN,
+    /// `(N, K)` row-major: X transposed (a Fortran-order `(K, N)` array, or the `(B, K)`
+    /// activations of a linear layer).
+    NbyK,
+}
+
+/// Memory budget of one table set (bytes of entries).
+pub const TABLE_BUDGET: usize = 8 << 20;
+
+fn plan_for(pw: &PackedWeights, n: usize, depth: usize, opts: &GemmOptions) -> Result<Plan> {
+    Plan::new(
+        pw.codebook(),
+        pw.m(),
+        pw.k(),
+        n,
+        pw.group_size(),
+        pw.zeros().is_some(),
+        depth,
+        opts.precision,
+        opts.mirror,
+    )
+}
+
+fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
+    match backend {
+        Backend::Reference => plan.precision == TablePrecision::F32,
+        Backend::Auto | Backend::Scalar => true,
+        b => kernels::select(b, plan).is_ok(),
+    }
+}
+
+/// Resolves the depth of a call (see [`Depth::Auto`]).
+pub fn resolve_depth(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<usize> {
+    let cb = pw.codebook();
+    match opts.depth {
+        Depth::Fixed(d) => {
+            cb.check_depth(d)?;
+            Ok(d)
+        }
+        Depth::Auto => {
+            let mut candidates: Vec<usize> = Vec::new();
+            for d in 1..=cb.max_byte_depth() {
+                if let Ok(p) = plan_for(pw, n, d, opts) {
+                    if backend_accepts(opts.backend, &p) {
+                        candidates.push(d);
+                    }
+                }
+            }
+            // With `auto`, prefer the depths a fast (SIMD) kernel implements on this machine.
+            if opts.backend == Backend::Auto {
+                let fast: Vec<usize> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|&d| {
+                        plan_for(pw, n, d, opts).is_ok_and(|p| {
+                            kernels::registered().into_iter().any(|k| {
+                                k.backend() != Backend::Scalar && k.available() && k.supports(&p)
+                            })
+                        })
+                    })
+                    .collect();
+                if !fast.is_empty() {
+                    candidates = fast;
+                }
+            }
+            let (m, v) = (pw.m() as u64, cb.levels() as u64);
+            let mut best: Option<(usize, f64)> = None;
+            for d in candidates {
+                let r = count::model_ratio(m, v, d as u64, opts.mirror);
+                if best.is_none_or(|(_, br)| r > br) {
+                    best = Some((d, r));
+                }
+            }
+            // No candidate: report the error of the natural depth.
+            match best {
+                Some((d, _)) => Ok(d),
+                None => {
+                    let d = cb.natural_depth().min(cb.max_depth());
+                    let p = plan_for(pw, n, d, opts)?;
+                    if opts.backend != Backend::Reference {
+                        kernels::select(opts.backend, &p)?;
+                    }
+                    Err(Error::Unsupported(format!(
+                        "no depth of backend '{}' fits this call",
+                        opts.backend.name()
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// The plan of a call (validated; depth resolved).
+pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
+    let d = resolve_depth(pw, n, opts)?;
+    plan_for(pw, n, d, opts)
+}
+
+fn check_inputs(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    y_len: Option<usize>,
+) -> Result<()> {
+    if n == 0 {
+        return Err(Error::invalid("x", "must have at least one column"));
+    }
+    if x.len() != pw.k() * n {
+        let want = match layout {
+            XLayout::KbyN => format!("({}, {n})", pw.k()),
+            XLayout::NbyK => format!("({n}, {})", pw.k()),
+        };
+        return Err(Error::shape("x", want, format!("{} values", x.len())));
+    }
+    if let Some(len) = y_len {
+        if len != pw.m() * n {
+            return Err(Error::shape(
+                "out",
+                format!("({}, {n})", pw.m()),
+                format!("{len} values"),
+            ));
+        }
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::invalid(
+            "x",
+            format!("contains a non-finite value ({}) at flat index {i}", x[i]),
+        ));
+    }
+    Ok(())
+}
+
+/// X to `(N, K)` row-major in packed column order (no copy when X already is, e.g. N = 1 or
+/// [`XLayout::NbyK`], without a permutation).
+pub fn transpose_permute<'a>(
+    pw: &PackedWeights,
+    x: &'a [f32],
+    n: usize,
+    layout: XLayout,
+) -> Cow<'a, [f32]> {
+    let k = pw.k();
+    match (n, layout, pw.k_perm()) {
+        (1, _, None) | (_, XLayout::NbyK, None) => Cow::Borrowed(x),
+        (_, XLayout::NbyK, Some(perm)) => {
+            let mut xt = vec![0f32; n * k];
+            xt.par_chunks_mut(k)
+                .zip(x.par_chunks(k))
+                .for_each(|(row, src)| {
+                    for (o, &p) in row.iter_mut().zip(perm) {
+                        *o = src[p as usize];
+                    }
+                });
+            Cow::Owned(xt)
+        }
+        (_, XLayout::KbyN, perm) => {
+            let mut xt = vec![0f32; n * k];
+            xt.par_chunks_mut(k).enumerate().for_each(|(col, row)| {
+                for (j, o) in row.iter_mut().enumerate() {
+                    let src = perm.map_or(j, |p| p[j] as usize);
+                    *o = x[src * n + col];
+                }
+            });
+            Cow::Owned(xt)
+        }
+    }
+}
+
+/// Table sets of a call: `(group range, column range)` chunks under [`TABLE_BUDGET`], in
+/// order (groups ascending within each column chunk).
+fn table_chunks(plan: &Plan) -> Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let bb = table::block_bytes(plan).max(1);
+    let cols_per = (TABLE_BUDGET / bb).clamp(1, plan.n);
+    let mut out = Vec::new();
+    let mut c0 = 0;
+    while c0 < plan.n {
+        let c1 = (c0 + cols_per).min(plan.n);
+        let groups_per = (TABLE_BUDGET / (bb * (c1 - c0))).clamp(1, plan.groups);
+        let mut g0 = 0;
+        while g0 < plan.groups {
+            let g1 = (g0 + groups_per).min(plan.groups);
+            out.push((g0..g1, c0..c1));
+            g0 = g1;
+        }
+        c0 = c1;
+    }
+    out
+}
+
+/// Row blocks per parallel task: about 4 tasks per thread, at least one block.
+fn blocks_per_task(plan: &Plan) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    plan.row_blocks.div_ceil(4 * threads).max(1)
+}
+
+/// Runs the plan with `kernel` into `y` (`(M, N)` row-major, overwritten).
+pub fn run_plan(
+    pw: &PackedWeights,
+    plan: &Plan,
+    kernel: &dyn LutKernel,
+    xt: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let layout = pw.layout(plan.depth())?;
+    let scales = pw.tiled_scales();
+    let zeros: Option<&[f32]> = if plan.zero_term {
+        Some(match plan.mirror {
+            Some(mi) => pw.tiled_mirror_zeros(mi.shift),
+            None => pw
+                .tiled_zeros()
+                .expect("zero_term without mirror means zero points"),
+        })
+    } else {
+        None
+    };
+    y.fill(0.0);
+    let per_task = blocks_per_task(plan);
+    let rows_per_task = per_task * ROW_BLOCK;
+    for (groups, cols) in table_chunks(plan) {
+        let mut set = TableSet::zeroed(plan, groups, cols);
+        if !kernel.build_tables(plan, xt, &mut set) {
+            table::build_scalar(plan, xt, &mut set);
+        }
+        let set = &set;
+        y.par_chunks_mut(rows_per_task * plan.n)
+            .enumerate()
+            .for_each(|(i, ychunk)| {
+                let rb0 = i * per_task;
+                let rb1 = (rb0 + per_task).min(plan.row_blocks);
+                let job = RowJob {
+                    plan,
+                    layout,
+                    scales,
+                    zeros,
+                    tables: set,
+                    row_blocks: rb0..rb1,
+                };
+                kernel.accumulate(&job, ychunk);
+            });
+    }
+    Ok(())
+}
+
+/// `y = Wd @ X` for float32 X with `n` columns laid out as `layout`; `y` `(M, N)` row-major is
+/// overwritten. Returns the plan used (depth, precision, ...).
+pub fn gemm_into(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Plan> {
+    check_inputs(pw, x, n, layout, Some(y.len()))?;
+    let plan = plan(pw, n, opts)?;
+    let xt = transpose_permute(pw, x, n, layout);
+    if opts.backend == Backend::Reference {
+        let (out, _) = count::reference_gemm(pw, &plan, &xt)?;
+        y.copy_from_slice(&out);
+        return Ok(plan);
+    }
+    let kernel = kernels::select(opts.backend, &plan)?;
+    run_plan(pw, &plan, kernel, &xt, y)?;
+    Ok(plan)
+}
+
+/// `Wd @ X` for X `(K, N)` row-major, as a new `(M, N)` row-major vector.
+pub fn gemm(pw: &PackedWeights, x: &[f32], n: usize, opts: &GemmOptions) -> Result<Vec<f32>> {
+    let mut y = vec![0f32; pw.m() * n];
+    gemm_into(pw, x, n, XLayout::KbyN, opts, &mut y)?;
+    Ok(y)
+}
+
+/// The instrumented reference run (`backend = reference`, `f32` tables): `(y, counts, plan)`.
+pub fn gemm_counted(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    opts: &GemmOptions,
+) -> Result<(Vec<f32>, OpCounts, Plan)> {
+    if opts.backend != Backend::Reference {
+        return Err(Error::invalid(
+            "count",
+            "count=True needs backend='reference'",
+        ));
+    }
+    check_inputs(pw, x, n, layout, None)?;
+    let plan = plan(pw, n, opts)?;
+    let xt = transpose_permute(pw, x, n, layout);
+    let (y, c) = count::reference_gemm(pw, &plan, &xt)?;
+    Ok((y, c, plan))
+}

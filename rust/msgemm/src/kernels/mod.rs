@@ -1,0 +1,174 @@
+//! Phase 2 kernels: accumulate table entries for blocks of 64 rows (spec sections 2 and 5).
+//!
+//! Every backend implements [`LutKernel`]. [`select`] resolves a [`Backend`] request for a
+//! [`Plan`] at run time (CPU features, formats and depths each kernel supports). The contract
+//! every kernel satisfies (bitwise equality with [`scalar`], the fixed order of operations)
+//! is written in `rust/msgemm/KERNELS.md`.
+//!
+//! Adding a SIMD backend: put it in `kernels/<name>.rs` as a `pub static` implementing
+//! [`LutKernel`], declare the module below, and return it from [`registered`].
+
+use std::ops::Range;
+
+use maleki_common::{Error, Result};
+
+use crate::layout::TileLayout;
+use crate::plan::Plan;
+use crate::table::TableSet;
+
+pub mod scalar;
+
+/// Which kernel runs a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The fastest available kernel that supports the plan (SIMD first, scalar last).
+    Auto,
+    /// AVX-512 BW + VBMI byte-table kernels (Ice Lake, Sapphire Rapids, Zen 4+).
+    Avx512,
+    /// AVX2 `vpshufb` kernels.
+    Avx2,
+    /// The portable scalar kernel: every format, depth and precision; the oracle.
+    Scalar,
+    /// The instrumented copy of the scalar kernel that counts operations (`f32` tables only).
+    Reference,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 5] = [
+        Backend::Auto,
+        Backend::Avx512,
+        Backend::Avx2,
+        Backend::Scalar,
+        Backend::Reference,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Avx512 => "avx512",
+            Backend::Avx2 => "avx2",
+            Backend::Scalar => "scalar",
+            Backend::Reference => "reference",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == name).ok_or_else(|| {
+            Error::invalid(
+                "backend",
+                format!("must be one of 'auto', 'avx512', 'avx2', 'scalar', 'reference'; got {name:?}"),
+            )
+        })
+    }
+}
+
+/// One unit of phase-2 work: a range of row blocks against one table set.
+///
+/// The kernel adds, for every row `m` of the row blocks (rows past `plan.m` excluded), every
+/// column `n` of `tables.cols` and every group `g` of `tables.groups` in ascending order:
+/// `y[m, n] += s[m,g] * (tscale[g,n] * (P[m,n,g] - z[m,g] * zsum[g,n]))` with the exact
+/// operation order of `KERNELS.md`.
+pub struct RowJob<'a> {
+    pub plan: &'a Plan,
+    /// Indices `[g][rb][t][64]` for `plan.tuples.depth`.
+    pub layout: &'a TileLayout,
+    /// Scales tiled `[g][rb][64]`.
+    pub scales: &'a [f32],
+    /// Effective zero points tiled `[g][rb][64]` in units of `plan.table_values`;
+    /// `Some` exactly when `plan.zero_term`.
+    pub zeros: Option<&'a [f32]>,
+    pub tables: &'a TableSet,
+    /// Absolute row-block range.
+    pub row_blocks: Range<usize>,
+}
+
+/// A phase-2 kernel (and optionally a phase-1 table builder).
+pub trait LutKernel: Sync {
+    /// The backend this kernel implements.
+    fn backend(&self) -> Backend;
+
+    /// True when the CPU running this process has the instructions the kernel needs.
+    fn available(&self) -> bool;
+
+    /// True when the kernel implements this plan (format/levels, depth, precision, mirror).
+    fn supports(&self, plan: &Plan) -> bool;
+
+    /// Adds the job's groups into `y`: rows `job.row_blocks.start*64 ..
+    /// min(job.row_blocks.end*64, plan.m)`, all `plan.n` columns, row-major (row stride
+    /// `plan.n`); only the columns `job.tables.cols` are touched. Called only when
+    /// `available()` and `supports(plan)` are true.
+    fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]);
+
+    /// Builds `set` (allocated with [`TableSet::zeroed`]) from `xt` (X transposed and
+    /// permuted, `(N, K)` row-major), bitwise identical to [`crate::table::build_scalar`].
+    /// Returns false when this kernel has no table build for the plan (the scalar build runs).
+    fn build_tables(&self, _plan: &Plan, _xt: &[f32], _set: &mut TableSet) -> bool {
+        false
+    }
+}
+
+/// The kernels compiled into this build, fastest first (the scalar kernel is always last).
+pub fn registered() -> Vec<&'static dyn LutKernel> {
+    let list: Vec<&'static dyn LutKernel> = vec![&scalar::SCALAR];
+    list
+}
+
+/// The kernel for `backend` and `plan`.
+///
+/// `Auto` takes the first registered kernel that is available and supports the plan.
+/// A named SIMD backend that is not compiled in, not supported by the CPU, or does not
+/// implement the plan gives `Error::Unsupported` naming the reason. `Reference` is not a
+/// [`LutKernel`] (see [`crate::count`]) and is rejected here.
+pub fn select(backend: Backend, plan: &Plan) -> Result<&'static dyn LutKernel> {
+    let kernels = registered();
+    match backend {
+        Backend::Reference => Err(Error::invalid(
+            "backend",
+            "'reference' runs through the counting path",
+        )),
+        Backend::Auto => Ok(kernels
+            .into_iter()
+            .find(|k| k.available() && k.supports(plan))
+            .unwrap_or(&scalar::SCALAR)),
+        b => {
+            let k = kernels
+                .into_iter()
+                .find(|k| k.backend() == b)
+                .ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "backend '{}' is not built into this version of maleki_rs",
+                        b.name()
+                    ))
+                })?;
+            if !k.available() {
+                return Err(Error::Unsupported(format!(
+                    "backend '{}' needs CPU instructions this machine lacks",
+                    b.name()
+                )));
+            }
+            if !k.supports(plan) {
+                return Err(Error::Unsupported(format!(
+                    "backend '{}' does not implement V={} depth={} table='{}'{} (use backend='auto' or 'scalar')",
+                    b.name(),
+                    plan.levels,
+                    plan.depth(),
+                    plan.precision.name(),
+                    if plan.mirror.is_some() { " with mirror" } else { "" }
+                )));
+            }
+            Ok(k)
+        }
+    }
+}
+
+/// Backends usable on this machine (compiled in and supported by the CPU), by name, plus
+/// `"reference"`.
+pub fn available_backends() -> Vec<Backend> {
+    let mut out: Vec<Backend> = registered()
+        .into_iter()
+        .filter(|k| k.available())
+        .map(|k| k.backend())
+        .collect();
+    out.push(Backend::Reference);
+    out
+}

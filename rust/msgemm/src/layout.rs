@@ -1,0 +1,216 @@
+//! The kernel tile layout (spec section 5).
+//!
+//! Weights are stored as `[g][row_block][tuple in g][64]`: entry `r` of a 64-wide slot is the
+//! table index of row `rb*64 + r` for that tuple, so one aligned 64-byte load feeds one table
+//! lookup for 64 rows. Scales (and zero points) are stored as `[g][row_block][64]` float32, so
+//! weights and scales stream contiguously in loop order. Rows past M in the last block hold
+//! index 0, scale 0 and zero point 0 (they contribute exact zeros and are never written).
+//!
+//! Tuples never straddle a group: a group of G weights holds `ceil(G/d)` tuples, the last
+//! one of depth `G - (ceil(G/d)-1)*d` when `d` does not divide `G` (its table has `V^r`
+//! entries). Indices are `u8` when `V^d <= 256`, else `u16`.
+
+use rayon::prelude::*;
+
+/// Rows per block: one 64-byte vector of indices.
+pub const ROW_BLOCK: usize = 64;
+
+/// The tuple structure of one group for a depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuples {
+    /// Depth d of every tuple but possibly the last.
+    pub depth: usize,
+    /// Tuples per group: `ceil(G/d)`.
+    pub per_group: usize,
+    /// Depth of the last tuple of each group (`== depth` when `d` divides `G`).
+    pub last_depth: usize,
+}
+
+impl Tuples {
+    pub fn new(group_size: usize, depth: usize) -> Tuples {
+        let per_group = group_size.div_ceil(depth);
+        Tuples {
+            depth,
+            per_group,
+            last_depth: group_size - (per_group - 1) * depth,
+        }
+    }
+
+    /// Depth of tuple `t` of a group.
+    #[inline]
+    pub fn depth_of(&self, t: usize) -> usize {
+        if t + 1 == self.per_group {
+            self.last_depth
+        } else {
+            self.depth
+        }
+    }
+}
+
+/// Index storage of a tile layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexData {
+    /// `V^d <= 256`.
+    U8(Vec<u8>),
+    /// `256 < V^d <= 65536` (e.g. int4 at depth 3 or 4).
+    U16(Vec<u16>),
+}
+
+/// Table indices of every (group, row block, tuple, row) for one depth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TileLayout {
+    pub tuples: Tuples,
+    pub groups: usize,
+    pub row_blocks: usize,
+    /// `[g][rb][t][64]`, see the module docs.
+    pub data: IndexData,
+}
+
+impl TileLayout {
+    /// Offset of the 64-wide slot of `(g, rb, t)` in `data`.
+    #[inline]
+    pub fn slot(&self, g: usize, rb: usize, t: usize) -> usize {
+        ((g * self.row_blocks + rb) * self.tuples.per_group + t) * ROW_BLOCK
+    }
+
+    /// Builds the layout from unpacked codes `(M, K)` row-major (`K = groups * G`).
+    pub fn build(
+        codes: &[u8],
+        m: usize,
+        k: usize,
+        group_size: usize,
+        levels: usize,
+        depth: usize,
+    ) -> TileLayout {
+        let groups = k / group_size;
+        let row_blocks = m.div_ceil(ROW_BLOCK);
+        let tuples = Tuples::new(group_size, depth);
+        let slot_len = row_blocks * tuples.per_group * ROW_BLOCK;
+        let wide = levels.pow(depth as u32) > 256;
+        let index = |row: usize, k0: usize, r: usize| -> usize {
+            let mut idx = 0usize;
+            for j in (0..r).rev() {
+                idx = idx * levels + codes[row * k + k0 + j] as usize;
+            }
+            idx
+        };
+        // One group per task: each fills its own contiguous [rb][t][64] part.
+        let fill = |g: usize, put: &mut dyn FnMut(usize, usize)| {
+            for rb in 0..row_blocks {
+                for t in 0..tuples.per_group {
+                    let k0 = g * group_size + t * depth;
+                    let r = tuples.depth_of(t);
+                    let base = (rb * tuples.per_group + t) * ROW_BLOCK;
+                    for lane in 0..ROW_BLOCK {
+                        let row = rb * ROW_BLOCK + lane;
+                        if row < m {
+                            put(base + lane, index(row, k0, r));
+                        }
+                    }
+                }
+            }
+        };
+        let data = if wide {
+            let mut v = vec![0u16; groups * slot_len];
+            v.par_chunks_mut(slot_len.max(1))
+                .enumerate()
+                .for_each(|(g, out)| {
+                    fill(g, &mut |i, idx| out[i] = idx as u16);
+                });
+            IndexData::U16(v)
+        } else {
+            let mut v = vec![0u8; groups * slot_len];
+            v.par_chunks_mut(slot_len.max(1))
+                .enumerate()
+                .for_each(|(g, out)| {
+                    fill(g, &mut |i, idx| out[i] = idx as u8);
+                });
+            IndexData::U8(v)
+        };
+        TileLayout {
+            tuples,
+            groups,
+            row_blocks,
+            data,
+        }
+    }
+
+    /// The index of `(g, row, t)` (for tests and the scalar kernel's tails).
+    pub fn index(&self, g: usize, row: usize, t: usize) -> usize {
+        let i = self.slot(g, row / ROW_BLOCK, t) + row % ROW_BLOCK;
+        match &self.data {
+            IndexData::U8(v) => v[i] as usize,
+            IndexData::U16(v) => v[i] as usize,
+        }
+    }
+}
+
+/// Per-(row, group) values `(M, groups)` row-major, re-laid out as `[g][rb][64]` with zero
+/// padding past M.
+pub fn tile_per_group(values: &[f32], m: usize, groups: usize) -> Vec<f32> {
+    let row_blocks = m.div_ceil(ROW_BLOCK);
+    let mut out = vec![0f32; groups * row_blocks * ROW_BLOCK];
+    for (row, vals) in values.chunks(groups.max(1)).enumerate().take(m) {
+        for (g, &v) in vals.iter().enumerate() {
+            out[(g * row_blocks + row / ROW_BLOCK) * ROW_BLOCK + row % ROW_BLOCK] = v;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuples_cover_groups_exactly() {
+        for g in [32usize, 64, 96, 128, 130] {
+            for d in 1..=6 {
+                let t = Tuples::new(g, d);
+                let total: usize = (0..t.per_group).map(|i| t.depth_of(i)).sum();
+                assert_eq!(total, g);
+                assert!(t.last_depth >= 1 && t.last_depth <= d);
+            }
+        }
+        assert_eq!(
+            Tuples::new(128, 3),
+            Tuples {
+                depth: 3,
+                per_group: 43,
+                last_depth: 2
+            }
+        );
+    }
+
+    #[test]
+    fn layout_holds_first_digit_least_significant_indices() {
+        let (m, k, g, v) = (70usize, 12usize, 6usize, 16usize);
+        let codes: Vec<u8> = (0..m * k).map(|i| ((i * 11 + 5) % v) as u8).collect();
+        for d in [1usize, 2, 3, 4] {
+            let lay = TileLayout::build(&codes, m, k, g, v, d);
+            assert_eq!(matches!(lay.data, IndexData::U16(_)), d >= 3);
+            for row in 0..m {
+                for grp in 0..k / g {
+                    for t in 0..lay.tuples.per_group {
+                        let k0 = grp * g + t * d;
+                        let r = lay.tuples.depth_of(t);
+                        let want: usize = (0..r)
+                            .map(|j| codes[row * k + k0 + j] as usize * v.pow(j as u32))
+                            .sum();
+                        assert_eq!(lay.index(grp, row, t), want);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn per_group_tiling_pads_with_zeros() {
+        let (m, groups) = (65usize, 3usize);
+        let vals: Vec<f32> = (0..m * groups).map(|i| i as f32 + 1.0).collect();
+        let t = tile_per_group(&vals, m, groups);
+        assert_eq!(t.len(), groups * 2 * 64);
+        assert_eq!(t[(2 * 2 + 1) * 64], vals[64 * groups + 2]);
+        assert_eq!(t[(2 * 2 + 1) * 64 + 1], 0.0);
+    }
+}

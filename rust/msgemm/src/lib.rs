@@ -1,0 +1,31 @@
+//! msGeMM: low-bit GEMM through look-up tables (Maleki, arXiv:2310.06178).
+//!
+//! `Y = Wd @ X` for weights `Wd = s * (v[q] - z)` stored as low-bit codes `q`: phase 1 builds,
+//! once per column of X and tuple of `d` consecutive inputs, a table of all `V^d` sums
+//! `sum_j v[c_j] x_j`; phase 2 adds, for every row, one table entry per tuple (indexed by the
+//! row's `d` codes) instead of `d` multiply-adds. The tables depend only on X and serve all M
+//! rows, which is where the saving comes from (spec `shared/specs/msgemm.md`).
+//!
+//! Modules: [`format`] (codebooks, packings), [`quantize`] (RTN, min-max, nearest level, MX),
+//! [`packed`] (the weight object), [`layout`] (kernel tile layout), [`plan`] (per-call
+//! settings), [`table`] (phase 1), [`kernels`] (phase 2, runtime dispatch), [`gemm`]
+//! (driver), [`count`] (operation-count model and instrumented reference), [`interop`]
+//! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders).
+
+pub mod count;
+pub mod format;
+pub mod gemm;
+pub mod interop;
+pub mod kernels;
+pub mod layout;
+pub mod packed;
+pub mod plan;
+pub mod quantize;
+pub mod table;
+
+pub use format::{Codebook, Format};
+pub use gemm::{gemm, gemm_counted, gemm_into, Depth, GemmOptions, XLayout};
+pub use kernels::Backend;
+pub use packed::PackedWeights;
+pub use plan::{Plan, TablePrecision};
+pub use quantize::{quantize, QuantizeOptions};

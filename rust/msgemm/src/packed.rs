@@ -1,0 +1,436 @@
+//! Packed low-bit weights: canonical bytes, scales, zero points, and the cached tile layouts.
+
+use std::sync::OnceLock;
+
+use maleki_common::{Error, Result};
+use rayon::prelude::*;
+
+use crate::format::{Codebook, MAX_DEPTH};
+use crate::layout::{tile_per_group, TileLayout};
+
+/// A quantized weight matrix `Wd` of shape `(M, K)`:
+/// `Wd[m, k] = s[m, g] * (v[q[m, k]] - z[m, g])`, `g = k / G` (in the packed column order;
+/// see [`PackedWeights::k_perm`] for act-order weights).
+///
+/// Holds the canonical row-major packing (for `dequantize` and interop) and, built on first
+/// use and cached, the kernel tile layout of each depth used and the tiled scales and zero
+/// points (`[g][row_block][64]`). Immutable once built; `Send + Sync`.
+#[derive(Debug)]
+pub struct PackedWeights {
+    codebook: Codebook,
+    m: usize,
+    k: usize,
+    group_size: usize,
+    packed: Vec<u8>,
+    scales: Vec<f32>,
+    zeros: Option<Vec<f32>>,
+    k_perm: Option<Vec<u32>>,
+    layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
+    tiled_scales: OnceLock<Vec<f32>>,
+    tiled_zeros: OnceLock<Option<Vec<f32>>>,
+    tiled_mirror_zeros: OnceLock<Vec<f32>>,
+}
+
+impl Clone for PackedWeights {
+    fn clone(&self) -> Self {
+        PackedWeights {
+            codebook: self.codebook.clone(),
+            m: self.m,
+            k: self.k,
+            group_size: self.group_size,
+            packed: self.packed.clone(),
+            scales: self.scales.clone(),
+            zeros: self.zeros.clone(),
+            k_perm: self.k_perm.clone(),
+            layouts: Default::default(),
+            tiled_scales: OnceLock::new(),
+            tiled_zeros: OnceLock::new(),
+            tiled_mirror_zeros: OnceLock::new(),
+        }
+    }
+}
+
+fn check_dims(m: usize, k: usize, group_size: usize) -> Result<()> {
+    if m == 0 || k == 0 {
+        return Err(Error::invalid(
+            "w",
+            format!("the weight matrix must be non-empty, got shape ({m}, {k})"),
+        ));
+    }
+    if group_size == 0 || !k.is_multiple_of(group_size) {
+        return Err(Error::invalid(
+            "group_size",
+            format!("must divide K = {k} (pad K with zero weights otherwise), got {group_size}"),
+        ));
+    }
+    if m > u32::MAX as usize || k > u32::MAX as usize {
+        return Err(Error::invalid(
+            "w",
+            format!("shape ({m}, {k}) is too large"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_per_group(name: &str, vals: &[f32], m: usize, groups: usize) -> Result<()> {
+    if vals.len() != m * groups {
+        return Err(Error::shape(
+            name,
+            format!("({m}, {groups})"),
+            format!("{} values", vals.len()),
+        ));
+    }
+    if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "contains a non-finite value ({}) at index ({}, {})",
+                vals[i],
+                i / groups,
+                i % groups
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_perm(perm: &[u32], k: usize) -> Result<()> {
+    if perm.len() != k {
+        return Err(Error::shape(
+            "k_perm",
+            format!("({k},)"),
+            format!("({},)", perm.len()),
+        ));
+    }
+    let mut seen = vec![false; k];
+    for &p in perm {
+        let p = p as usize;
+        if p >= k || seen[p] {
+            return Err(Error::invalid("k_perm", "must be a permutation of 0..K"));
+        }
+        seen[p] = true;
+    }
+    Ok(())
+}
+
+impl PackedWeights {
+    /// Builds packed weights from unpacked codes `(M, K)` row-major.
+    ///
+    /// `scales` and `zeros` are `(M, K/G)` row-major; `zeros` are in value units
+    /// (`Wd = s * (v[q] - z)`). `k_perm` (act-order): packed column `j` holds original
+    /// column `k_perm[j]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_codes(
+        codebook: Codebook,
+        m: usize,
+        k: usize,
+        group_size: usize,
+        codes: &[u8],
+        scales: Vec<f32>,
+        zeros: Option<Vec<f32>>,
+        k_perm: Option<Vec<u32>>,
+    ) -> Result<PackedWeights> {
+        check_dims(m, k, group_size)?;
+        if codes.len() != m * k {
+            return Err(Error::shape(
+                "codes",
+                format!("({m}, {k})"),
+                format!("{} codes", codes.len()),
+            ));
+        }
+        if let Some(i) = codes.iter().position(|&c| !codebook.valid_code(c)) {
+            return Err(Error::invalid(
+                "codes",
+                format!(
+                    "code {} at index ({}, {}) is not a valid {} code (0..{}{})",
+                    codes[i],
+                    i / k,
+                    i % k,
+                    codebook.format().name(),
+                    codebook.levels(),
+                    if codebook.levels() == 256 {
+                        ", finite values only"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        let packing = codebook.packing();
+        let rb = packing.row_bytes(k);
+        let mut packed = vec![0u8; m * rb];
+        packed
+            .par_chunks_mut(rb)
+            .zip(codes.par_chunks(k))
+            .for_each(|(out, row)| packing.pack_row(row, out));
+        Self::assemble(codebook, m, k, group_size, packed, scales, zeros, k_perm)
+    }
+
+    /// Builds packed weights from canonical packed bytes `(M, row_bytes(K))`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_packed(
+        codebook: Codebook,
+        m: usize,
+        k: usize,
+        group_size: usize,
+        packed: Vec<u8>,
+        scales: Vec<f32>,
+        zeros: Option<Vec<f32>>,
+        k_perm: Option<Vec<u32>>,
+    ) -> Result<PackedWeights> {
+        check_dims(m, k, group_size)?;
+        let rb = codebook.packing().row_bytes(k);
+        if packed.len() != m * rb {
+            return Err(Error::shape(
+                "packed",
+                format!("({m}, {rb})"),
+                format!("{} bytes", packed.len()),
+            ));
+        }
+        let pw = Self::assemble(codebook, m, k, group_size, packed, scales, zeros, k_perm)?;
+        // Validate the codes (invalid trits, fp8 NaN encodings, codes >= V of small codebooks).
+        let bad = pw
+            .packed
+            .par_chunks(rb)
+            .enumerate()
+            .find_map_first(|(row, bytes)| {
+                let mut codes = vec![0u8; k];
+                pw.codebook.packing().unpack_row(bytes, &mut codes);
+                let trit_ok = pw.codebook.packing() != crate::format::Packing::Trit5
+                    || bytes.iter().all(|&b| b < 243);
+                codes
+                    .iter()
+                    .position(|&c| !pw.codebook.valid_code(c))
+                    .map(|i| (row, i))
+                    .or((!trit_ok).then_some((row, 0)))
+            });
+        if let Some((row, col)) = bad {
+            return Err(Error::invalid(
+                "packed",
+                format!("row {row} holds an invalid code near column {col}"),
+            ));
+        }
+        Ok(pw)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        codebook: Codebook,
+        m: usize,
+        k: usize,
+        group_size: usize,
+        packed: Vec<u8>,
+        scales: Vec<f32>,
+        zeros: Option<Vec<f32>>,
+        k_perm: Option<Vec<u32>>,
+    ) -> Result<PackedWeights> {
+        let groups = k / group_size;
+        check_per_group("scales", &scales, m, groups)?;
+        if let Some(z) = &zeros {
+            check_per_group("zeros", z, m, groups)?;
+        }
+        if let Some(p) = &k_perm {
+            check_perm(p, k)?;
+        }
+        // An identity permutation is no permutation.
+        let k_perm = k_perm.filter(|p| p.iter().enumerate().any(|(i, &j)| i as u32 != j));
+        Ok(PackedWeights {
+            codebook,
+            m,
+            k,
+            group_size,
+            packed,
+            scales,
+            zeros,
+            k_perm,
+            layouts: Default::default(),
+            tiled_scales: OnceLock::new(),
+            tiled_zeros: OnceLock::new(),
+            tiled_mirror_zeros: OnceLock::new(),
+        })
+    }
+
+    pub fn codebook(&self) -> &Codebook {
+        &self.codebook
+    }
+    /// Output features M.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+    /// Input features K.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+    /// Groups per row, `K / G`.
+    pub fn groups(&self) -> usize {
+        self.k / self.group_size
+    }
+    /// Canonical packed bytes `(M, row_bytes)`.
+    pub fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+    /// Bytes per packed row.
+    pub fn row_bytes(&self) -> usize {
+        self.codebook.packing().row_bytes(self.k)
+    }
+    /// Scales `(M, K/G)` row-major.
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+    /// Zero points `(M, K/G)` in value units.
+    pub fn zeros(&self) -> Option<&[f32]> {
+        self.zeros.as_deref()
+    }
+    /// Act-order permutation: packed column `j` is original column `k_perm[j]`.
+    pub fn k_perm(&self) -> Option<&[u32]> {
+        self.k_perm.as_deref()
+    }
+
+    /// Bytes of the canonical representation (packed codes + scales + zero points).
+    pub fn nbytes(&self) -> usize {
+        self.packed.len() + 4 * self.scales.len() + self.zeros.as_ref().map_or(0, |z| 4 * z.len())
+    }
+
+    /// Unpacked codes `(M, K)` row-major, in packed column order.
+    pub fn codes(&self) -> Vec<u8> {
+        let (k, rb) = (self.k, self.row_bytes());
+        let mut out = vec![0u8; self.m * k];
+        out.par_chunks_mut(k)
+            .zip(self.packed.par_chunks(rb))
+            .for_each(|(row, bytes)| self.codebook.packing().unpack_row(bytes, row));
+        out
+    }
+
+    /// The dequantized matrix `(M, K)` in float64, in the original column order:
+    /// `s * (v[q] - z)` evaluated in float64.
+    pub fn dequantize(&self) -> Vec<f64> {
+        let (k, g, groups, rb) = (self.k, self.group_size, self.groups(), self.row_bytes());
+        let vals = self.codebook.values();
+        let mut out = vec![0f64; self.m * k];
+        out.par_chunks_mut(k).enumerate().for_each(|(row, o)| {
+            let mut codes = vec![0u8; k];
+            self.codebook
+                .packing()
+                .unpack_row(&self.packed[row * rb..(row + 1) * rb], &mut codes);
+            for (j, &c) in codes.iter().enumerate() {
+                let s = f64::from(self.scales[row * groups + j / g]);
+                let z = self
+                    .zeros
+                    .as_ref()
+                    .map_or(0.0, |z| f64::from(z[row * groups + j / g]));
+                let dst = self.k_perm.as_ref().map_or(j, |p| p[j] as usize);
+                o[dst] = s * (f64::from(vals[c as usize]) - z);
+            }
+        });
+        out
+    }
+
+    /// The tile layout for `depth` (built on first use, then cached).
+    pub fn layout(&self, depth: usize) -> Result<&TileLayout> {
+        self.codebook.check_depth(depth)?;
+        Ok(self.layouts[depth].get_or_init(|| {
+            TileLayout::build(
+                &self.codes(),
+                self.m,
+                self.k,
+                self.group_size,
+                self.codebook.levels(),
+                depth,
+            )
+        }))
+    }
+
+    /// Scales tiled `[g][row_block][64]`.
+    pub fn tiled_scales(&self) -> &[f32] {
+        self.tiled_scales
+            .get_or_init(|| tile_per_group(&self.scales, self.m, self.groups()))
+    }
+
+    /// Zero points tiled `[g][row_block][64]` (value units of the plain codebook).
+    pub fn tiled_zeros(&self) -> Option<&[f32]> {
+        self.tiled_zeros
+            .get_or_init(|| {
+                self.zeros
+                    .as_ref()
+                    .map(|z| tile_per_group(z, self.m, self.groups()))
+            })
+            .as_deref()
+    }
+
+    /// Effective zero points of the mirrored codebook `v - shift`: `z - shift` (0 - shift
+    /// without zero points), tiled `[g][row_block][64]`. Padding rows stay 0.
+    pub fn tiled_mirror_zeros(&self, shift: f32) -> &[f32] {
+        self.tiled_mirror_zeros.get_or_init(|| {
+            let groups = self.groups();
+            let eff: Vec<f32> = match &self.zeros {
+                Some(z) => z.iter().map(|&z| z - shift).collect(),
+                None => vec![-shift; self.m * groups],
+            };
+            tile_per_group(&eff, self.m, groups)
+        })
+    }
+
+    /// The codebook's natural depth (the one whose index is the stored byte).
+    pub fn natural_depth(&self) -> usize {
+        self.codebook.natural_depth()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Format;
+
+    #[test]
+    fn dequantize_applies_scale_zero_and_permutation() {
+        let cb = Codebook::new(Format::Uint4).unwrap();
+        let codes = vec![1u8, 2, 3, 4, 5, 6, 7, 8];
+        let pw = PackedWeights::from_codes(
+            cb,
+            2,
+            4,
+            2,
+            &codes,
+            vec![1.0, 2.0, 0.5, 4.0],
+            Some(vec![1.0, 0.0, 2.0, 8.0]),
+            Some(vec![3, 2, 1, 0]),
+        )
+        .unwrap();
+        let w = pw.dequantize();
+        // row 0: packed columns (1-1)*1, (2-1)*1, (3-0)*2, (4-0)*2 -> original columns 3,2,1,0
+        assert_eq!(&w[..4], &[8.0, 6.0, 1.0, 0.0]);
+        assert_eq!(&w[4..], &[0.0, -4.0, 2.0, 1.5]);
+        assert_eq!(pw.codes(), codes);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let cb = || Codebook::new(Format::Int4).unwrap();
+        assert!(PackedWeights::from_codes(cb(), 1, 4, 3, &[0; 4], vec![1.0], None, None).is_err());
+        assert!(
+            PackedWeights::from_codes(cb(), 1, 4, 4, &[16, 0, 0, 0], vec![1.0], None, None)
+                .is_err()
+        );
+        assert!(
+            PackedWeights::from_codes(cb(), 1, 4, 4, &[0; 4], vec![f32::NAN], None, None).is_err()
+        );
+        assert!(PackedWeights::from_codes(
+            cb(),
+            1,
+            4,
+            4,
+            &[0; 4],
+            vec![1.0],
+            None,
+            Some(vec![0, 0, 1, 2])
+        )
+        .is_err());
+        let e4 = Codebook::new(Format::Fp8E4m3).unwrap();
+        assert!(PackedWeights::from_codes(e4, 1, 2, 2, &[0x7f, 0], vec![1.0], None, None).is_err());
+        let t = Codebook::new(Format::Ternary).unwrap();
+        assert!(PackedWeights::from_packed(t, 1, 5, 5, vec![250], vec![1.0], None, None).is_err());
+    }
+}

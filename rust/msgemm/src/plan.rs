@@ -1,0 +1,182 @@
+//! The per-call plan: everything a table builder and a kernel need to know about one call.
+
+use maleki_common::{Error, Result};
+
+use crate::format::{Codebook, Mirror};
+use crate::layout::{Tuples, ROW_BLOCK};
+
+/// Precision of the look-up tables (spec section 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TablePrecision {
+    /// Float32 tables and float32 accumulation: the accurate mode.
+    F32,
+    /// Exact integer tables: activations quantized to int8 per (column, group), integer (or
+    /// power-of-two scaled dyadic) codebooks, int16 entries, exact int32 partial sums.
+    I16,
+    /// Fast mode: float tables rounded to int8 with one scale per (column, group), exact
+    /// integer partial sums.
+    I8,
+}
+
+impl TablePrecision {
+    pub fn name(self) -> &'static str {
+        match self {
+            TablePrecision::F32 => "f32",
+            TablePrecision::I16 => "i16",
+            TablePrecision::I8 => "i8",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<TablePrecision> {
+        match name {
+            "f32" => Ok(TablePrecision::F32),
+            "i16" => Ok(TablePrecision::I16),
+            "i8" => Ok(TablePrecision::I8),
+            _ => Err(Error::invalid(
+                "table",
+                format!("must be one of 'i8', 'i16', 'f32'; got {name:?}"),
+            )),
+        }
+    }
+}
+
+/// Everything that fixes the arithmetic of one call. Two backends given the same plan and
+/// inputs must produce bitwise identical outputs (see `KERNELS.md`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Rows of W (output features).
+    pub m: usize,
+    /// Inputs (reduction length).
+    pub k: usize,
+    /// Columns of X.
+    pub n: usize,
+    /// Codebook levels V.
+    pub levels: usize,
+    pub group_size: usize,
+    /// Groups per row, `K / G`.
+    pub groups: usize,
+    /// Row blocks of 64, `ceil(M / 64)`.
+    pub row_blocks: usize,
+    /// The tuple structure of a group (depth, tuples per group, depth of the last tuple).
+    pub tuples: Tuples,
+    /// Entries per table slot: `V^d`, or the stored prefix `V^(d-1) * ceil(V/2)` with mirror.
+    /// A tuple of smaller depth `r` (the last of a group) uses only its first `V^r` (mirror:
+    /// `V^(r-1) * ceil(V/2)`) entries; the rest of its slot is zero.
+    pub slot: usize,
+    pub precision: TablePrecision,
+    /// The mirror symmetry used, if enabled.
+    pub mirror: Option<Mirror>,
+    /// True when the kernel applies the zero-point term `- z * zsum` (zero points present, or
+    /// mirror with a non-zero shift).
+    pub zero_term: bool,
+    /// The codebook the tables are built from: `v - shift` (shift 0 without mirror); invalid
+    /// fp8 codes read 0.
+    pub table_values: Vec<f32>,
+    /// `i16` mode: `(v - shift) * 2^int_exp` as integers.
+    pub int_values: Option<Vec<i32>>,
+    /// `i16` mode: the power of two that makes the codebook integer.
+    pub int_exp: i32,
+}
+
+impl Plan {
+    /// Builds and validates the plan of a call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        codebook: &Codebook,
+        m: usize,
+        k: usize,
+        n: usize,
+        group_size: usize,
+        has_zeros: bool,
+        depth: usize,
+        precision: TablePrecision,
+        mirror: bool,
+    ) -> Result<Plan> {
+        codebook.check_depth(depth)?;
+        if n == 0 {
+            return Err(Error::invalid("x", "must have at least one column"));
+        }
+        let levels = codebook.levels();
+        let mirror = if mirror {
+            Some(codebook.mirror().ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "mirror=True needs a codebook symmetric under an involution of its codes; {} is not",
+                    codebook.format().name()
+                ))
+            })?)
+        } else {
+            None
+        };
+        let shift = mirror.map_or(0.0, |m| m.shift);
+        let tuples = Tuples::new(group_size, depth);
+        let slot = match mirror {
+            Some(mi) => mi.stored_entries(depth),
+            None => levels.pow(depth as u32),
+        };
+        let table_values: Vec<f32> = codebook.table_values().iter().map(|&v| v - shift).collect();
+        let (int_values, int_exp) = if precision == TablePrecision::I16 {
+            let (ints, e) = codebook.integer_values(shift).ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "table='i16' needs an integer (or power-of-two scaled) codebook; {} is not: use table='i8' or 'f32'",
+                    codebook.format().name()
+                ))
+            })?;
+            let vmax = ints
+                .iter()
+                .map(|v| v.unsigned_abs() as u64)
+                .max()
+                .unwrap_or(0);
+            if depth as u64 * vmax * 127 > i16::MAX as u64 {
+                return Err(Error::Unsupported(format!(
+                    "table='i16': depth {depth} with integer codebook magnitude {vmax} overflows int16 entries \
+                     (needs depth * max|v| * 127 <= 32767)"
+                )));
+            }
+            if (tuples.per_group as u64) * (i16::MAX as u64) > i32::MAX as u64 {
+                return Err(Error::Unsupported(format!(
+                    "table='i16': {} tuples per group could overflow the int32 partial sums",
+                    tuples.per_group
+                )));
+            }
+            (Some(ints), e)
+        } else {
+            (None, 0)
+        };
+        if precision == TablePrecision::I8 && (tuples.per_group as u64) * 127 > i32::MAX as u64 {
+            return Err(Error::Unsupported(
+                "table='i8': group too long for int32 partial sums".into(),
+            ));
+        }
+        Ok(Plan {
+            m,
+            k,
+            n,
+            levels,
+            group_size,
+            groups: k / group_size,
+            row_blocks: m.div_ceil(ROW_BLOCK),
+            tuples,
+            slot,
+            precision,
+            mirror,
+            zero_term: has_zeros || shift != 0.0,
+            table_values,
+            int_values,
+            int_exp,
+        })
+    }
+
+    /// Depth d.
+    pub fn depth(&self) -> usize {
+        self.tuples.depth
+    }
+
+    /// Entries of the table of a tuple of depth `r` that are built and may be read.
+    #[inline]
+    pub fn used_entries(&self, r: usize) -> usize {
+        match self.mirror {
+            Some(mi) => mi.stored_entries(r),
+            None => self.levels.pow(r as u32),
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! Quantizers (spec section 3): round-to-nearest absmax (symmetric), min-max with zero points,
+//! nearest codebook level (nf4, custom codebooks, fp8) and OCP MX power-of-two scales (fp4).
+//!
+//! Codes are always computed against the *stored* float32 scale, so `dequantize` reproduces
+//! exactly the rounding the quantizer chose.
+
+use maleki_common::{Error, Result};
+use rayon::prelude::*;
+
+use crate::format::{Codebook, Format};
+use crate::packed::PackedWeights;
+
+/// Options of [`quantize`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizeOptions {
+    pub format: Format,
+    /// Weights per scale along K (must divide K); `None`: one group per row (per channel).
+    pub group_size: Option<usize>,
+    /// Integer formats: `Some(true)` absmax symmetric, `Some(false)` min-max with zero points;
+    /// `None` is the format's default (`int*` symmetric, `uint*` zero points).
+    pub symmetric: Option<bool>,
+    /// Values of a `Format::Codebook` (2..=16 distinct finite values).
+    pub codebook: Option<Vec<f32>>,
+}
+
+impl QuantizeOptions {
+    pub fn new(format: Format) -> Self {
+        QuantizeOptions {
+            format,
+            group_size: Some(128),
+            symmetric: None,
+            codebook: None,
+        }
+    }
+}
+
+/// The scheme a format and `symmetric` resolve to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scheme {
+    /// `s = maxabs / qmax`, `q = clamp(round(w/s), lo, qmax) + offset`, no zero point.
+    Symmetric { bits: u32 },
+    /// Unsigned codes with a fixed zero point `2^(b-1)` (GPTQ `sym=True`).
+    UnsignedSymmetric { bits: u32 },
+    /// `s = (hi - lo) / (2^b - 1)` over `[min(w, 0), max(w, 0)]`, integer zero point.
+    MinMax { bits: u32 },
+    /// Ternary absmax: `s = maxabs`, `t = clamp(round(w/s), -1, 1)`.
+    Ternary,
+    /// `s = maxabs / max|v|`, nearest level.
+    Nearest,
+    /// OCP MX: `s = 2^(floor(log2 maxabs) - 2)` (E8M0), nearest e2m1 level, saturating.
+    Mx,
+}
+
+fn int_bits(f: Format) -> Option<u32> {
+    match f {
+        Format::Int4 | Format::Uint4 => Some(4),
+        Format::Int3 | Format::Uint3 => Some(3),
+        Format::Int2 | Format::Uint2 => Some(2),
+        _ => None,
+    }
+}
+
+fn unsigned_of(bits: u32) -> Format {
+    match bits {
+        4 => Format::Uint4,
+        3 => Format::Uint3,
+        _ => Format::Uint2,
+    }
+}
+
+/// The format of the result and its scheme.
+fn resolve(opts: &QuantizeOptions) -> Result<(Format, Scheme)> {
+    let f = opts.format;
+    let sym = opts.symmetric;
+    let signed = matches!(f, Format::Int4 | Format::Int3 | Format::Int2);
+    if let Some(bits) = int_bits(f) {
+        return Ok(match (signed, sym) {
+            (true, None | Some(true)) => (f, Scheme::Symmetric { bits }),
+            (true, Some(false)) | (false, None | Some(false)) => {
+                (unsigned_of(bits), Scheme::MinMax { bits })
+            }
+            (false, Some(true)) => (f, Scheme::UnsignedSymmetric { bits }),
+        });
+    }
+    if sym == Some(false) {
+        return Err(Error::invalid(
+            "symmetric",
+            format!(
+                "format {} has no zero points; symmetric=False applies to int*/uint* formats",
+                f.name()
+            ),
+        ));
+    }
+    Ok(match f {
+        Format::Ternary => (f, Scheme::Ternary),
+        Format::Fp4 => (f, Scheme::Mx),
+        _ => (f, Scheme::Nearest),
+    })
+}
+
+/// Nearest-level search over a codebook: ties go to the even code (IEEE round-to-nearest-even
+/// for fp4 and fp8), then to the smaller code.
+struct Levels {
+    /// `(value, code)` sorted by value, one code per distinct value (the smaller code).
+    sorted: Vec<(f64, u8)>,
+}
+
+impl Levels {
+    fn new(cb: &Codebook) -> Levels {
+        let mut sorted: Vec<(f64, u8)> = cb
+            .values()
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(c, &v)| (f64::from(v), c as u8))
+            .collect();
+        sorted.sort_by(|a, b| {
+            a.0.partial_cmp(&b.0)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.1.cmp(&b.1))
+        });
+        // +0 and -0 (fp formats) are one level: keep the smaller code.
+        sorted.dedup_by(|b, a| a.0 == b.0);
+        Levels { sorted }
+    }
+
+    fn max_abs(&self) -> f64 {
+        self.sorted.iter().fold(0.0, |m, &(v, _)| m.max(v.abs()))
+    }
+
+    fn nearest(&self, x: f64) -> u8 {
+        let s = &self.sorted;
+        let i = s.partition_point(|&(v, _)| v < x);
+        if i == 0 {
+            return s[0].1;
+        }
+        if i == s.len() {
+            return s[s.len() - 1].1;
+        }
+        let (lo, hi) = (s[i - 1], s[i]);
+        let (dl, dh) = (x - lo.0, hi.0 - x);
+        if dl < dh {
+            lo.1
+        } else if dh < dl {
+            hi.1
+        } else if lo.1 % 2 == 0 {
+            lo.1
+        } else if hi.1 % 2 == 0 {
+            hi.1
+        } else {
+            lo.1.min(hi.1)
+        }
+    }
+}
+
+/// The E8M0 scale of an MX block: `2^(floor(log2 maxabs) - 2)` (emax of e2m1 is 2),
+/// exponent clamped to E8M0's `[-127, 127]`; 1 for an all-zero block.
+pub fn mx_scale(maxabs: f64) -> f32 {
+    if maxabs == 0.0 || !maxabs.is_finite() {
+        return 1.0;
+    }
+    let e = maxabs.log2().floor() as i32;
+    // log2 may round across an integer for values just below a power of two: fix up exactly.
+    let e = if 2f64.powi(e) > maxabs {
+        e - 1
+    } else if 2f64.powi(e + 1) <= maxabs {
+        e + 1
+    } else {
+        e
+    };
+    2f32.powi((e - 2).clamp(-127, 127))
+}
+
+fn quantize_group<T: Copy + Into<f64>>(
+    w: &[T],
+    scheme: Scheme,
+    levels: &Levels,
+    cb: &Codebook,
+    codes: &mut [u8],
+) -> (f32, Option<f32>) {
+    let maxabs = w.iter().fold(0f64, |m, &x| m.max(x.into().abs()));
+    let round = |x: f64| x.round_ties_even();
+    match scheme {
+        Scheme::Symmetric { bits } | Scheme::UnsignedSymmetric { bits } => {
+            let half = 1i32 << (bits - 1);
+            let qmax = half - 1;
+            let s = (maxabs / f64::from(qmax)) as f32;
+            for (c, &x) in codes.iter_mut().zip(w) {
+                let q = if s == 0.0 {
+                    0
+                } else {
+                    round(x.into() / f64::from(s)).clamp(-f64::from(half), f64::from(qmax)) as i32
+                };
+                *c = (q + half) as u8;
+            }
+            let z = matches!(scheme, Scheme::UnsignedSymmetric { .. }).then_some(half as f32);
+            (s, z)
+        }
+        Scheme::MinMax { bits } => {
+            let top = f64::from((1u32 << bits) - 1);
+            let lo = w.iter().fold(0f64, |m, &x| m.min(x.into()));
+            let hi = w.iter().fold(0f64, |m, &x| m.max(x.into()));
+            let s = ((hi - lo) / top) as f32;
+            if s == 0.0 {
+                codes.fill(0);
+                return (0.0, Some(0.0));
+            }
+            let s64 = f64::from(s);
+            let z = round(-lo / s64).clamp(0.0, top);
+            for (c, &x) in codes.iter_mut().zip(w) {
+                *c = (round(x.into() / s64) + z).clamp(0.0, top) as u8;
+            }
+            (s, Some(z as f32))
+        }
+        Scheme::Ternary => {
+            let s = maxabs as f32;
+            for (c, &x) in codes.iter_mut().zip(w) {
+                let t = if s == 0.0 {
+                    0.0
+                } else {
+                    round(x.into() / f64::from(s)).clamp(-1.0, 1.0)
+                };
+                *c = (t + 1.0) as u8;
+            }
+            (s, None)
+        }
+        Scheme::Nearest => {
+            let vmax = levels.max_abs();
+            let s = (maxabs / vmax) as f32;
+            for (c, &x) in codes.iter_mut().zip(w) {
+                *c = if s == 0.0 {
+                    levels.nearest(0.0)
+                } else {
+                    levels.nearest(x.into() / f64::from(s))
+                };
+            }
+            debug_assert!(codes.iter().all(|&c| cb.valid_code(c)));
+            (s, None)
+        }
+        Scheme::Mx => {
+            let s = mx_scale(maxabs);
+            for (c, &x) in codes.iter_mut().zip(w) {
+                *c = levels.nearest(x.into() / f64::from(s));
+            }
+            (s, None)
+        }
+    }
+}
+
+/// Quantizes `w` `(M, K)` row-major (float32 or float64 values) to packed weights.
+///
+/// Runs in parallel over rows on the current rayon pool; results do not depend on it.
+pub fn quantize<T: Copy + Into<f64> + Sync>(
+    w: &[T],
+    m: usize,
+    k: usize,
+    opts: &QuantizeOptions,
+) -> Result<PackedWeights> {
+    if m == 0 || k == 0 {
+        return Err(Error::invalid(
+            "w",
+            format!("must be a non-empty 2-D array, got shape ({m}, {k})"),
+        ));
+    }
+    if w.len() != m * k {
+        return Err(Error::shape(
+            "w",
+            format!("({m}, {k})"),
+            format!("{} values", w.len()),
+        ));
+    }
+    if let Some(i) = w.iter().position(|&x| !x.into().is_finite()) {
+        return Err(Error::invalid(
+            "w",
+            format!(
+                "contains a non-finite value at index ({}, {})",
+                i / k,
+                i % k
+            ),
+        ));
+    }
+    let g = opts.group_size.unwrap_or(k);
+    if g == 0 || !k.is_multiple_of(g) {
+        return Err(Error::invalid(
+            "group_size",
+            format!("must divide K = {k} (pad K with zero weights otherwise), got {g}"),
+        ));
+    }
+    let (format, scheme) = resolve(opts)?;
+    let cb = Codebook::for_format(format, opts.codebook.as_deref())?;
+    let levels = Levels::new(&cb);
+    let groups = k / g;
+    let mut codes = vec![0u8; m * k];
+    let mut scales = vec![0f32; m * groups];
+    let mut zeros = vec![0f32; m * groups];
+    codes
+        .par_chunks_mut(k)
+        .zip(scales.par_chunks_mut(groups))
+        .zip(zeros.par_chunks_mut(groups))
+        .enumerate()
+        .for_each(|(row, ((c, s), z))| {
+            for gi in 0..groups {
+                let range = row * k + gi * g..row * k + (gi + 1) * g;
+                let (sc, zp) = quantize_group(
+                    &w[range],
+                    scheme,
+                    &levels,
+                    &cb,
+                    &mut c[gi * g..(gi + 1) * g],
+                );
+                s[gi] = sc;
+                z[gi] = zp.unwrap_or(0.0);
+            }
+        });
+    if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
+        return Err(Error::invalid(
+            "w",
+            format!(
+                "the scale of row {}, group {} overflows float32: weights must stay within float32 range \
+                 relative to the codebook",
+                i / groups,
+                i % groups
+            ),
+        ));
+    }
+    let has_zeros = matches!(
+        scheme,
+        Scheme::MinMax { .. } | Scheme::UnsignedSymmetric { .. }
+    );
+    PackedWeights::from_codes(
+        cb,
+        m,
+        k,
+        g,
+        &codes,
+        scales,
+        has_zeros.then_some(zeros),
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(m: usize, k: usize) -> Vec<f64> {
+        (0..m * k)
+            .map(|i| ((i * 7919 % 1000) as f64 / 500.0 - 1.0) * (1.0 + (i % 5) as f64))
+            .collect()
+    }
+
+    #[test]
+    fn rtn_error_is_at_most_half_a_step() {
+        let (m, k) = (8, 64);
+        let w = data(m, k);
+        for f in [
+            Format::Int4,
+            Format::Int3,
+            Format::Int2,
+            Format::Uint4,
+            Format::Ternary,
+        ] {
+            for sym in [None, Some(false)] {
+                if f == Format::Ternary && sym == Some(false) {
+                    continue;
+                }
+                let opts = QuantizeOptions {
+                    format: f,
+                    group_size: Some(32),
+                    symmetric: sym,
+                    codebook: None,
+                };
+                let pw = quantize(&w, m, k, &opts).unwrap();
+                let wd = pw.dequantize();
+                for i in 0..m * k {
+                    let s = f64::from(pw.scales()[(i / k) * 2 + (i % k) / 32]);
+                    assert!(
+                        (wd[i] - w[i]).abs() <= s / 2.0 * (1.0 + 1e-12),
+                        "{f:?} {sym:?} i={i}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nearest_and_mx() {
+        let cb = Codebook::new(Format::Fp4).unwrap();
+        let l = Levels::new(&cb);
+        assert_eq!(l.nearest(2.5), 4); // 2 (code 4) vs 3 (code 5): even code
+        assert_eq!(l.nearest(5.0), 6);
+        assert_eq!(l.nearest(100.0), 7);
+        assert_eq!(l.nearest(-0.1), 0);
+        assert_eq!(l.nearest(-0.3), 9);
+        assert_eq!(mx_scale(6.0), 1.0);
+        assert_eq!(mx_scale(7.99), 1.0);
+        assert_eq!(mx_scale(8.0), 2.0);
+        assert_eq!(mx_scale(0.0), 1.0);
+        let e4 = Codebook::new(Format::Fp8E4m3).unwrap();
+        let l = Levels::new(&e4);
+        assert_eq!(e4.values()[l.nearest(1.0625) as usize], 1.0); // halfway 1 and 1.125: even mantissa
+        assert_eq!(e4.values()[l.nearest(1000.0) as usize], 448.0);
+    }
+}

@@ -1,0 +1,473 @@
+//! Phase 1: look-up tables of activation sums (spec sections 2 and 4).
+//!
+//! For column `n` and tuple `p` of depth `r` the table holds
+//! `T[c_0 + c_1 V + ...] = sum_j v'[c_j] * x[p*d + j, n]`, with `v' = v - shift` the codebook
+//! the plan builds from. It is built incrementally: the `r*V` products `v'[c]*x`, then level by
+//! level, entry `i + c V^(j)` of level `j+1` = entry `i` of level `j` + product `(j, c)`
+//! (level `j+1` costs `V^(j+1)` adds; with mirror the last level builds only its stored prefix).
+//! Every table precision starts from this build; the order of operations is part of the
+//! contract every backend follows (see `KERNELS.md`).
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::plan::{Plan, TablePrecision};
+
+/// Table entries, laid out `[g - g0][n - n0][tuple][slot]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TableData {
+    F32(Vec<f32>),
+    I16(Vec<i16>),
+    I8(Vec<i8>),
+}
+
+/// The tables of a range of groups and a range of columns of X.
+///
+/// For each `(g, n)`: `tscale[g][n]` converts table units to values (1 for `f32`,
+/// `a * 2^-int_exp` for `i16`, the int8 table scale `t` for `i8`) and `zsum[g][n]` is the sum
+/// of the group's activations in table units (only filled when `plan.zero_term`, else 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSet {
+    pub precision: TablePrecision,
+    /// Groups covered (absolute indices).
+    pub groups: Range<usize>,
+    /// Columns of X covered (absolute indices).
+    pub cols: Range<usize>,
+    /// Tuples per group.
+    pub per_group: usize,
+    /// Entries per tuple slot (`plan.slot`).
+    pub slot: usize,
+    pub data: TableData,
+    /// `[g - g0][n - n0]`.
+    pub tscale: Vec<f32>,
+    /// `[g - g0][n - n0]`.
+    pub zsum: Vec<f32>,
+}
+
+impl TableSet {
+    /// A zeroed table set for `groups x cols` of `plan`.
+    pub fn zeroed(plan: &Plan, groups: Range<usize>, cols: Range<usize>) -> TableSet {
+        let ng = groups.len();
+        let nc = cols.len();
+        let len = ng * nc * plan.tuples.per_group * plan.slot;
+        let data = match plan.precision {
+            TablePrecision::F32 => TableData::F32(vec![0.0; len]),
+            TablePrecision::I16 => TableData::I16(vec![0; len]),
+            TablePrecision::I8 => TableData::I8(vec![0; len]),
+        };
+        TableSet {
+            precision: plan.precision,
+            groups,
+            cols,
+            per_group: plan.tuples.per_group,
+            slot: plan.slot,
+            data,
+            tscale: vec![0.0; ng * nc],
+            zsum: vec![0.0; ng * nc],
+        }
+    }
+
+    /// Entries of one `(group, column)` block: `per_group * slot`.
+    #[inline]
+    pub fn block_len(&self) -> usize {
+        self.per_group * self.slot
+    }
+
+    /// Offset of the table of `(g, n, t)` (absolute g and n) in `data`.
+    #[inline]
+    pub fn offset(&self, g: usize, n: usize, t: usize) -> usize {
+        let gi = g - self.groups.start;
+        let ni = n - self.cols.start;
+        ((gi * self.cols.len() + ni) * self.per_group + t) * self.slot
+    }
+
+    /// Index of `(g, n)` (absolute) in `tscale` / `zsum`.
+    #[inline]
+    pub fn gn(&self, g: usize, n: usize) -> usize {
+        (g - self.groups.start) * self.cols.len() + (n - self.cols.start)
+    }
+
+    /// Bytes of table entries.
+    pub fn nbytes(&self) -> usize {
+        match &self.data {
+            TableData::F32(v) => 4 * v.len(),
+            TableData::I16(v) => 2 * v.len(),
+            TableData::I8(v) => v.len(),
+        }
+    }
+}
+
+/// Bytes of the table entries of one `(group, column)` block.
+pub fn block_bytes(plan: &Plan) -> usize {
+    let elem = match plan.precision {
+        TablePrecision::F32 => 4,
+        TablePrecision::I16 => 2,
+        TablePrecision::I8 => 1,
+    };
+    plan.tuples.per_group * plan.slot * elem
+}
+
+/// Builds one f32 table of depth `r` into `out` (at least `plan.used_entries(r)` long) from the
+/// `r` activations `xs` and the products scratch (`r * V` long). Returns nothing; the order of
+/// operations is the contract: products `v'[c] * x_j`, then level by level, and within a
+/// level the entries with digit `c >= 1` first, then `c = 0` in place.
+#[inline]
+pub fn build_f32_table(plan: &Plan, xs: &[f32], prod: &mut [f32], out: &mut [f32]) {
+    let v = plan.levels;
+    let r = xs.len();
+    for (j, &x) in xs.iter().enumerate() {
+        for c in 0..v {
+            prod[j * v + c] = plan.table_values[c] * x;
+        }
+    }
+    let used = plan.used_entries(r);
+    let n1 = v.min(used);
+    out[..n1].copy_from_slice(&prod[..n1]);
+    let mut p = v; // entries of the previous level
+    for j in 1..r {
+        let lim = if j + 1 == r { used } else { p * v };
+        let pj = &prod[j * v..(j + 1) * v];
+        for (c, &add) in pj.iter().enumerate().skip(1) {
+            let lo = c * p;
+            if lo >= lim {
+                break;
+            }
+            let hi = (lo + p).min(lim);
+            let (src, dst) = out.split_at_mut(lo);
+            for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
+                *o = s + add;
+            }
+        }
+        let add = pj[0];
+        for o in &mut out[..p.min(lim)] {
+            *o += add;
+        }
+        p *= v;
+    }
+}
+
+/// The integer counterpart of [`build_f32_table`] (`i16` mode): same order, exact in i32.
+#[inline]
+pub fn build_int_table(plan: &Plan, xq: &[i32], prod: &mut [i32], out: &mut [i32]) {
+    let ints = plan
+        .int_values
+        .as_deref()
+        .expect("i16 plan has integer values");
+    let v = plan.levels;
+    let r = xq.len();
+    for (j, &x) in xq.iter().enumerate() {
+        for c in 0..v {
+            prod[j * v + c] = ints[c] * x;
+        }
+    }
+    let used = plan.used_entries(r);
+    let n1 = v.min(used);
+    out[..n1].copy_from_slice(&prod[..n1]);
+    let mut p = v;
+    for j in 1..r {
+        let lim = if j + 1 == r { used } else { p * v };
+        let pj = &prod[j * v..(j + 1) * v];
+        for (c, &add) in pj.iter().enumerate().skip(1) {
+            let lo = c * p;
+            if lo >= lim {
+                break;
+            }
+            let hi = (lo + p).min(lim);
+            let (src, dst) = out.split_at_mut(lo);
+            for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
+                *o = s + add;
+            }
+        }
+        let add = pj[0];
+        for o in &mut out[..p.min(lim)] {
+            *o += add;
+        }
+        p *= v;
+    }
+}
+
+/// `round_ties_even(x)` for `|x| <= 2^22`, by the add-and-subtract of `1.5 * 2^23` (exact in
+/// the default round-to-nearest-even mode). Baseline x86-64 has no `roundss`, so
+/// `f32::round_ties_even` would be a library call per entry; this is two adds, and it is the
+/// same value `cvtps2dq` gives in SIMD builds.
+#[inline(always)]
+pub fn round_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    debug_assert!(x.abs() <= 4_194_304.0);
+    (x + MAGIC) - MAGIC
+}
+
+/// Symmetric int8 quantization of one group of activations (`i16` mode):
+/// `maxabs = max|x|`, `rcp = 127 / maxabs`, `xq = clamp(round_ties_even(x * rcp), -127, 127)`,
+/// `a = maxabs / 127` (all float32; `maxabs = 0` gives `a = 0`, `xq = 0`). Returns `a`.
+pub fn quantize_activations(xs: &[f32], xq: &mut [i32]) -> f32 {
+    let maxabs = xs.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    if maxabs == 0.0 {
+        xq.fill(0);
+        return 0.0;
+    }
+    let rcp = 127.0f32 / maxabs;
+    for (q, &x) in xq.iter_mut().zip(xs) {
+        *q = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i32;
+    }
+    maxabs / 127.0
+}
+
+/// Sequential float32 sum `((x0 + x1) + x2) + ...` (the zero-point sums `S[n, g]`).
+#[inline]
+pub fn seq_sum(xs: &[f32]) -> f32 {
+    let mut it = xs.iter();
+    let first = it.next().copied().unwrap_or(0.0);
+    it.fold(first, |s, &x| s + x)
+}
+
+/// Rounds one group's float tables to int8: `maxabs` over the entries, `rcp = 127 / maxabs`,
+/// `q = clamp(round_ties_even(T * rcp), -127, 127)`, `t = maxabs / 127`. Returns `t`
+/// (0 and all-zero entries when `maxabs = 0`).
+pub fn quantize_tables_i8(tables: &[f32], out: &mut [i8]) -> f32 {
+    let maxabs = tables.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    if maxabs == 0.0 {
+        out.fill(0);
+        return 0.0;
+    }
+    let rcp = 127.0f32 / maxabs;
+    for (q, &x) in out.iter_mut().zip(tables) {
+        *q = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i8;
+    }
+    maxabs / 127.0
+}
+
+/// Builds the tables of one `(group g, column n)` block (scalar reference build).
+///
+/// `xg` are the group's G activations of column n (already permuted). Writes the block's
+/// entries into `out` (`per_group * slot` long, pre-zeroed) and returns `(tscale, zsum)`.
+pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
+    let tp = plan.tuples;
+    let v = plan.levels;
+    let slot = plan.slot;
+    match out {
+        BlockOut::F32(out) => {
+            let mut prod = vec![0f32; tp.depth * v];
+            for t in 0..tp.per_group {
+                let r = tp.depth_of(t);
+                let k0 = t * tp.depth;
+                build_f32_table(
+                    plan,
+                    &xg[k0..k0 + r],
+                    &mut prod,
+                    &mut out[t * slot..(t + 1) * slot],
+                );
+            }
+            let zsum = if plan.zero_term { seq_sum(xg) } else { 0.0 };
+            (1.0, zsum)
+        }
+        BlockOut::I8(out) => {
+            let mut f = vec![0f32; tp.per_group * slot];
+            let mut prod = vec![0f32; tp.depth * v];
+            for t in 0..tp.per_group {
+                let r = tp.depth_of(t);
+                let k0 = t * tp.depth;
+                build_f32_table(
+                    plan,
+                    &xg[k0..k0 + r],
+                    &mut prod,
+                    &mut f[t * slot..(t + 1) * slot],
+                );
+            }
+            let tsc = quantize_tables_i8(&f, out);
+            let zsum = if plan.zero_term && tsc != 0.0 {
+                seq_sum(xg) / tsc
+            } else {
+                0.0
+            };
+            (tsc, zsum)
+        }
+        BlockOut::I16(out) => {
+            let mut xq = vec![0i32; xg.len()];
+            let a = quantize_activations(xg, &mut xq);
+            let mut prod = vec![0i32; tp.depth * v];
+            let mut tab = vec![0i32; slot];
+            for t in 0..tp.per_group {
+                let r = tp.depth_of(t);
+                let k0 = t * tp.depth;
+                tab.fill(0);
+                build_int_table(plan, &xq[k0..k0 + r], &mut prod, &mut tab);
+                for (o, &e) in out[t * slot..(t + 1) * slot].iter_mut().zip(&tab) {
+                    *o = e as i16;
+                }
+            }
+            let scale = 2f32.powi(plan.int_exp);
+            let tsc = a / scale;
+            let zsum = if plan.zero_term {
+                xq.iter().sum::<i32>() as f32 * scale
+            } else {
+                0.0
+            };
+            (tsc, zsum)
+        }
+    }
+}
+
+/// The output block of [`build_block`].
+pub enum BlockOut<'a> {
+    F32(&'a mut [f32]),
+    I16(&'a mut [i16]),
+    I8(&'a mut [i8]),
+}
+
+/// Builds the tables of `groups x cols` with the scalar build, in parallel over `(g, n)`
+/// blocks (each block is independent, so the result does not depend on the thread count).
+///
+/// `xt` is X transposed and permuted: `(N, K)` row-major, row n = column n of X.
+pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet) {
+    let g_size = plan.group_size;
+    let k = plan.k;
+    let cols = set.cols.clone();
+    let groups = set.groups.clone();
+    let nc = cols.len();
+    let blen = set.block_len();
+    let meta: Vec<(f32, f32)> = match &mut set.data {
+        TableData::F32(d) => d
+            .par_chunks_mut(blen)
+            .enumerate()
+            .map(|(i, out)| {
+                let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+                build_block(
+                    plan,
+                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
+                    BlockOut::F32(out),
+                )
+            })
+            .collect(),
+        TableData::I16(d) => d
+            .par_chunks_mut(blen)
+            .enumerate()
+            .map(|(i, out)| {
+                let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+                build_block(
+                    plan,
+                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
+                    BlockOut::I16(out),
+                )
+            })
+            .collect(),
+        TableData::I8(d) => d
+            .par_chunks_mut(blen)
+            .enumerate()
+            .map(|(i, out)| {
+                let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+                build_block(
+                    plan,
+                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
+                    BlockOut::I8(out),
+                )
+            })
+            .collect(),
+    };
+    for (i, (tsc, zs)) in meta.into_iter().enumerate() {
+        set.tscale[i] = tsc;
+        set.zsum[i] = zs;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Codebook, Format};
+
+    fn plan(f: Format, d: usize, g: usize, prec: TablePrecision, mirror: bool) -> Plan {
+        Plan::new(
+            &Codebook::new(f).unwrap(),
+            5,
+            g,
+            1,
+            g,
+            false,
+            d,
+            prec,
+            mirror,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn tables_hold_the_tuple_sums() {
+        for (f, d) in [
+            (Format::Int4, 1),
+            (Format::Int4, 2),
+            (Format::Int4, 3),
+            (Format::Int2, 4),
+            (Format::Ternary, 5),
+        ] {
+            for mirror in [false, true] {
+                let p = plan(f, d, 30, TablePrecision::F32, mirror);
+                let v = p.levels;
+                let xs: Vec<f32> = (0..d).map(|j| (j as f32) * 1.5 - 2.0).collect();
+                let mut prod = vec![0.0; d * v];
+                let mut out = vec![0.0; p.slot];
+                build_f32_table(&p, &xs, &mut prod, &mut out);
+                for (idx, &got) in out.iter().enumerate().take(p.used_entries(d)) {
+                    let mut rest = idx;
+                    let mut want = 0f64;
+                    for &x in &xs {
+                        want += f64::from(p.table_values[rest % v]) * f64::from(x);
+                        rest /= v;
+                    }
+                    assert_eq!(f64::from(got), want, "{f:?} d={d} idx={idx}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mirrored_tables_are_antisymmetric_prefixes() {
+        let full = plan(Format::Int4, 2, 8, TablePrecision::F32, false);
+        let mir = plan(Format::Int4, 2, 8, TablePrecision::F32, true);
+        assert_eq!(mir.slot, 128);
+        let xs = [3.0f32, -5.0];
+        let mut prod = vec![0.0; 32];
+        let mut t_full = vec![0.0; 256];
+        build_f32_table(&full, &xs, &mut prod, &mut t_full);
+        let mut t_mir = vec![0.0; 128];
+        build_f32_table(&mir, &xs, &mut prod, &mut t_mir);
+        let mi = mir.mirror.unwrap();
+        for idx in 0..256 {
+            // v' = v + 0.5: T'[idx] = T[idx] + 0.5 * (x0 + x1)
+            let want = t_full[idx] + 0.5 * (xs[0] + xs[1]);
+            let got = if idx < 128 {
+                t_mir[idx]
+            } else {
+                -t_mir[mi.index(idx, 2)]
+            };
+            assert_eq!(got, want, "idx {idx}");
+        }
+    }
+
+    #[test]
+    fn round_small_is_round_ties_even() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.25 + 0.001 * (i % 7) as f32;
+            assert_eq!(round_small(x), x.round_ties_even(), "{x}");
+            let h = i as f32 + 0.5;
+            assert_eq!(round_small(h), h.round_ties_even(), "{h}");
+        }
+    }
+
+    #[test]
+    fn i8_and_i16_blocks() {
+        let p8 = plan(Format::Int4, 2, 8, TablePrecision::I8, false);
+        let xg = [1.0f32, -2.0, 0.5, 4.0, 0.0, 3.0, -1.0, 2.0];
+        let mut out = vec![0i8; 4 * 256];
+        let (t, _) = build_block(&p8, &xg, BlockOut::I8(&mut out));
+        assert!(out.iter().any(|&q| q.abs() == 127));
+        // maxabs of the group's tables: tuple 1, x = (0.5, 4), codes (-8, -8): |-4 - 32| = 36
+        assert_eq!(t, 36.0 / 127.0);
+        let p16 = plan(Format::Int4, 2, 8, TablePrecision::I16, false);
+        let mut out = vec![0i16; 4 * 256];
+        let (a, _) = build_block(&p16, &xg, BlockOut::I16(&mut out));
+        assert_eq!(a, 4.0 / 127.0);
+        // xq = round(x * 127/4): tuple 1 = (16, 127); entry (c0, c1) = (c0-8)*16 + (c1-8)*127
+        assert_eq!(out[256 + 3 + 16 * 10], (3 - 8) * 16 + (10 - 8) * 127);
+    }
+}
