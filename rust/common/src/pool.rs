@@ -6,8 +6,9 @@
 //! Cores themselves just use rayon's parallel iterators; callers run them inside
 //! [`install`] (or [`run_monitored`]) so those iterators land on this pool.
 
+use std::collections::HashMap;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -20,8 +21,12 @@ use crate::{Error, Result};
 pub const ENV_NUM_THREADS: &str = "MALEKI_RS_NUM_THREADS";
 
 static REQUESTED: AtomicUsize = AtomicUsize::new(0); // 0: not set explicitly
-static POOL: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
-static FORKED: AtomicBool = AtomicBool::new(false);
+/// Bumped in a forked child: pools built under an older generation have no threads there.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The default pool, with the fork generation it was built in.
+static POOL: Mutex<Option<(u64, Arc<ThreadPool>)>> = Mutex::new(None);
+/// Pools of an explicit size (per-call `threads=` arguments), with their fork generation.
+static SIZED: Mutex<Option<(u64, HashMap<usize, Arc<ThreadPool>>)>> = Mutex::new(None);
 
 /// Sets the number of worker threads (>= 1). The pool is rebuilt at its next use; calls
 /// already running keep their old pool.
@@ -34,7 +39,7 @@ pub fn set_num_threads(n: usize) -> Result<()> {
     }
     REQUESTED.store(n, Ordering::SeqCst);
     let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if guard.as_ref().is_some_and(|p| p.current_num_threads() != n) {
+    if guard.as_ref().is_some_and(|(_, p)| p.current_num_threads() != n) {
         *guard = None;
     }
     Ok(())
@@ -57,35 +62,61 @@ fn threads_from_env() -> Option<usize> {
     v.trim().parse::<usize>().ok().filter(|&n| (1..=4096).contains(&n))
 }
 
-/// The pool, built on first use with [`num_threads`] workers.
-pub fn pool() -> Arc<ThreadPool> {
-    let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if FORKED.swap(false, Ordering::SeqCst) {
-        // The workers of the parent do not exist in a forked child: leak the old pool
-        // (dropping it would signal threads that are gone) and build a new one.
-        if let Some(old) = guard.take() {
+fn build(n: usize, name: &'static str) -> Result<Arc<ThreadPool>> {
+    ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(move |i| format!("{name}-{i}"))
+        .build()
+        .map(Arc::new)
+        .map_err(|e| Error::Numerical(format!("could not start {n} worker threads: {e}")))
+}
+
+/// Drops a pool whose threads may not exist (built before a fork) without touching them.
+fn leak_if_stale<T>(slot: &mut Option<(u64, T)>, generation: u64) {
+    if slot.as_ref().is_some_and(|(g, _)| *g != generation) {
+        // The workers of the parent do not exist in a forked child: dropping the pool would
+        // signal threads that are gone, so leak it.
+        if let Some(old) = slot.take() {
             std::mem::forget(old);
         }
     }
-    if let Some(p) = guard.as_ref() {
+}
+
+/// The pool, built on first use with [`num_threads`] workers.
+pub fn pool() -> Arc<ThreadPool> {
+    let generation = FORK_GENERATION.load(Ordering::SeqCst);
+    let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    leak_if_stale(&mut guard, generation);
+    if let Some((_, p)) = guard.as_ref() {
         return Arc::clone(p);
     }
-    let n = num_threads();
-    let p = Arc::new(
-        ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(|i| format!("maleki-rs-{i}"))
-            .build()
-            .expect("building a rayon thread pool failed (out of threads?)"),
-    );
-    *guard = Some(Arc::clone(&p));
+    let p = build(num_threads(), "maleki-rs").expect("building the maleki_rs thread pool failed (out of threads?)");
+    *guard = Some((generation, Arc::clone(&p)));
     p
 }
 
-/// Marks the pool as unusable; to be called in the child after `fork()`. Async-signal
-/// safe: it only stores an atomic flag.
+/// A pool of exactly `threads` workers, for calls that take an explicit `threads=` argument;
+/// built once per size and process, owned by the library like [`pool`].
+pub fn sized_pool(threads: usize) -> Result<Arc<ThreadPool>> {
+    if threads == 0 || threads > 4096 {
+        return Err(Error::invalid("threads", format!("must be in 1..=4096, got {threads}")));
+    }
+    let generation = FORK_GENERATION.load(Ordering::SeqCst);
+    let mut guard = SIZED.lock().unwrap_or_else(|e| e.into_inner());
+    leak_if_stale(&mut guard, generation);
+    let (_, map) = guard.get_or_insert_with(|| (generation, HashMap::new()));
+    if let Some(p) = map.get(&threads) {
+        return Ok(Arc::clone(p));
+    }
+    let p = build(threads, "maleki-rs")?;
+    map.insert(threads, Arc::clone(&p));
+    Ok(p)
+}
+
+/// Marks every pool as unusable; to be called in the child after `fork()`. Async-signal
+/// safe: it only bumps an atomic counter.
 pub fn mark_forked() {
-    FORKED.store(true, Ordering::SeqCst);
+    FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Runs `f` on the library pool; rayon iterators inside use that pool.
@@ -160,6 +191,18 @@ mod tests {
     #[test]
     fn zero_threads_is_rejected() {
         assert!(set_num_threads(0).is_err());
+        assert!(sized_pool(0).is_err());
+    }
+
+    #[test]
+    fn sized_pools_are_cached_and_rebuilt_after_a_fork() {
+        let a = sized_pool(3).unwrap();
+        assert_eq!(a.current_num_threads(), 3);
+        assert!(Arc::ptr_eq(&a, &sized_pool(3).unwrap()));
+        mark_forked();
+        let b = sized_pool(3).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!(install(|| rayon::current_num_threads()), num_threads());
     }
 
     #[test]

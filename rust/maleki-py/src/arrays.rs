@@ -4,13 +4,13 @@
 //! side can insist on C-contiguous data of one dtype and read it as a slice without copying.
 //! Results are built as `Vec`s and moved into numpy without a copy.
 
-use numpy::ndarray::{ArrayD, IxDyn};
-use numpy::{Element, IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::ndarray::{ArrayD, Dimension, IxDyn};
+use numpy::{Element, IntoPyArray, PyArrayDyn, PyReadonlyArray, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// The contiguous data of `a` as a slice, or a `ValueError` naming `name`.
-pub fn slice<'a, T: Element>(a: &'a PyReadonlyArrayDyn<'_, T>, name: &str) -> PyResult<&'a [T]> {
+pub fn slice<'a, T: Element, D: Dimension>(a: &'a PyReadonlyArray<'_, T, D>, name: &str) -> PyResult<&'a [T]> {
     a.as_slice().map_err(|_| {
         PyValueError::new_err(format!("{name}: array must be C-contiguous (pass it through np.ascontiguousarray)"))
     })

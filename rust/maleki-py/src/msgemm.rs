@@ -1,10 +1,9 @@
 //! `maleki_rs._core.msgemm`: bindings of the msGeMM core (private; the public API is the
 //! Python package `maleki_rs.msgemm`, which validates arguments and converts dtypes first).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use maleki_common::{Error, Result as CoreResult};
+use maleki_common::Result as CoreResult;
 use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
 use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout};
 use maleki_msgemm::interop::{self, NBitsZeros};
@@ -16,56 +15,14 @@ use numpy::{IntoPyArray, PyUntypedArrayMethods, PyArray1, PyArray2, PyReadonlyAr
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use rayon::ThreadPool;
 
+use crate::arrays::slice;
 use crate::errors::to_pyerr;
 use crate::progress::run_quick;
-
-fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{name}: array must be C-contiguous")))
-}
-
-fn slice1<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, name: &str) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{name}: array must be C-contiguous")))
-}
 
 fn to_array2<T: numpy::Element>(py: Python<'_>, data: Vec<T>, rows: usize, cols: usize) -> PyResult<Bound<'_, PyArray2<T>>> {
     let a = Array2::from_shape_vec((rows, cols), data).map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
     Ok(a.into_pyarray(py))
-}
-
-/// Pools of a given size for `threads=` (built once per size and process, owned by the
-/// library). A forked child does not inherit the parent's worker threads: pools built by
-/// another process id are leaked (dropping them would signal threads that do not exist) and
-/// rebuilt.
-fn pool_of(threads: usize) -> CoreResult<Arc<ThreadPool>> {
-    type Pools = (u32, HashMap<usize, Arc<ThreadPool>>);
-    static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
-    if threads == 0 || threads > 4096 {
-        return Err(Error::invalid("threads", format!("must be in 1..=4096, got {threads}")));
-    }
-    let pid = std::process::id();
-    let mut guard = POOLS.lock().unwrap_or_else(|e| e.into_inner());
-    if guard.as_ref().is_some_and(|(owner, _)| *owner != pid) {
-        if let Some(old) = guard.take() {
-            std::mem::forget(old);
-        }
-    }
-    let (_, map) = guard.get_or_insert_with(|| (pid, HashMap::new()));
-    if let Some(p) = map.get(&threads) {
-        return Ok(Arc::clone(p));
-    }
-    let p = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(move |i| format!("maleki-rs-msgemm{threads}-{i}"))
-            .build()
-            .map_err(|e| Error::Numerical(format!("could not start {threads} threads: {e}")))?,
-    );
-    map.insert(threads, Arc::clone(&p));
-    Ok(p)
 }
 
 /// Runs `job` with the GIL released on the library pool, or on a pool of `threads` threads.
@@ -73,7 +30,7 @@ fn run_on<T: Send>(py: Python<'_>, threads: Option<usize>, job: impl FnOnce() ->
     match threads {
         None => run_quick(py, job),
         Some(t) => {
-            let pool = pool_of(t).map_err(to_pyerr)?;
+            let pool = maleki_common::pool::sized_pool(t).map_err(to_pyerr)?;
             py.detach(|| pool.install(job)).map_err(to_pyerr)
         }
     }
@@ -110,7 +67,7 @@ impl Packed {
         codebook: Option<Vec<f32>>,
     ) -> PyResult<Packed> {
         let (m, k) = (w.shape()[0], w.shape()[1]);
-        let data = slice2(&w, "w")?;
+        let data = slice(&w, "w")?;
         let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
         run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
     }
@@ -127,7 +84,7 @@ impl Packed {
         codebook: Option<Vec<f32>>,
     ) -> PyResult<Packed> {
         let (m, k) = (w.shape()[0], w.shape()[1]);
-        let data = slice2(&w, "w")?;
+        let data = slice(&w, "w")?;
         let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
         run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
     }
@@ -153,10 +110,10 @@ impl Packed {
             )));
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
-        let c = slice2(&codes, "codes")?;
-        let s = slice2(&scales, "scales")?.to_vec();
-        let z = zeros.as_ref().map(|z| slice2(z, "zeros").map(|v| v.to_vec())).transpose()?;
-        let p = k_perm.as_ref().map(|p| slice1(p, "k_perm").map(|v| v.to_vec())).transpose()?;
+        let c = slice(&codes, "codes")?;
+        let s = slice(&scales, "scales")?.to_vec();
+        let z = zeros.as_ref().map(|z| slice(z, "zeros").map(|v| v.to_vec())).transpose()?;
+        let p = k_perm.as_ref().map(|p| slice(p, "k_perm").map(|v| v.to_vec())).transpose()?;
         run_quick(py, || PackedWeights::from_codes(cb, m, k, k / groups, c, s, z, p)).map(Packed::wrap)
     }
 
@@ -179,10 +136,10 @@ impl Packed {
             return Err(PyValueError::new_err(format!("scales: {groups} groups do not divide K = {k}")));
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
-        let b = slice2(&packed, "packed")?.to_vec();
-        let s = slice2(&scales, "scales")?.to_vec();
-        let z = zeros.as_ref().map(|z| slice2(z, "zeros").map(|v| v.to_vec())).transpose()?;
-        let p = k_perm.as_ref().map(|p| slice1(p, "k_perm").map(|v| v.to_vec())).transpose()?;
+        let b = slice(&packed, "packed")?.to_vec();
+        let s = slice(&scales, "scales")?.to_vec();
+        let z = zeros.as_ref().map(|z| slice(z, "zeros").map(|v| v.to_vec())).transpose()?;
+        let p = k_perm.as_ref().map(|p| slice(p, "k_perm").map(|v| v.to_vec())).transpose()?;
         run_quick(py, || PackedWeights::from_packed(cb, m, k, k / groups, b, s, z, p)).map(Packed::wrap)
     }
 
@@ -202,11 +159,11 @@ impl Packed {
     ) -> PyResult<Packed> {
         let m = qweight.shape()[1];
         let k = qweight.shape()[0] * 32 / (bits.max(1) as usize);
-        let (qw, qz, s) = (slice2(&qweight, "qweight")?, slice2(&qzeros, "qzeros")?, slice2(&scales, "scales")?);
+        let (qw, qz, s) = (slice(&qweight, "qweight")?, slice(&qzeros, "qzeros")?, slice(&scales, "scales")?);
         if scales.shape()[1] != m {
             return Err(PyValueError::new_err(format!("scales: expected shape (groups, {m}), got {:?}", scales.shape())));
         }
-        let gi = g_idx.as_ref().map(|g| slice1(g, "g_idx")).transpose()?;
+        let gi = g_idx.as_ref().map(|g| slice(g, "g_idx")).transpose()?;
         run_quick(py, || interop::from_gptq(qw, qz, s, gi, m, k, bits, group_size, zero_offset)).map(Packed::wrap)
     }
 
@@ -221,7 +178,7 @@ impl Packed {
     ) -> PyResult<Packed> {
         let k = qweight.shape()[0];
         let m = qweight.shape()[1] * 8;
-        let (qw, qz, s) = (slice2(&qweight, "qweight")?, slice2(&qzeros, "qzeros")?, slice2(&scales, "scales")?);
+        let (qw, qz, s) = (slice(&qweight, "qweight")?, slice(&qzeros, "qzeros")?, slice(&scales, "scales")?);
         run_quick(py, || interop::from_awq(qw, qz, s, m, k, group_size)).map(Packed::wrap)
     }
 
@@ -244,9 +201,9 @@ impl Packed {
         let bs = b
             .as_slice()
             .map_err(|_| PyValueError::new_err("B: array must be C-contiguous"))?;
-        let s = slice1(&scales, "scales")?;
-        let zp = zeros_packed.as_ref().map(|z| slice1(z, "zero_points")).transpose()?;
-        let zf = zeros_float.as_ref().map(|z| slice1(z, "zero_points")).transpose()?;
+        let s = slice(&scales, "scales")?;
+        let zp = zeros_packed.as_ref().map(|z| slice(z, "zero_points")).transpose()?;
+        let zf = zeros_float.as_ref().map(|z| slice(z, "zero_points")).transpose()?;
         let zeros = match (zp, zf) {
             (Some(p), _) => NBitsZeros::Packed(p),
             (None, Some(f)) => NBitsZeros::Float(f),
@@ -409,7 +366,7 @@ fn gemm<'py>(
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     let n = if transposed { x.shape()[0] } else { x.shape()[1] };
     let layout = if transposed { XLayout::NbyK } else { XLayout::KbyN };
-    let xs = slice2(&x, "x")?;
+    let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let m = w.m();
     match out {
@@ -449,7 +406,7 @@ fn gemm_counted<'py>(
     let opts = options(depth, table, "reference", mirror).map_err(to_pyerr)?;
     let n = if transposed { x.shape()[0] } else { x.shape()[1] };
     let layout = if transposed { XLayout::NbyK } else { XLayout::KbyN };
-    let xs = slice2(&x, "x")?;
+    let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let (y, c, plan) = run_quick(py, || core_gemm::gemm_counted(&w, xs, n, layout, &opts))?;
     let p = CountParams {
