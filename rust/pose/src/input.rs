@@ -1,0 +1,430 @@
+//! Input descriptions (borrowed, zero-copy) and their validation into per-point blocks.
+//!
+//! A scan is `N` correspondences `(b̃_i, r̃_i)` and a noise model for each point: the 6x6
+//! covariance `R_i = [[R_bb, R_br], [R_brᵀ, R_rr]]` of `[Δb_i; Δr_i]`, given whole, as 3x3
+//! blocks, or as isotropic standard deviations, each per point or shared by all points.
+//! [`prepare`] validates a scan once and stores, per point, exactly what the Gauss-Newton
+//! loop needs (`b`, `r`, `R_bb`, `R_rr`, `2 R_br`), so that the loop itself does no
+//! validation, no branching on the input layout and no allocation.
+
+use maleki_common::{Error, Result};
+use nalgebra::{Matrix3, Matrix6};
+
+use crate::math::{sym3_from, Sym3};
+
+/// A 3x3 block of the covariance: one per point or one shared by all points.
+#[derive(Debug, Clone, Copy)]
+pub enum Block<'a> {
+    /// One row-major 3x3 matrix per point.
+    PerPoint(&'a [[f64; 9]]),
+    /// The same row-major 3x3 matrix for every point.
+    Shared(&'a [f64; 9]),
+}
+
+/// The noise model of one scan.
+#[derive(Debug, Clone, Copy)]
+pub enum Cov<'a> {
+    /// One row-major 6x6 covariance per point (`[Δb; Δr]` order).
+    Full(&'a [[f64; 36]]),
+    /// One row-major 6x6 covariance shared by all points.
+    SharedFull(&'a [f64; 36]),
+    /// Block form: `R_bb`, the optional cross block `R_br` (zero when `None`) and `R_rr`.
+    /// A missing `R_bb` or `R_rr` (`None`) is zero: noise-free on that side.
+    Blocks {
+        bb: Option<Block<'a>>,
+        br: Option<Block<'a>>,
+        rr: Option<Block<'a>>,
+    },
+    /// `R_bb = σ_b² I`, `R_rr = σ_r² I`, no cross term.
+    Isotropic { sigma_b: f64, sigma_r: f64 },
+}
+
+/// One scan: body-frame points `b`, reference-frame points `r`, the noise model and optional
+/// per-point weights (a weight `w_i` divides the covariance of point `i`).
+#[derive(Debug, Clone, Copy)]
+pub struct ScanRef<'a> {
+    pub b: &'a [[f64; 3]],
+    pub r: &'a [[f64; 3]],
+    pub cov: Cov<'a>,
+    pub weights: Option<&'a [f64]>,
+}
+
+/// A per-point array of a batch: concatenated over the scans (indexed with the batch
+/// offsets) or one array shared by every scan (a fixed map; every scan must then have its
+/// length).
+#[derive(Debug, Clone, Copy)]
+pub enum PerScan<'a, T> {
+    Concat(&'a [T]),
+    Map(&'a [T]),
+}
+
+impl<'a, T> PerScan<'a, T> {
+    fn get(&self, name: &str, lo: usize, hi: usize) -> Result<&'a [T]> {
+        match *self {
+            PerScan::Concat(s) => s
+                .get(lo..hi)
+                .ok_or_else(|| Error::invalid(name, format!("has {} rows, the offsets need {hi}", s.len()))),
+            PerScan::Map(s) => {
+                if s.len() == hi - lo {
+                    Ok(s)
+                } else {
+                    Err(Error::invalid(
+                        name,
+                        format!("is shared by all scans with {} rows, but this scan has {} points", s.len(), hi - lo),
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// A covariance block of a batch.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchBlock<'a> {
+    PerPoint(PerScan<'a, [f64; 9]>),
+    Shared(&'a [f64; 9]),
+}
+
+/// The noise model of a batch (see [`Cov`]).
+#[derive(Debug, Clone, Copy)]
+pub enum BatchCov<'a> {
+    Full(PerScan<'a, [f64; 36]>),
+    SharedFull(&'a [f64; 36]),
+    Blocks {
+        bb: Option<BatchBlock<'a>>,
+        br: Option<BatchBlock<'a>>,
+        rr: Option<BatchBlock<'a>>,
+    },
+    Isotropic { sigma_b: f64, sigma_r: f64 },
+}
+
+/// A batch of scans: scan `k` is rows `offsets[k]..offsets[k+1]` of `b` (and of every
+/// concatenated per-point array).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchRef<'a> {
+    pub offsets: &'a [usize],
+    pub b: &'a [[f64; 3]],
+    pub r: PerScan<'a, [f64; 3]>,
+    pub cov: BatchCov<'a>,
+    pub weights: Option<PerScan<'a, f64>>,
+}
+
+impl<'a> BatchRef<'a> {
+    /// Number of scans.
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    /// True when the batch has no scans.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks the offsets: `offsets[0] == 0`, non-decreasing, last == `b.len()`.
+    pub fn check_offsets(&self) -> Result<()> {
+        let o = self.offsets;
+        if o.is_empty() {
+            return Err(Error::invalid("offsets", "must have at least one entry (B + 1 for B scans)"));
+        }
+        if o[0] != 0 {
+            return Err(Error::invalid("offsets", format!("must start at 0, got {}", o[0])));
+        }
+        if let Some(k) = o.windows(2).position(|w| w[1] < w[0]) {
+            return Err(Error::invalid("offsets", format!("must be non-decreasing (offsets[{}] > offsets[{}])", k, k + 1)));
+        }
+        let last = *o.last().unwrap_or(&0);
+        if last != self.b.len() {
+            return Err(Error::invalid("offsets", format!("last offset {last} differs from the number of points {}", self.b.len())));
+        }
+        Ok(())
+    }
+
+    /// The `k`-th scan (errors name the array whose shape does not fit).
+    pub fn scan(&self, k: usize) -> Result<ScanRef<'a>> {
+        let (lo, hi) = (self.offsets[k], self.offsets[k + 1]);
+        let block = |name: &str, blk: Option<BatchBlock<'a>>| -> Result<Option<Block<'a>>> {
+            Ok(match blk {
+                None => None,
+                Some(BatchBlock::Shared(m)) => Some(Block::Shared(m)),
+                Some(BatchBlock::PerPoint(p)) => Some(Block::PerPoint(p.get(name, lo, hi)?)),
+            })
+        };
+        let cov = match self.cov {
+            BatchCov::Full(p) => Cov::Full(p.get("cov", lo, hi)?),
+            BatchCov::SharedFull(m) => Cov::SharedFull(m),
+            BatchCov::Blocks { bb, br, rr } => Cov::Blocks {
+                bb: block("cov_b", bb)?,
+                br: block("cov_br", br)?,
+                rr: block("cov_r", rr)?,
+            },
+            BatchCov::Isotropic { sigma_b, sigma_r } => Cov::Isotropic { sigma_b, sigma_r },
+        };
+        Ok(ScanRef {
+            b: &self.b[lo..hi],
+            r: self.r.get("r", lo, hi)?,
+            cov,
+            weights: match self.weights {
+                None => None,
+                Some(w) => Some(w.get("weights", lo, hi)?),
+            },
+        })
+    }
+}
+
+/// What the Gauss-Newton loop needs of one point, validated.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Point {
+    pub b: [f64; 3],
+    pub r: [f64; 3],
+    /// `R_bb` (symmetric).
+    pub bb: Sym3,
+    /// `R_rr` (symmetric).
+    pub rr: Sym3,
+    /// `2 R_br`, row-major (zero when the scan has no cross term).
+    pub br2: [f64; 9],
+}
+
+/// A validated scan: its points and whether any cross-covariance is non-zero.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    pub points: Vec<Point>,
+    pub cross: bool,
+}
+
+fn mat3(m: &[f64; 9]) -> Matrix3<f64> {
+    Matrix3::from_row_slice(m)
+}
+
+/// Validates one 6x6 covariance (symmetric to 1e-9 of its largest diagonal entry, positive
+/// semi-definite) and returns its symmetrised blocks `(R_bb, R_br, R_rr)`.
+///
+/// Positive *semi*-definite is accepted on purpose: noise-free reference points (`R_rr = 0`,
+/// the Wahba setting) are a valid model. What the estimator needs, that `S_i(A) = R_bb − A R_brᵀ
+/// − R_br Aᵀ + A R_rr Aᵀ` be positive definite, is checked where it is used.
+fn check_cov6(name: &str, m: &Matrix6<f64>) -> Result<(Matrix3<f64>, Matrix3<f64>, Matrix3<f64>)> {
+    let scale = (0..6).map(|k| m[(k, k)].abs()).fold(0.0f64, f64::max);
+    if !(scale > 0.0) {
+        return Err(Error::invalid(name, "is zero: every point needs a noise model with a positive variance"));
+    }
+    let asym = (m - m.transpose()).abs().max();
+    if asym > 1e-9 * scale {
+        return Err(Error::invalid(name, format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})")));
+    }
+    let sym = (m + m.transpose()) * 0.5;
+    if sym.cholesky().is_none() {
+        // Not positive definite: accept it only if it is positive semi-definite.
+        let min = sym.symmetric_eigenvalues().min();
+        if min < -1e-12 * scale {
+            return Err(Error::invalid(
+                name,
+                format!("is not positive semi-definite (smallest eigenvalue {min:.3e})"),
+            ));
+        }
+    }
+    let bb = sym.fixed_view::<3, 3>(0, 0).into_owned();
+    let br = sym.fixed_view::<3, 3>(0, 3).into_owned();
+    let rr = sym.fixed_view::<3, 3>(3, 3).into_owned();
+    Ok((bb, br, rr))
+}
+
+fn assemble(bb: &Matrix3<f64>, br: &Matrix3<f64>, rr: &Matrix3<f64>) -> Matrix6<f64> {
+    let mut m = Matrix6::zeros();
+    m.fixed_view_mut::<3, 3>(0, 0).copy_from(bb);
+    m.fixed_view_mut::<3, 3>(0, 3).copy_from(br);
+    m.fixed_view_mut::<3, 3>(3, 0).copy_from(&br.transpose());
+    m.fixed_view_mut::<3, 3>(3, 3).copy_from(rr);
+    m
+}
+
+fn point_of(b: [f64; 3], r: [f64; 3], bb: &Matrix3<f64>, br: &Matrix3<f64>, rr: &Matrix3<f64>, w: f64) -> Point {
+    let s = 1.0 / w;
+    let mut br2 = [0.0; 9];
+    for i in 0..3 {
+        for j in 0..3 {
+            br2[3 * i + j] = 2.0 * s * br[(i, j)];
+        }
+    }
+    Point {
+        b,
+        r,
+        bb: sym3_from(&(bb * s)),
+        rr: sym3_from(&(rr * s)),
+        br2,
+    }
+}
+
+/// Validates `scan` into `out` (reusing its allocation). Errors name the argument and the
+/// index of the offending point.
+pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
+    let n = scan.b.len();
+    out.points.clear();
+    out.cross = false;
+    if scan.r.len() != n {
+        return Err(Error::invalid("r", format!("has {} points but b has {n}", scan.r.len())));
+    }
+    if n < 3 {
+        return Err(Error::invalid("b", format!("needs at least 3 correspondences, got {n}")));
+    }
+    for (name, pts) in [("b", scan.b), ("r", scan.r)] {
+        if let Some(i) = pts.iter().position(|p| !p.iter().all(|v| v.is_finite())) {
+            return Err(Error::invalid(name, format!("point {i} is not finite: {:?}", pts[i])));
+        }
+    }
+    if let Some(w) = scan.weights {
+        if w.len() != n {
+            return Err(Error::invalid("weights", format!("has {} entries but there are {n} points", w.len())));
+        }
+        if let Some(i) = w.iter().position(|v| !(v.is_finite() && *v > 0.0)) {
+            return Err(Error::invalid("weights", format!("weights[{i}] = {} must be positive and finite", w[i])));
+        }
+    }
+    let weight = |i: usize| scan.weights.map_or(1.0, |w| w[i]);
+    out.points.reserve(n);
+    match scan.cov {
+        Cov::Full(c) => {
+            if c.len() != n {
+                return Err(Error::invalid("cov", format!("has {} matrices but there are {n} points", c.len())));
+            }
+            for (i, ci) in c.iter().enumerate() {
+                let m = Matrix6::from_row_slice(ci);
+                check_finite_mat("cov", i, ci)?;
+                let (bb, br, rr) = check_cov6(&format!("cov[{i}]"), &m)?;
+                out.points.push(point_of(scan.b[i], scan.r[i], &bb, &br, &rr, weight(i)));
+            }
+        }
+        Cov::SharedFull(c) => {
+            check_finite_mat("cov", 0, c)?;
+            let (bb, br, rr) = check_cov6("cov", &Matrix6::from_row_slice(c))?;
+            for i in 0..n {
+                out.points.push(point_of(scan.b[i], scan.r[i], &bb, &br, &rr, weight(i)));
+            }
+        }
+        Cov::Isotropic { sigma_b, sigma_r } => {
+            for (name, s) in [("sigma_b", sigma_b), ("sigma_r", sigma_r)] {
+                if !(s.is_finite() && s >= 0.0) {
+                    return Err(Error::invalid(name, format!("must be finite and >= 0, got {s}")));
+                }
+            }
+            if sigma_b == 0.0 && sigma_r == 0.0 {
+                return Err(Error::invalid("sigma_b", "sigma_b and sigma_r cannot both be zero"));
+            }
+            let bb = Matrix3::identity() * (sigma_b * sigma_b);
+            let rr = Matrix3::identity() * (sigma_r * sigma_r);
+            let br = Matrix3::zeros();
+            for i in 0..n {
+                out.points.push(point_of(scan.b[i], scan.r[i], &bb, &br, &rr, weight(i)));
+            }
+        }
+        Cov::Blocks { bb, br, rr } => {
+            let blocks = [("cov_b", bb), ("cov_br", br), ("cov_r", rr)];
+            for (name, blk) in blocks {
+                if let Some(Block::PerPoint(p)) = blk {
+                    if p.len() != n {
+                        return Err(Error::invalid(name, format!("has {} matrices but there are {n} points", p.len())));
+                    }
+                }
+            }
+            let all_shared = blocks.iter().all(|(_, b)| !matches!(b, Some(Block::PerPoint(_))));
+            let get = |blk: Option<Block<'_>>, i: usize| -> [f64; 9] {
+                match blk {
+                    None => [0.0; 9],
+                    Some(Block::Shared(m)) => *m,
+                    Some(Block::PerPoint(p)) => p[i],
+                }
+            };
+            let mut shared: Option<(Matrix3<f64>, Matrix3<f64>, Matrix3<f64>)> = None;
+            for i in 0..n {
+                let blocks_i = match shared {
+                    Some(s) => s,
+                    None => {
+                        let (mb, mbr, mr) = (get(bb, i), get(br, i), get(rr, i));
+                        for (name, m) in [("cov_b", &mb), ("cov_br", &mbr), ("cov_r", &mr)] {
+                            check_finite_mat(name, i, m)?;
+                        }
+                        let full = assemble(&mat3(&mb), &mat3(&mbr), &mat3(&mr));
+                        let label = if all_shared { "cov_b/cov_br/cov_r".to_string() } else { format!("point {i}: the covariance [[cov_b, cov_br], [cov_brᵀ, cov_r]]") };
+                        let v = check_cov6(&label, &full)?;
+                        if all_shared {
+                            shared = Some(v);
+                        }
+                        v
+                    }
+                };
+                let (mb, mbr, mr) = blocks_i;
+                out.points.push(point_of(scan.b[i], scan.r[i], &mb, &mbr, &mr, weight(i)));
+            }
+        }
+    }
+    out.cross = out.points.iter().any(|p| p.br2.iter().any(|v| *v != 0.0));
+    Ok(())
+}
+
+fn check_finite_mat(name: &str, i: usize, m: &[f64]) -> Result<()> {
+    if m.iter().all(|v| v.is_finite()) {
+        Ok(())
+    } else {
+        Err(Error::invalid(name, format!("matrix {i} contains a non-finite value")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pts(n: usize) -> Vec<[f64; 3]> {
+        (0..n).map(|i| [i as f64, (i * i) as f64, 1.0]).collect()
+    }
+
+    #[test]
+    fn rejects_bad_scans_with_named_errors() {
+        let b = pts(4);
+        let mut out = Prepared::default();
+        let iso = Cov::Isotropic { sigma_b: 0.1, sigma_r: 0.1 };
+        let few = ScanRef { b: &b[..2], r: &b[..2], cov: iso, weights: None };
+        assert!(prepare(&few, &mut out).unwrap_err().to_string().contains("at least 3"));
+        let mut bad = b.clone();
+        bad[2][1] = f64::NAN;
+        let nan = ScanRef { b: &bad, r: &b, cov: iso, weights: None };
+        assert!(prepare(&nan, &mut out).unwrap_err().to_string().contains("point 2"));
+        let w = [1.0, 0.0, 1.0, 1.0];
+        let zw = ScanRef { b: &b, r: &b, cov: iso, weights: Some(&w) };
+        assert!(prepare(&zw, &mut out).unwrap_err().to_string().contains("weights[1]"));
+        let mut c = [0.0; 36];
+        for k in 0..6 {
+            c[7 * k] = 1.0;
+        }
+        c[1] = 2.0;
+        c[6] = 2.0; // symmetric, indefinite
+        let covs = vec![[0.0; 36], c, c, c];
+        let mut covs_ok = covs.clone();
+        covs_ok[0] = {
+            let mut d = [0.0; 36];
+            for k in 0..6 {
+                d[7 * k] = 1.0;
+            }
+            d
+        };
+        let ind = ScanRef { b: &b, r: &b, cov: Cov::Full(&covs_ok), weights: None };
+        let e = prepare(&ind, &mut out).unwrap_err().to_string();
+        assert!(e.contains("cov[1]") && e.contains("semi-definite"), "{e}");
+        let zero = ScanRef { b: &b, r: &b, cov: Cov::Full(&covs), weights: None };
+        assert!(prepare(&zero, &mut out).unwrap_err().to_string().contains("cov[0]"));
+    }
+
+    #[test]
+    fn psd_with_noise_free_reference_is_accepted() {
+        let b = pts(4);
+        let bb = [0.01, 0.0, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0, 0.01];
+        let scan = ScanRef {
+            b: &b,
+            r: &b,
+            cov: Cov::Blocks { bb: Some(Block::Shared(&bb)), br: None, rr: None },
+            weights: None,
+        };
+        let mut out = Prepared::default();
+        prepare(&scan, &mut out).unwrap();
+        assert_eq!(out.points.len(), 4);
+        assert!(!out.cross);
+        assert_eq!(out.points[3].bb, [0.01, 0.0, 0.0, 0.01, 0.0, 0.01]);
+    }
+}
