@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod errors;
+mod pose;
 mod progress;
 
 /// Registers the fork hook: a forked child must not use the parent's pool threads.
@@ -34,6 +35,9 @@ mod _core {
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::register_fork_hook();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        let pose = PyModule::new(m.py(), "pose")?;
+        crate::pose::register(&pose)?;
+        m.add_submodule(&pose)?;
         Ok(())
     }
 
