@@ -75,14 +75,20 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
         syz + szy,
         -sxx - syy + szz,
     );
-    let (vals, vecs) = jacobi_eigen4(&k);
-    let mut order = [0usize, 1, 2, 3];
-    order.sort_by(|&i, &j| vals[j].total_cmp(&vals[i]));
-    let top = order[0];
-    let q = vecs.column(top);
-    let rotation = rotation_from_wxyz(q[0], q[1], q[2], q[3]);
     let scale = k.iter().fold(0.0f64, |acc, v| acc.max(v.abs()));
-    let gap = if scale > 0.0 { (vals[top] - vals[order[1]]) / scale } else { 0.0 };
+    let (q, gap) = match top_eigenvector_fast(&k) {
+        Some(fast) => fast,
+        None => {
+            let (vals, vecs) = jacobi_eigen4(&k);
+            let mut order = [0usize, 1, 2, 3];
+            order.sort_by(|&i, &j| vals[j].total_cmp(&vals[i]));
+            let top = order[0];
+            let q = vecs.column(top);
+            let gap = if scale > 0.0 { (vals[top] - vals[order[1]]) / scale } else { 0.0 };
+            ([q[0], q[1], q[2], q[3]], gap)
+        }
+    };
+    let rotation = rotation_from_wxyz(q[0], q[1], q[2], q[3]);
     let bbar = Vector3::from(bc);
     let rbar = Vector3::from(rc);
     Horn {
@@ -90,6 +96,82 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
         translation: bbar - rotation * rbar,
         gap,
     }
+}
+
+fn det3(a: f64, b: f64, c: f64, d: f64, e: f64, f: f64, g: f64, h: f64, i: f64) -> f64 {
+    a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
+}
+
+/// The q-method's eigenvector by the closed form (as in QUEST): the largest root of the
+/// characteristic polynomial by Newton's method from an upper bound, then the largest column
+/// of `adj(K − λ I)`, which is `Π_{j≠1} (λ₁ − λⱼ) q qᵀ`. Returns the quaternion `(w, x, y, z)`
+/// and a lower bound of the relative eigenvalue gap, or `None` when the top eigenvalue is not
+/// well separated (then the caller uses the Jacobi solver, which is robust there).
+fn top_eigenvector_fast(k: &Matrix4<f64>) -> Option<([f64; 4], f64)> {
+    let k2 = k * k;
+    let p2 = k2.trace();
+    if !(p2 > 0.0) || !p2.is_finite() {
+        return None;
+    }
+    let p3 = (k2 * k).trace();
+    let det = k.determinant();
+    // det(λI − K) = λ⁴ − (p2/2) λ² − (p3/3) λ + det K  (tr K = 0 for Horn's matrix).
+    let (c2, c1, c0) = (-0.5 * p2, -p3 / 3.0, det);
+    let norm = p2.sqrt(); // ‖K‖_F >= λ_max: Newton from here decreases monotonically.
+    let mut lam = norm;
+    let mut converged = false;
+    for _ in 0..40 {
+        let f = ((lam * lam + c2) * lam + c1) * lam + c0;
+        let df = (4.0 * lam * lam + 2.0 * c2) * lam + c1;
+        if !(df > 0.0) {
+            break;
+        }
+        let step = f / df;
+        lam -= step;
+        if step.abs() <= 1e-15 * norm {
+            converged = true;
+            break;
+        }
+    }
+    if !converged {
+        return None;
+    }
+    let m = k - Matrix4::identity() * lam;
+    // Columns of the adjugate (symmetric): adj[i][j] = (-1)^(i+j) det(minor(j, i)).
+    let minor = |r: usize, c: usize| {
+        let rows: [usize; 3] = match r {
+            0 => [1, 2, 3],
+            1 => [0, 2, 3],
+            2 => [0, 1, 3],
+            _ => [0, 1, 2],
+        };
+        let cols: [usize; 3] = match c {
+            0 => [1, 2, 3],
+            1 => [0, 2, 3],
+            2 => [0, 1, 3],
+            _ => [0, 1, 2],
+        };
+        let e = |a: usize, b: usize| m[(rows[a], cols[b])];
+        det3(e(0, 0), e(0, 1), e(0, 2), e(1, 0), e(1, 1), e(1, 2), e(2, 0), e(2, 1), e(2, 2))
+    };
+    // The diagonal of adj tells which column is largest: adj[j][j] = Π (λ₁−λⱼ) q_j².
+    let diag = [minor(0, 0), minor(1, 1), minor(2, 2), minor(3, 3)];
+    let j = (0..4).max_by(|&a, &b| diag[a].abs().total_cmp(&diag[b].abs())).unwrap_or(0);
+    let mut col = [0.0; 4];
+    for (i, ci) in col.iter_mut().enumerate() {
+        let sign = if (i + j) % 2 == 0 { 1.0 } else { -1.0 };
+        *ci = sign * minor(j, i);
+    }
+    let cn = (col.iter().map(|v| v * v).sum::<f64>()).sqrt();
+    // |Π (λ₁ − λⱼ)| >= cn; demand a well separated top eigenvalue, so that rounding in
+    // K − λI (about eps ‖K‖³ in the adjugate) stays below 1e-12 of the result.
+    if !(cn >= 1e-3 * norm * norm * norm) {
+        return None;
+    }
+    let scale = k.iter().fold(0.0f64, |acc, v| acc.max(v.abs()));
+    // λ₁ − λⱼ <= 2‖K‖_F for every j, so the smallest gap is at least cn / (2‖K‖_F)².
+    let gap = cn / (4.0 * p2) / scale;
+    Some(([col[0] / cn, col[1] / cn, col[2] / cn, col[3] / cn], gap))
 }
 
 /// Relative eigenvalue gap below which the absolute-orientation rotation is declared
@@ -172,6 +254,35 @@ mod tests {
         let w: Vec<f64> = (0..7).map(|i| 1.0 + i as f64).collect();
         let (ah, _) = absolute_orientation(&b, &r, Some(&w)).unwrap();
         assert!((ah - svd_kabsch(&b, &r, &w)).norm() < 1e-12);
+    }
+
+    #[test]
+    fn fast_eigenvector_agrees_with_jacobi() {
+        let mut taken = 0;
+        for s in 0..200 {
+            let x = s as f64;
+            let m = [
+                [(1.1 * x).sin(), (2.3 * x).cos(), (0.7 * x).sin() * 0.1],
+                [(3.1 * x).cos() * 0.5, (0.3 * x).sin(), (1.9 * x).cos()],
+                [(0.9 * x).sin(), (1.3 * x).cos() * 0.01, (2.9 * x).sin()],
+            ];
+            let [[sxx, sxy, sxz], [syx, syy, syz], [szx, szy, szz]] = m;
+            let k = Matrix4::new(
+                sxx + syy + szz, syz - szy, szx - sxz, sxy - syx,
+                syz - szy, sxx - syy - szz, sxy + syx, szx + sxz,
+                szx - sxz, sxy + syx, -sxx + syy - szz, syz + szy,
+                sxy - syx, szx + sxz, syz + szy, -sxx - syy + szz,
+            );
+            let (vals, vecs) = jacobi_eigen4(&k);
+            let top = (0..4).max_by(|&a, &b| vals[a].total_cmp(&vals[b])).unwrap();
+            if let Some((q, gap)) = top_eigenvector_fast(&k) {
+                taken += 1;
+                let dot: f64 = (0..4).map(|i| q[i] * vecs[(i, top)]).sum();
+                assert!((dot.abs() - 1.0).abs() < 1e-13, "case {s}: |q·v| = {}", dot.abs());
+                assert!(gap > GAP_DEGENERATE);
+            }
+        }
+        assert!(taken > 150, "the fast path should handle typical matrices ({taken}/200)");
     }
 
     #[test]

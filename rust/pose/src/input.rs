@@ -8,9 +8,9 @@
 //! validation, no branching on the input layout and no allocation.
 
 use maleki_common::{Error, Result};
-use nalgebra::{Matrix3, Matrix6};
+use nalgebra::Matrix6;
 
-use crate::math::{sym3_from, Sym3};
+use crate::math::Sym3;
 
 /// A 3x3 block of the covariance: one per point or one shared by all points.
 #[derive(Debug, Clone, Copy)]
@@ -191,64 +191,111 @@ pub struct Prepared {
     pub cross: bool,
 }
 
-fn mat3(m: &[f64; 9]) -> Matrix3<f64> {
-    Matrix3::from_row_slice(m)
+/// The validated blocks of one covariance: `R_bb`, `R_br` (row-major), `R_rr`.
+#[derive(Debug, Clone, Copy)]
+struct Blocks {
+    bb: Sym3,
+    br: [f64; 9],
+    rr: Sym3,
 }
 
-/// Validates one 6x6 covariance (symmetric to 1e-9 of its largest diagonal entry, positive
-/// semi-definite) and returns its symmetrised blocks `(R_bb, R_br, R_rr)`.
+/// Validates one row-major 6x6 covariance: symmetric to 1e-9 of its largest diagonal entry
+/// and positive semi-definite. Returns its symmetrised blocks. `label` names the matrix in
+/// errors (it is only called on failure, so the hot path formats nothing).
 ///
 /// Positive *semi*-definite is accepted on purpose: noise-free reference points (`R_rr = 0`,
 /// the Wahba setting) are a valid model. What the estimator needs, that `S_i(A) = R_bb − A R_brᵀ
 /// − R_br Aᵀ + A R_rr Aᵀ` be positive definite, is checked where it is used.
-fn check_cov6(name: &str, m: &Matrix6<f64>) -> Result<(Matrix3<f64>, Matrix3<f64>, Matrix3<f64>)> {
-    let scale = (0..6).map(|k| m[(k, k)].abs()).fold(0.0f64, f64::max);
+fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
+    let mut scale = 0.0f64;
+    for k in 0..6 {
+        scale = scale.max(c[7 * k].abs());
+    }
     if !(scale > 0.0) {
-        return Err(Error::invalid(name, "is zero: every point needs a noise model with a positive variance"));
+        return Err(Error::invalid(label(), "is zero: every point needs a noise model with a positive variance"));
     }
-    let asym = (m - m.transpose()).abs().max();
-    if asym > 1e-9 * scale {
-        return Err(Error::invalid(name, format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})")));
+    if let Some(v) = c.iter().find(|v| !v.is_finite()) {
+        return Err(Error::invalid(label(), format!("contains a non-finite value ({v})")));
     }
-    let sym = (m + m.transpose()) * 0.5;
-    if sym.cholesky().is_none() {
-        // Not positive definite: accept it only if it is positive semi-definite.
-        let min = sym.symmetric_eigenvalues().min();
-        if min < -1e-12 * scale {
-            return Err(Error::invalid(
-                name,
-                format!("is not positive semi-definite (smallest eigenvalue {min:.3e})"),
-            ));
+    let mut s = [[0.0f64; 6]; 6];
+    let mut asym = 0.0f64;
+    for i in 0..6 {
+        s[i][i] = c[7 * i];
+        for j in (i + 1)..6 {
+            let (a, b) = (c[6 * i + j], c[6 * j + i]);
+            asym = asym.max((a - b).abs());
+            s[i][j] = 0.5 * (a + b);
+            s[j][i] = s[i][j];
         }
     }
-    let bb = sym.fixed_view::<3, 3>(0, 0).into_owned();
-    let br = sym.fixed_view::<3, 3>(0, 3).into_owned();
-    let rr = sym.fixed_view::<3, 3>(3, 3).into_owned();
-    Ok((bb, br, rr))
+    if asym > 1e-9 * scale {
+        return Err(Error::invalid(label(), format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})")));
+    }
+    if !ldl_positive_definite(&s) {
+        // Not (numerically) positive definite: accept it only if positive semi-definite.
+        let m = Matrix6::from_fn(|i, j| s[i][j]);
+        let min = m.symmetric_eigenvalues().min();
+        if min < -1e-12 * scale {
+            return Err(Error::invalid(label(), format!("is not positive semi-definite (smallest eigenvalue {min:.3e})")));
+        }
+    }
+    Ok(Blocks {
+        bb: [s[0][0], s[0][1], s[0][2], s[1][1], s[1][2], s[2][2]],
+        br: [s[0][3], s[0][4], s[0][5], s[1][3], s[1][4], s[1][5], s[2][3], s[2][4], s[2][5]],
+        rr: [s[3][3], s[3][4], s[3][5], s[4][4], s[4][5], s[5][5]],
+    })
 }
 
-fn assemble(bb: &Matrix3<f64>, br: &Matrix3<f64>, rr: &Matrix3<f64>) -> Matrix6<f64> {
-    let mut m = Matrix6::zeros();
-    m.fixed_view_mut::<3, 3>(0, 0).copy_from(bb);
-    m.fixed_view_mut::<3, 3>(0, 3).copy_from(br);
-    m.fixed_view_mut::<3, 3>(3, 0).copy_from(&br.transpose());
-    m.fixed_view_mut::<3, 3>(3, 3).copy_from(rr);
-    m
+/// True when the symmetric `s` has an LDLᵀ factorisation with positive pivots (i.e. it is
+/// positive definite); no square roots, no allocation.
+fn ldl_positive_definite(s: &[[f64; 6]; 6]) -> bool {
+    let mut l = [[0.0f64; 6]; 6];
+    let mut d = [0.0f64; 6];
+    for j in 0..6 {
+        let mut dj = s[j][j];
+        for k in 0..j {
+            dj -= l[j][k] * l[j][k] * d[k];
+        }
+        if !(dj > 1e-300) {
+            return false;
+        }
+        d[j] = dj;
+        let inv = 1.0 / dj;
+        for i in (j + 1)..6 {
+            let mut v = s[i][j];
+            for k in 0..j {
+                v -= l[i][k] * l[j][k] * d[k];
+            }
+            l[i][j] = v * inv;
+        }
+    }
+    true
 }
 
-fn point_of(b: [f64; 3], r: [f64; 3], bb: &Matrix3<f64>, br: &Matrix3<f64>, rr: &Matrix3<f64>, w: f64) -> Point {
-    let s = 1.0 / w;
-    let mut br2 = [0.0; 9];
+fn blocks_of(bb: &[f64; 9], br: &[f64; 9], rr: &[f64; 9], label: impl Fn() -> String) -> Result<Blocks> {
+    let mut c = [0.0f64; 36];
     for i in 0..3 {
         for j in 0..3 {
-            br2[3 * i + j] = 2.0 * s * br[(i, j)];
+            c[6 * i + j] = bb[3 * i + j];
+            c[6 * i + j + 3] = br[3 * i + j];
+            c[6 * (j + 3) + i] = br[3 * i + j];
+            c[6 * (i + 3) + j + 3] = rr[3 * i + j];
         }
+    }
+    check_cov6(&c, label)
+}
+
+fn point_of(b: [f64; 3], r: [f64; 3], blk: &Blocks, w: f64) -> Point {
+    let s = 1.0 / w;
+    let mut br2 = [0.0; 9];
+    for (o, v) in br2.iter_mut().zip(&blk.br) {
+        *o = 2.0 * s * v;
     }
     Point {
         b,
         r,
-        bb: sym3_from(&(bb * s)),
-        rr: sym3_from(&(rr * s)),
+        bb: blk.bb.map(|v| v * s),
+        rr: blk.rr.map(|v| v * s),
         br2,
     }
 }
@@ -286,17 +333,14 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
                 return Err(Error::invalid("cov", format!("has {} matrices but there are {n} points", c.len())));
             }
             for (i, ci) in c.iter().enumerate() {
-                let m = Matrix6::from_row_slice(ci);
-                check_finite_mat("cov", i, ci)?;
-                let (bb, br, rr) = check_cov6(&format!("cov[{i}]"), &m)?;
-                out.points.push(point_of(scan.b[i], scan.r[i], &bb, &br, &rr, weight(i)));
+                let blk = check_cov6(ci, || format!("cov[{i}]"))?;
+                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
             }
         }
         Cov::SharedFull(c) => {
-            check_finite_mat("cov", 0, c)?;
-            let (bb, br, rr) = check_cov6("cov", &Matrix6::from_row_slice(c))?;
+            let blk = check_cov6(c, || "cov".to_string())?;
             for i in 0..n {
-                out.points.push(point_of(scan.b[i], scan.r[i], &bb, &br, &rr, weight(i)));
+                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
             }
         }
         Cov::Isotropic { sigma_b, sigma_r } => {
@@ -308,11 +352,10 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             if sigma_b == 0.0 && sigma_r == 0.0 {
                 return Err(Error::invalid("sigma_b", "sigma_b and sigma_r cannot both be zero"));
             }
-            let bb = Matrix3::identity() * (sigma_b * sigma_b);
-            let rr = Matrix3::identity() * (sigma_r * sigma_r);
-            let br = Matrix3::zeros();
+            let (vb, vr) = (sigma_b * sigma_b, sigma_r * sigma_r);
+            let blk = Blocks { bb: [vb, 0.0, 0.0, vb, 0.0, vb], br: [0.0; 9], rr: [vr, 0.0, 0.0, vr, 0.0, vr] };
             for i in 0..n {
-                out.points.push(point_of(scan.b[i], scan.r[i], &bb, &br, &rr, weight(i)));
+                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
             }
         }
         Cov::Blocks { bb, br, rr } => {
@@ -332,26 +375,29 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
                     Some(Block::PerPoint(p)) => p[i],
                 }
             };
-            let mut shared: Option<(Matrix3<f64>, Matrix3<f64>, Matrix3<f64>)> = None;
+            let mut shared: Option<Blocks> = None;
             for i in 0..n {
-                let blocks_i = match shared {
+                let blk = match shared {
                     Some(s) => s,
                     None => {
                         let (mb, mbr, mr) = (get(bb, i), get(br, i), get(rr, i));
                         for (name, m) in [("cov_b", &mb), ("cov_br", &mbr), ("cov_r", &mr)] {
                             check_finite_mat(name, i, m)?;
                         }
-                        let full = assemble(&mat3(&mb), &mat3(&mbr), &mat3(&mr));
-                        let label = if all_shared { "cov_b/cov_br/cov_r".to_string() } else { format!("point {i}: the covariance [[cov_b, cov_br], [cov_brᵀ, cov_r]]") };
-                        let v = check_cov6(&label, &full)?;
+                        let v = blocks_of(&mb, &mbr, &mr, || {
+                            if all_shared {
+                                "cov_b/cov_br/cov_r".to_string()
+                            } else {
+                                format!("point {i}: the covariance [[cov_b, cov_br], [cov_brᵀ, cov_r]]")
+                            }
+                        })?;
                         if all_shared {
                             shared = Some(v);
                         }
                         v
                     }
                 };
-                let (mb, mbr, mr) = blocks_i;
-                out.points.push(point_of(scan.b[i], scan.r[i], &mb, &mbr, &mr, weight(i)));
+                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
             }
         }
     }

@@ -5,7 +5,7 @@
 //! Everything is stack-only. Symmetric 3x3 matrices are stored as their six upper entries
 //! `[xx, xy, xz, yy, yz, zz]`.
 
-use nalgebra::{Matrix3, Matrix4, Matrix6, Rotation3, UnitQuaternion, Vector3};
+use nalgebra::{Matrix3, Matrix4, Matrix6, Rotation3, UnitQuaternion, Vector3, Vector6};
 
 /// Symmetric 3x3 matrix as `[xx, xy, xz, yy, yz, zz]`.
 pub type Sym3 = [f64; 6];
@@ -180,6 +180,95 @@ pub fn rotation_from_wxyz(w: f64, x: f64, y: f64, z: f64) -> Matrix3<f64> {
     )
 }
 
+/// Cholesky factorisation `M = L Lᵀ` of a 6x6 symmetric positive definite matrix, hand-
+/// written for the solver's three uses per scan (the step, the condition check, the
+/// covariance): fixed-size loops the compiler unrolls, no allocation, no generic dispatch.
+#[derive(Debug, Clone, Copy)]
+pub struct Chol6 {
+    l: [[f64; 6]; 6],
+    inv_diag: [f64; 6],
+}
+
+impl Chol6 {
+    /// Factorises `m` (its lower triangle is read); `None` unless positive definite.
+    #[inline]
+    pub fn new(m: &Matrix6<f64>) -> Option<Self> {
+        let mut l = [[0.0f64; 6]; 6];
+        let mut inv_diag = [0.0f64; 6];
+        for j in 0..6 {
+            let mut d = m[(j, j)];
+            for k in 0..j {
+                d -= l[j][k] * l[j][k];
+            }
+            if !(d > 0.0) {
+                return None;
+            }
+            let ljj = d.sqrt();
+            l[j][j] = ljj;
+            let inv = 1.0 / ljj;
+            inv_diag[j] = inv;
+            for i in (j + 1)..6 {
+                let mut v = m[(i, j)];
+                for k in 0..j {
+                    v -= l[i][k] * l[j][k];
+                }
+                l[i][j] = v * inv;
+            }
+        }
+        Some(Chol6 { l, inv_diag })
+    }
+
+    /// `M⁻¹ b`.
+    #[inline]
+    pub fn solve(&self, b: &Vector6<f64>) -> Vector6<f64> {
+        let mut y = [0.0f64; 6];
+        for i in 0..6 {
+            let mut v = b[i];
+            for k in 0..i {
+                v -= self.l[i][k] * y[k];
+            }
+            y[i] = v * self.inv_diag[i];
+        }
+        let mut x = [0.0f64; 6];
+        for i in (0..6).rev() {
+            let mut v = y[i];
+            for k in (i + 1)..6 {
+                v -= self.l[k][i] * x[k];
+            }
+            x[i] = v * self.inv_diag[i];
+        }
+        Vector6::from(x)
+    }
+
+    /// `M⁻¹` (symmetric).
+    pub fn inverse(&self) -> Matrix6<f64> {
+        // L⁻¹ (lower triangular), then M⁻¹ = L⁻ᵀ L⁻¹.
+        let mut li = [[0.0f64; 6]; 6];
+        for j in 0..6 {
+            li[j][j] = self.inv_diag[j];
+            for i in (j + 1)..6 {
+                let mut v = 0.0;
+                for k in j..i {
+                    v -= self.l[i][k] * li[k][j];
+                }
+                li[i][j] = v * self.inv_diag[i];
+            }
+        }
+        let mut out = Matrix6::zeros();
+        for i in 0..6 {
+            for j in i..6 {
+                let mut v = 0.0;
+                for k in j..6 {
+                    v += li[k][i] * li[k][j];
+                }
+                out[(i, j)] = v;
+                out[(j, i)] = v;
+            }
+        }
+        out
+    }
+}
+
 /// Reciprocal 1-norm condition number of an SPD 6x6 matrix after symmetric diagonal
 /// (Jacobi) equilibration, `1 / (‖D F D‖₁ ‖(D F D)⁻¹‖₁)` with `D = diag(F)^{-1/2}`.
 /// Equilibration makes the number independent of units (radians vs metres) and of the
@@ -194,7 +283,7 @@ pub fn rcond_equilibrated(f: &Matrix6<f64>) -> f64 {
         *dk = 1.0 / fkk.sqrt();
     }
     let fs = Matrix6::from_fn(|i, j| f[(i, j)] * d[i] * d[j]);
-    let Some(ch) = fs.cholesky() else {
+    let Some(ch) = Chol6::new(&fs) else {
         return 0.0;
     };
     let inv = ch.inverse();
@@ -289,6 +378,17 @@ mod tests {
         let o = orthonormalize(&noisy);
         assert!((o.transpose() * o - Matrix3::identity()).norm() < 1e-14);
         assert!((o - r).norm() < 1e-5);
+    }
+
+    #[test]
+    fn chol6_matches_nalgebra() {
+        let a = Matrix6::from_fn(|i, j| ((i * 7 + j * 3) as f64).sin());
+        let m = a * a.transpose() + Matrix6::identity() * 0.1;
+        let ours = Chol6::new(&m).unwrap();
+        let b = Vector6::new(1.0, -2.0, 0.5, 3.0, 0.0, 1.5);
+        assert!((m * ours.solve(&b) - b).norm() < 1e-10);
+        assert!((ours.inverse() * m - Matrix6::identity()).norm() < 1e-10);
+        assert!(Chol6::new(&(-m)).is_none());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use nalgebra::{Matrix3, Matrix6, Vector3, Vector6};
 
 use crate::horn::horn_fit_by;
 use crate::input::{prepare, Point, Prepared, ScanRef};
-use crate::math::{exp_so3, orthonormalize, quaternion_xyzw, rcond_equilibrated};
+use crate::math::{exp_so3, orthonormalize, quaternion_xyzw, rcond_equilibrated, Chol6};
 
 /// Geometry whose equilibrated normal matrix has a reciprocal condition number below this is
 /// reported as degenerate (collinear or coincident points: a rotation is unobservable).
@@ -316,6 +316,12 @@ fn evaluate(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool) -
     })
 }
 
+/// Cost, gradient and normal matrix of an already prepared scan: one Gauss-Newton pass over
+/// the points (the hook of the per-point-per-iteration benchmark).
+pub fn evaluate_prepared(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>) -> Result<Eval> {
+    evaluate(prep, a, t, true)
+}
+
 /// Cost `J` and gradient `[g_θ; g_t]` of a validated scan at `(A, t)` (exposed for tests).
 pub fn cost_and_gradient(scan: &ScanRef<'_>, a: &Matrix3<f64>, t: &Vector3<f64>) -> Result<(f64, Vector6<f64>)> {
     let mut prep = Prepared::default();
@@ -357,7 +363,7 @@ fn gn_step(f: &Matrix6<f64>, g: &Vector6<f64>, lambda: f64) -> Option<Vector6<f6
             fd[(k, k)] *= 1.0 + lambda;
         }
     }
-    fd.cholesky().map(|ch| -ch.solve(g))
+    Chol6::new(&fd).map(|ch| -ch.solve(g))
 }
 
 fn degenerate() -> Error {
@@ -485,7 +491,7 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         return Err(Error::NotConverged { iters: iterations });
     }
     let covariance = if opts.compute_covariance {
-        cur.normal.cholesky().ok_or_else(degenerate)?.inverse()
+        Chol6::new(&cur.normal).ok_or_else(degenerate)?.inverse()
     } else {
         Matrix6::from_element(f64::NAN)
     };
@@ -528,7 +534,7 @@ pub(crate) fn crlb_prepared(prep: &Prepared, rotation: &Matrix3<f64>) -> Result<
     if !(rc >= RCOND_DEGENERATE) {
         return Err(degenerate());
     }
-    Ok(e.normal.cholesky().ok_or_else(degenerate)?.inverse())
+    Ok(Chol6::new(&e.normal).ok_or_else(degenerate)?.inverse())
 }
 
 /// Checks that `m` is a rotation matrix to 1e-6.
