@@ -309,8 +309,20 @@ def estimate_pose(
     kw = _noise_model(layout, cov, cov_b, cov_r, cov_br, sigma_b, sigma_r, weights)
     kw.update(_options(max_iter, tol, init, rotation0, translation0, compute_covariance, variable_projection, strict))
     d = _core_pose.solve_batch(layout.offsets, bb, rr, "concat", raise_errors=True, **kw)
-    out = _batch_result(d)
-    return out[0]
+    cost = float(d["cost"][0])
+    return PoseEstimate(
+        rotation=d["rotation"][0],
+        quaternion=d["quaternion"][0],
+        translation=d["translation"][0],
+        position=d["position"][0],
+        covariance=d["covariance"][0],
+        cost=cost,
+        chi2=2.0 * cost,
+        dof=int(d["dof"][0]),
+        iterations=int(d["iterations"][0]),
+        converged=bool(d["converged"][0]),
+        status=int(d["status"][0]),
+    )
 
 
 def estimate_pose_batch(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,14 @@ __all__ = ["PoseEstimate", "PoseEstimateBatch", "STATUS"]
 STATUS: dict[int, str] = {0: "ok", 1: "not converged", 2: "degenerate", 3: "bad input"}
 
 
-def _freeze(obj: Any) -> None:
-    for f in fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, np.ndarray):
-            v.flags.writeable = False
+_ARRAY_FIELDS = ("rotation", "quaternion", "translation", "position", "covariance")
+_BATCH_ARRAY_FIELDS = _ARRAY_FIELDS + ("cost", "chi2", "dof", "iterations", "converged", "status")
+
+
+def _freeze(obj: Any, names: tuple[str, ...]) -> None:
+    """Makes the array fields read-only (the dataclass itself is frozen)."""
+    for name in names:
+        getattr(obj, name).flags.writeable = False
 
 
 def _homogeneous(rotation: NDArray[np.float64], translation: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -84,7 +87,7 @@ class PoseEstimate:
     status: int
 
     def __post_init__(self) -> None:
-        _freeze(self)
+        _freeze(self, _ARRAY_FIELDS)
 
     def position_covariance(self) -> NDArray[np.float64]:
         """Covariance (3, 3) of :attr:`position`, ``J P Jᵀ`` with ``J = −Aᵀ [[t×], I]``."""
@@ -133,7 +136,7 @@ class PoseEstimateBatch:
     messages: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        _freeze(self)
+        _freeze(self, _BATCH_ARRAY_FIELDS)
 
     def __len__(self) -> int:
         return int(self.status.shape[0])

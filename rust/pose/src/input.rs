@@ -184,11 +184,47 @@ pub struct Point {
     pub br2: [f64; 9],
 }
 
-/// A validated scan: its points and whether any cross-covariance is non-zero.
+/// One correspondence and its scalar weight `3 / tr(R_bb + R_rr)` for the closed-form start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pair {
+    pub b: [f64; 3],
+    pub r: [f64; 3],
+    pub w: f64,
+}
+
+/// A validated scan: the correspondences, the per-point blocks packed by four for the
+/// vectorised pass, and whether any cross-covariance is non-zero.
 #[derive(Debug, Default)]
 pub struct Prepared {
-    pub points: Vec<Point>,
+    pub pairs: Vec<Pair>,
+    pub blocks: Vec<crate::lanes::Block4>,
     pub cross: bool,
+}
+
+impl Prepared {
+    fn push(&mut self, b: [f64; 3], r: [f64; 3], blk: &Blocks, weight: f64) {
+        let p = point_of(b, r, blk, weight);
+        let i = self.pairs.len();
+        if i % 4 == 0 {
+            self.blocks.push(crate::lanes::Block4::padding());
+        }
+        if let Some(last) = self.blocks.last_mut() {
+            last.set_lane(i % 4, &p);
+        }
+        let tr = p.bb[0] + p.bb[3] + p.bb[5] + p.rr[0] + p.rr[3] + p.rr[5];
+        self.pairs.push(Pair { b, r, w: 3.0 / tr });
+        self.cross |= blk.br.iter().any(|v| *v != 0.0);
+    }
+
+    /// Number of points.
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// True when there are no points.
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
 }
 
 /// The validated blocks of one covariance: `R_bb`, `R_br` (row-major), `R_rr`.
@@ -211,65 +247,71 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
     for k in 0..6 {
         scale = scale.max(c[7 * k].abs());
     }
+    if !c.iter().all(|v| v.is_finite()) {
+        let v = c.iter().find(|v| !v.is_finite()).copied().unwrap_or(f64::NAN);
+        return Err(Error::invalid(label(), format!("contains a non-finite value ({v})")));
+    }
     if !(scale > 0.0) {
         return Err(Error::invalid(label(), "is zero: every point needs a noise model with a positive variance"));
     }
-    if let Some(v) = c.iter().find(|v| !v.is_finite()) {
-        return Err(Error::invalid(label(), format!("contains a non-finite value ({v})")));
-    }
-    let mut s = [[0.0f64; 6]; 6];
     let mut asym = 0.0f64;
     for i in 0..6 {
-        s[i][i] = c[7 * i];
         for j in (i + 1)..6 {
-            let (a, b) = (c[6 * i + j], c[6 * j + i]);
-            asym = asym.max((a - b).abs());
-            s[i][j] = 0.5 * (a + b);
-            s[j][i] = s[i][j];
+            asym = asym.max((c[6 * i + j] - c[6 * j + i]).abs());
         }
     }
     if asym > 1e-9 * scale {
         return Err(Error::invalid(label(), format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})")));
     }
-    if !ldl_positive_definite(&s) {
-        // Not (numerically) positive definite: accept it only if positive semi-definite.
-        let m = Matrix6::from_fn(|i, j| s[i][j]);
+    let sym = |i: usize, j: usize| 0.5 * (c[6 * i + j] + c[6 * j + i]);
+    let blk = Blocks {
+        bb: [c[0], sym(0, 1), sym(0, 2), c[7], sym(1, 2), c[14]],
+        br: [sym(0, 3), sym(0, 4), sym(0, 5), sym(1, 3), sym(1, 4), sym(1, 5), sym(2, 3), sym(2, 4), sym(2, 5)],
+        rr: [c[21], sym(3, 4), sym(3, 5), c[28], sym(4, 5), c[35]],
+    };
+    if !positive_definite(&blk) {
+        // Not (clearly) positive definite: accept it only if positive semi-definite.
+        let m = Matrix6::from_fn(|i, j| sym(i, j));
         let min = m.symmetric_eigenvalues().min();
         if min < -1e-12 * scale {
             return Err(Error::invalid(label(), format!("is not positive semi-definite (smallest eigenvalue {min:.3e})")));
         }
     }
-    Ok(Blocks {
-        bb: [s[0][0], s[0][1], s[0][2], s[1][1], s[1][2], s[2][2]],
-        br: [s[0][3], s[0][4], s[0][5], s[1][3], s[1][4], s[1][5], s[2][3], s[2][4], s[2][5]],
-        rr: [s[3][3], s[3][4], s[3][5], s[4][4], s[4][5], s[5][5]],
-    })
+    Ok(blk)
 }
 
-/// True when the symmetric `s` has an LDLᵀ factorisation with positive pivots (i.e. it is
-/// positive definite); no square roots, no allocation.
-fn ldl_positive_definite(s: &[[f64; 6]; 6]) -> bool {
-    let mut l = [[0.0f64; 6]; 6];
-    let mut d = [0.0f64; 6];
-    for j in 0..6 {
-        let mut dj = s[j][j];
-        for k in 0..j {
-            dj -= l[j][k] * l[j][k] * d[k];
-        }
-        if !(dj > 1e-300) {
-            return false;
-        }
-        d[j] = dj;
-        let inv = 1.0 / dj;
-        for i in (j + 1)..6 {
-            let mut v = s[i][j];
-            for k in 0..j {
-                v -= l[i][k] * l[j][k] * d[k];
-            }
-            l[i][j] = v * inv;
+/// Fast positive-definiteness test of `[[R_bb, R_br], [R_brᵀ, R_rr]]` without divisions:
+/// `R_bb` positive definite (leading minors) and its Schur complement, scaled by
+/// `det R_bb > 0`, `det(R_bb) R_rr − R_brᵀ adj(R_bb) R_br`, positive definite. A `false` is
+/// confirmed (or overruled, for semi-definite matrices) by an eigenvalue computation.
+fn positive_definite(k: &Blocks) -> bool {
+    let [b00, b01, b02, b11, b12, b22] = k.bb;
+    let a00 = b11 * b22 - b12 * b12;
+    let a01 = b02 * b12 - b01 * b22;
+    let a02 = b01 * b12 - b02 * b11;
+    let a11 = b00 * b22 - b02 * b02;
+    let a12 = b01 * b02 - b00 * b12;
+    let a22 = b00 * b11 - b01 * b01;
+    let det = b00 * a00 + b01 * a01 + b02 * a02;
+    if !(b00 > 0.0 && a22 > 0.0 && det > 0.0) {
+        return false;
+    }
+    let adj = [[a00, a01, a02], [a01, a11, a12], [a02, a12, a22]];
+    let x = &k.br; // row-major R_br
+    // Y = adj(R_bb) R_br.
+    let mut y = [[0.0f64; 3]; 3];
+    for i in 0..3 {
+        for j in 0..3 {
+            y[i][j] = adj[i][0] * x[j] + adj[i][1] * x[3 + j] + adj[i][2] * x[6 + j];
         }
     }
-    true
+    // T = det R_rr − R_brᵀ Y (symmetric, upper entries).
+    let t = |i: usize, j: usize, rr: f64| det * rr - (x[i] * y[0][j] + x[3 + i] * y[1][j] + x[6 + i] * y[2][j]);
+    let [r00, r01, r02, r11, r12, r22] = k.rr;
+    let (t00, t01, t02, t11, t12, t22) = (t(0, 0, r00), t(0, 1, r01), t(0, 2, r02), t(1, 1, r11), t(1, 2, r12), t(2, 2, r22));
+    let m22 = t00 * t11 - t01 * t01;
+    let dt = t00 * (t11 * t22 - t12 * t12) - t01 * (t01 * t22 - t12 * t02) + t02 * (t01 * t12 - t11 * t02);
+    t00 > 0.0 && m22 > 0.0 && dt > 0.0
 }
 
 fn blocks_of(bb: &[f64; 9], br: &[f64; 9], rr: &[f64; 9], label: impl Fn() -> String) -> Result<Blocks> {
@@ -304,7 +346,8 @@ fn point_of(b: [f64; 3], r: [f64; 3], blk: &Blocks, w: f64) -> Point {
 /// index of the offending point.
 pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
     let n = scan.b.len();
-    out.points.clear();
+    out.pairs.clear();
+    out.blocks.clear();
     out.cross = false;
     if scan.r.len() != n {
         return Err(Error::invalid("r", format!("has {} points but b has {n}", scan.r.len())));
@@ -326,7 +369,8 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
         }
     }
     let weight = |i: usize| scan.weights.map_or(1.0, |w| w[i]);
-    out.points.reserve(n);
+    out.pairs.reserve(n);
+    out.blocks.reserve(n.div_ceil(4));
     match scan.cov {
         Cov::Full(c) => {
             if c.len() != n {
@@ -334,13 +378,13 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             }
             for (i, ci) in c.iter().enumerate() {
                 let blk = check_cov6(ci, || format!("cov[{i}]"))?;
-                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
+                out.push(scan.b[i], scan.r[i], &blk, weight(i));
             }
         }
         Cov::SharedFull(c) => {
             let blk = check_cov6(c, || "cov".to_string())?;
             for i in 0..n {
-                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
+                out.push(scan.b[i], scan.r[i], &blk, weight(i));
             }
         }
         Cov::Isotropic { sigma_b, sigma_r } => {
@@ -355,7 +399,7 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             let (vb, vr) = (sigma_b * sigma_b, sigma_r * sigma_r);
             let blk = Blocks { bb: [vb, 0.0, 0.0, vb, 0.0, vb], br: [0.0; 9], rr: [vr, 0.0, 0.0, vr, 0.0, vr] };
             for i in 0..n {
-                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
+                out.push(scan.b[i], scan.r[i], &blk, weight(i));
             }
         }
         Cov::Blocks { bb, br, rr } => {
@@ -397,11 +441,10 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
                         v
                     }
                 };
-                out.points.push(point_of(scan.b[i], scan.r[i], &blk, weight(i)));
+                out.push(scan.b[i], scan.r[i], &blk, weight(i));
             }
         }
     }
-    out.cross = out.points.iter().any(|p| p.br2.iter().any(|v| *v != 0.0));
     Ok(())
 }
 
@@ -458,6 +501,37 @@ mod tests {
     }
 
     #[test]
+    fn fast_definiteness_test_agrees_with_cholesky() {
+        let mut agree = 0;
+        for k in 0..500 {
+            let x = k as f64;
+            // Symmetric matrices with eigenvalues of both signs near the boundary.
+            let a = Matrix6::from_fn(|i, j| ((i * 6 + j) as f64 * 0.37 + x).sin());
+            let shift = (x * 0.011).sin() * 2.0 + 1.0;
+            let m = a * a.transpose() * 0.1 - Matrix6::identity() * (0.2 - shift * 0.1);
+            let mut c = [0.0; 36];
+            for i in 0..6 {
+                for j in 0..6 {
+                    c[6 * i + j] = m[(i, j)];
+                }
+            }
+            let sym = |i: usize, j: usize| c[6 * i + j];
+            let blk = Blocks {
+                bb: [sym(0, 0), sym(0, 1), sym(0, 2), sym(1, 1), sym(1, 2), sym(2, 2)],
+                br: [sym(0, 3), sym(0, 4), sym(0, 5), sym(1, 3), sym(1, 4), sym(1, 5), sym(2, 3), sym(2, 4), sym(2, 5)],
+                rr: [sym(3, 3), sym(3, 4), sym(3, 5), sym(4, 4), sym(4, 5), sym(5, 5)],
+            };
+            let ours = positive_definite(&blk);
+            let min = m.symmetric_eigenvalues().min();
+            if min.abs() > 1e-9 {
+                assert_eq!(ours, min > 0.0, "case {k}: smallest eigenvalue {min}");
+                agree += 1;
+            }
+        }
+        assert!(agree > 400);
+    }
+
+    #[test]
     fn psd_with_noise_free_reference_is_accepted() {
         let b = pts(4);
         let bb = [0.01, 0.0, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0, 0.01];
@@ -469,8 +543,8 @@ mod tests {
         };
         let mut out = Prepared::default();
         prepare(&scan, &mut out).unwrap();
-        assert_eq!(out.points.len(), 4);
+        assert_eq!(out.len(), 4);
         assert!(!out.cross);
-        assert_eq!(out.points[3].bb, [0.01, 0.0, 0.0, 0.01, 0.0, 0.01]);
+        assert_eq!(crate::lanes::unpack(&out.blocks, 4)[3].bb, [0.01, 0.0, 0.0, 0.01, 0.0, 0.01]);
     }
 }

@@ -24,6 +24,7 @@
 pub mod batch;
 pub mod horn;
 pub mod input;
+pub mod lanes;
 pub mod math;
 pub mod solver;
 

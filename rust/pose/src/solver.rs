@@ -22,7 +22,9 @@ use maleki_common::{Error, Result};
 use nalgebra::{Matrix3, Matrix6, Vector3, Vector6};
 
 use crate::horn::horn_fit_by;
-use crate::input::{prepare, Point, Prepared, ScanRef};
+#[cfg(test)]
+use crate::input::Point;
+use crate::input::{prepare, Prepared, ScanRef};
 use crate::math::{exp_so3, orthonormalize, quaternion_xyzw, rcond_equilibrated, Chol6};
 
 /// Geometry whose equilibrated normal matrix has a reciprocal condition number below this is
@@ -154,10 +156,11 @@ pub struct Eval {
     pub normal: Matrix6<f64>,
 }
 
-/// The hot loop. `CROSS`: some `R_br ≠ 0`; `NORMAL`: accumulate `F`. Returns the index of a
-/// point whose `Sᵢ(A)` is not positive definite as the error.
-#[inline(always)]
-fn accumulate<const CROSS: bool, const NORMAL: bool>(
+/// The per-point algebra written one point at a time: the reference the vectorised pass of
+/// [`crate::lanes`] is tested against. `CROSS`: some `R_br ≠ 0`; `NORMAL`: accumulate `F`.
+/// Returns the index of a point whose `Sᵢ(A)` is not positive definite as the error.
+#[cfg(test)]
+pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
     pts: &[Point],
     a: &Matrix3<f64>,
     t: &Vector3<f64>,
@@ -302,12 +305,8 @@ fn accumulate<const CROSS: bool, const NORMAL: bool>(
 }
 
 fn evaluate(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool) -> Result<Eval> {
-    let out = match (prep.cross, normal) {
-        (true, true) => accumulate::<true, true>(&prep.points, a, t),
-        (true, false) => accumulate::<true, false>(&prep.points, a, t),
-        (false, true) => accumulate::<false, true>(&prep.points, a, t),
-        (false, false) => accumulate::<false, false>(&prep.points, a, t),
-    };
+    let out = crate::lanes::evaluate_blocks(&prep.blocks, a, t, prep.cross, normal)
+        .map(|(cost, gradient, normal)| Eval { cost, gradient, normal });
     out.map_err(|i| {
         Error::Numerical(format!(
             "S_{i}(A) = R_bb − A R_brᵀ − R_br Aᵀ + A R_rr Aᵀ of point {i} is not positive definite \
@@ -373,14 +372,10 @@ fn degenerate() -> Error {
 }
 
 fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
-    let pts = &prep.points;
+    let pts = &prep.pairs;
     let n = pts.len();
-    // Scalar weights for the closed-form start: 3 / tr(R_bb + R_rr).
-    let wgt = |i: usize| {
-        let p = &pts[i];
-        3.0 / (p.bb[0] + p.bb[3] + p.bb[5] + p.rr[0] + p.rr[3] + p.rr[5])
-    };
-    let h_pt = |i: usize| (pts[i].b, pts[i].r, wgt(i));
+    // The closed-form start uses the scalar weights 3 / tr(R_bb + R_rr).
+    let h_pt = |i: usize| (pts[i].b, pts[i].r, pts[i].w);
     let (mut a, mut t) = match opts.init {
         Init::Horn => {
             let h = horn_fit_by(n, h_pt);
@@ -550,4 +545,52 @@ pub fn check_rotation(name: &str, m: &Matrix3<f64>) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{Cov, ScanRef};
+    use crate::lanes::{evaluate_blocks, evaluate_blocks_baseline};
+    use crate::math::exp_so3;
+
+    #[test]
+    fn vectorised_pass_matches_the_scalar_reference() {
+        for n in [3usize, 4, 5, 8, 13] {
+            let b: Vec<[f64; 3]> = (0..n).map(|i| [(i as f64).sin() * 5.0, (2.0 * i as f64).cos() * 3.0, i as f64 * 0.5]).collect();
+            let r: Vec<[f64; 3]> = (0..n).map(|i| [(1.3 * i as f64).cos() * 4.0, (i as f64).sin(), 2.0 - i as f64 * 0.3]).collect();
+            let cov: Vec<[f64; 36]> = (0..n)
+                .map(|i| {
+                    let l = Matrix6::from_fn(|a, c| if a >= c { ((a * 6 + c + i) as f64).sin() * 0.1 + if a == c { 0.3 } else { 0.0 } } else { 0.0 });
+                    let m = l * l.transpose();
+                    let mut o = [0.0; 36];
+                    for a in 0..6 {
+                        for c in 0..6 {
+                            o[6 * a + c] = m[(a, c)];
+                        }
+                    }
+                    o
+                })
+                .collect();
+            let scan = ScanRef { b: &b, r: &r, cov: Cov::Full(&cov), weights: None };
+            let mut prep = Prepared::default();
+            prepare(&scan, &mut prep).unwrap();
+            assert!(prep.cross);
+            let a = exp_so3(&Vector3::new(0.3, -0.7, 1.1));
+            let t = Vector3::new(0.5, -1.0, 2.0);
+            let points = crate::lanes::unpack(&prep.blocks, n);
+            let reference = accumulate::<true, true>(&points, &a, &t).unwrap();
+            let (cost, g, f) = evaluate_blocks(&prep.blocks, &a, &t, true, true).unwrap();
+            assert!((cost - reference.cost).abs() <= 1e-12 * reference.cost.abs());
+            assert!((g - reference.gradient).norm() <= 1e-12 * reference.gradient.norm());
+            assert!((f - reference.normal).norm() <= 1e-12 * reference.normal.norm());
+            // The AVX2 and baseline code paths agree bit for bit (no fused multiply-add).
+            assert_eq!(evaluate_blocks_baseline(&prep.blocks, &a, &t, true, true), Ok((cost, g, f)));
+            let no_cross = accumulate::<false, true>(&points, &a, &t).unwrap();
+            let (c2, g2, f2) = evaluate_blocks(&prep.blocks, &a, &t, false, true).unwrap();
+            assert!((c2 - no_cross.cost).abs() <= 1e-12 * no_cross.cost.abs());
+            assert!((g2 - no_cross.gradient).norm() <= 1e-12 * no_cross.gradient.norm());
+            assert!((f2 - no_cross.normal).norm() <= 1e-12 * no_cross.normal.norm());
+        }
+    }
 }
