@@ -22,6 +22,7 @@ use crate::errors::to_pyerr;
 use crate::progress::{run_monitored, run_quick};
 
 type Arr<'py> = PyReadonlyArrayDyn<'py, f64>;
+type Array<'py> = Bound<'py, numpy::PyArrayDyn<f64>>;
 
 /// Batches with fewer points than this run without the progress watcher (its 100 ms polling
 /// thread costs more than the work).
@@ -125,21 +126,19 @@ fn in_scan(e: Error, k: usize, batch: bool) -> Error {
     }
 }
 
-fn raise_first(errors: impl Iterator<Item = (usize, Error)>, batch: bool) -> PyResult<()> {
-    for (k, e) in errors {
-        if let Error::NotConverged { iters } = e {
-            let mut err = to_pyerr(Error::NotConverged { iters });
-            if batch {
-                err = Python::attach(|py| {
-                    let ty = err.get_type(py);
-                    PyErr::from_type(ty, format!("scan {k}: did not converge within {iters} iterations"))
-                });
-            }
+fn raise_first(mut errors: impl Iterator<Item = (usize, Error)>, batch: bool) -> PyResult<()> {
+    let Some((k, e)) = errors.next() else { return Ok(()) };
+    if let Error::NotConverged { iters } = e {
+        let err = to_pyerr(Error::NotConverged { iters });
+        if !batch {
             return Err(err);
         }
-        return Err(to_pyerr(in_scan(e, k, batch)));
+        // Same exception class, with the scan index in the message.
+        return Err(Python::attach(|py| {
+            PyErr::from_type(err.get_type(py), format!("scan {k}: did not converge within {iters} iterations"))
+        }));
     }
-    Ok(())
+    Err(to_pyerr(in_scan(e, k, batch)))
 }
 
 /// Runs a per-scan batch job, with the progress watcher (Ctrl-C, callback) when the batch is
@@ -426,7 +425,7 @@ fn evaluate<'py>(
     sigma_b: Option<f64>,
     sigma_r: Option<f64>,
     weights: Option<(Arr<'py>, String)>,
-) -> PyResult<(f64, Bound<'py, numpy::PyArrayDyn<f64>>, Bound<'py, numpy::PyArrayDyn<f64>>)> {
+) -> PyResult<(f64, Array<'py>, Array<'py>)> {
     let b_rows = chunks::<3>(&b, "b")?;
     let n = b_rows.len();
     let offsets = [0, n];

@@ -98,7 +98,8 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
     }
 }
 
-fn det3(a: f64, b: f64, c: f64, d: f64, e: f64, f: f64, g: f64, h: f64, i: f64) -> f64 {
+fn det3(m: [[f64; 3]; 3]) -> f64 {
+    let [[a, b, c], [d, e, f], [g, h, i]] = m;
     a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
 }
 
@@ -152,7 +153,7 @@ fn top_eigenvector_fast(k: &Matrix4<f64>) -> Option<([f64; 4], f64)> {
             _ => [0, 1, 2],
         };
         let e = |a: usize, b: usize| m[(rows[a], cols[b])];
-        det3(e(0, 0), e(0, 1), e(0, 2), e(1, 0), e(1, 1), e(1, 2), e(2, 0), e(2, 1), e(2, 2))
+        det3([[e(0, 0), e(0, 1), e(0, 2)], [e(1, 0), e(1, 1), e(1, 2)], [e(2, 0), e(2, 1), e(2, 2)]])
     };
     // The diagonal of adj tells which column is largest: adj[j][j] = Π (λ₁−λⱼ) q_j².
     let diag = [minor(0, 0), minor(1, 1), minor(2, 2), minor(3, 3)];

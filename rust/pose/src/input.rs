@@ -205,7 +205,7 @@ impl Prepared {
     fn push(&mut self, b: [f64; 3], r: [f64; 3], blk: &Blocks, weight: f64) {
         let p = point_of(b, r, blk, weight);
         let i = self.pairs.len();
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             self.blocks.push(crate::lanes::Block4::padding());
         }
         if let Some(last) = self.blocks.last_mut() {
@@ -271,7 +271,7 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
     };
     if !positive_definite(&blk) {
         // Not (clearly) positive definite: accept it only if positive semi-definite.
-        let m = Matrix6::from_fn(|i, j| sym(i, j));
+        let m = Matrix6::from_fn(sym);
         let min = m.symmetric_eigenvalues().min();
         if min < -1e-12 * scale {
             return Err(Error::invalid(label(), format!("is not positive semi-definite (smallest eigenvalue {min:.3e})")));

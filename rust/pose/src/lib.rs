@@ -20,6 +20,8 @@
 
 // `!(x > 0.0)` is used on purpose throughout: unlike `x <= 0.0` it also rejects NaN.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
+// Small fixed-size linear algebra reads best with explicit indices.
+#![allow(clippy::needless_range_loop)]
 
 pub mod batch;
 pub mod horn;
