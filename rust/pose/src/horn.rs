@@ -98,6 +98,24 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
     }
 }
 
+/// Determinant of a 4x4 matrix by Laplace expansion in 2x2 minors (no pivoting needed: only
+/// the polynomial's constant term, which Newton's method tolerates to rounding).
+fn det4(m: &Matrix4<f64>) -> f64 {
+    let s0 = m[(0, 0)] * m[(1, 1)] - m[(1, 0)] * m[(0, 1)];
+    let s1 = m[(0, 0)] * m[(1, 2)] - m[(1, 0)] * m[(0, 2)];
+    let s2 = m[(0, 0)] * m[(1, 3)] - m[(1, 0)] * m[(0, 3)];
+    let s3 = m[(0, 1)] * m[(1, 2)] - m[(1, 1)] * m[(0, 2)];
+    let s4 = m[(0, 1)] * m[(1, 3)] - m[(1, 1)] * m[(0, 3)];
+    let s5 = m[(0, 2)] * m[(1, 3)] - m[(1, 2)] * m[(0, 3)];
+    let c5 = m[(2, 2)] * m[(3, 3)] - m[(3, 2)] * m[(2, 3)];
+    let c4 = m[(2, 1)] * m[(3, 3)] - m[(3, 1)] * m[(2, 3)];
+    let c3 = m[(2, 1)] * m[(3, 2)] - m[(3, 1)] * m[(2, 2)];
+    let c2 = m[(2, 0)] * m[(3, 3)] - m[(3, 0)] * m[(2, 3)];
+    let c1 = m[(2, 0)] * m[(3, 2)] - m[(3, 0)] * m[(2, 2)];
+    let c0 = m[(2, 0)] * m[(3, 1)] - m[(3, 0)] * m[(2, 1)];
+    s0 * c5 - s1 * c4 + s2 * c3 + s3 * c2 - s4 * c1 + s5 * c0
+}
+
 fn det3(m: [[f64; 3]; 3]) -> f64 {
     let [[a, b, c], [d, e, f], [g, h, i]] = m;
     a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
@@ -115,7 +133,7 @@ fn top_eigenvector_fast(k: &Matrix4<f64>) -> Option<([f64; 4], f64)> {
         return None;
     }
     let p3 = (k2 * k).trace();
-    let det = k.determinant();
+    let det = det4(&k);
     // det(λI − K) = λ⁴ − (p2/2) λ² − (p3/3) λ + det K  (tr K = 0 for Horn's matrix).
     let (c2, c1, c0) = (-0.5 * p2, -p3 / 3.0, det);
     let norm = p2.sqrt(); // ‖K‖_F >= λ_max: Newton from here decreases monotonically.
@@ -255,6 +273,12 @@ mod tests {
         let w: Vec<f64> = (0..7).map(|i| 1.0 + i as f64).collect();
         let (ah, _) = absolute_orientation(&b, &r, Some(&w)).unwrap();
         assert!((ah - svd_kabsch(&b, &r, &w)).norm() < 1e-12);
+    }
+
+    #[test]
+    fn det4_matches_lu() {
+        let m = Matrix4::from_fn(|i, j| ((i * 5 + j * 3) as f64).sin() + if i == j { 2.0 } else { 0.0 });
+        assert!((det4(&m) - m.determinant()).abs() < 1e-12 * m.determinant().abs());
     }
 
     #[test]

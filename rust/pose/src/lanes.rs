@@ -11,9 +11,10 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
-use nalgebra::{Matrix3, Matrix6, Vector3, Vector6};
+use nalgebra::{Matrix3, Vector3, Vector6};
 
 use crate::input::Point;
+use crate::solver::Eval;
 
 /// Four `f64` lanes.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -102,12 +103,12 @@ pub fn unpack(blocks: &[Block4], n: usize) -> Vec<Point> {
     (0..n).map(|i| blocks[i / 4].lane(i % 4)).collect()
 }
 
-/// Cost `J`, gradient `[g_θ; g_t]` and (when `NORMAL`) the normal matrix `F`, or the index
-/// of a point whose `Sᵢ(A)` is not positive definite.
-pub type Pass = std::result::Result<(f64, Vector6<f64>, Matrix6<f64>), usize>;
+/// `Ok` when the pass wrote cost, gradient and (when requested) the normal matrix into its
+/// output, else the index of a point whose `Sᵢ(A)` is not positive definite.
+pub type Pass = std::result::Result<(), usize>;
 
 #[inline(always)]
-fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>) -> Pass {
+fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, out: &mut Eval) -> Pass {
     let m = [
         [F4::splat(a[(0, 0)]), F4::splat(a[(0, 1)]), F4::splat(a[(0, 2)])],
         [F4::splat(a[(1, 0)]), F4::splat(a[(1, 1)]), F4::splat(a[(1, 2)])],
@@ -236,9 +237,12 @@ fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f6
             fqq[5] = fqq[5] + (a1 * pp[2] - a0 * pp[5]);
         }
     }
-    let gradient = Vector6::from_fn(|k, _| g[k].sum());
-    let mut normal = Matrix6::zeros();
+    // Written into the caller's buffer: the solver keeps two and flips between them, so no
+    // 344-byte result is copied around per iteration.
+    out.cost = 0.5 * cost.sum();
+    out.gradient = Vector6::from_fn(|k, _| g[k].sum());
     if NORMAL {
+        let normal = &mut out.normal;
         const IDX: [[usize; 3]; 3] = [[0, 1, 2], [1, 3, 4], [2, 4, 5]];
         for k in 0..3 {
             for l in 0..3 {
@@ -251,42 +255,56 @@ fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f6
             }
         }
     }
-    Ok((0.5 * cost.sum(), gradient, normal))
+    Ok(())
 }
 
-fn dispatch_generic(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool) -> Pass {
+fn dispatch_generic(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool, out: &mut Eval) -> Pass {
     match (cross, normal) {
-        (true, true) => pass::<true, true>(blocks, a, t),
-        (true, false) => pass::<true, false>(blocks, a, t),
-        (false, true) => pass::<false, true>(blocks, a, t),
-        (false, false) => pass::<false, false>(blocks, a, t),
+        (true, true) => pass::<true, true>(blocks, a, t, out),
+        (true, false) => pass::<true, false>(blocks, a, t, out),
+        (false, true) => pass::<false, true>(blocks, a, t, out),
+        (false, false) => pass::<false, false>(blocks, a, t, out),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn dispatch_avx2(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool) -> Pass {
+fn dispatch_avx2(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool, out: &mut Eval) -> Pass {
     match (cross, normal) {
-        (true, true) => pass::<true, true>(blocks, a, t),
-        (true, false) => pass::<true, false>(blocks, a, t),
-        (false, true) => pass::<false, true>(blocks, a, t),
-        (false, false) => pass::<false, false>(blocks, a, t),
+        (true, true) => pass::<true, true>(blocks, a, t, out),
+        (true, false) => pass::<true, false>(blocks, a, t, out),
+        (false, true) => pass::<false, true>(blocks, a, t, out),
+        (false, false) => pass::<false, false>(blocks, a, t, out),
     }
 }
 
 /// One pass over the packed points at `(A, t)`: AVX2 code when the CPU has it.
-pub fn evaluate_blocks(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool) -> Pass {
+pub fn evaluate_blocks(
+    blocks: &[Block4],
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    cross: bool,
+    normal: bool,
+    out: &mut Eval,
+) -> Pass {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { dispatch_avx2(blocks, a, t, cross, normal) };
+            return unsafe { dispatch_avx2(blocks, a, t, cross, normal, out) };
         }
     }
-    dispatch_generic(blocks, a, t, cross, normal)
+    dispatch_generic(blocks, a, t, cross, normal, out)
 }
 
 /// The baseline (non-AVX2) code path, for the test that both paths agree bit for bit.
-pub fn evaluate_blocks_baseline(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool) -> Pass {
-    dispatch_generic(blocks, a, t, cross, normal)
+pub fn evaluate_blocks_baseline(
+    blocks: &[Block4],
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    cross: bool,
+    normal: bool,
+    out: &mut Eval,
+) -> Pass {
+    dispatch_generic(blocks, a, t, cross, normal, out)
 }

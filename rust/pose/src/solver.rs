@@ -147,13 +147,19 @@ impl PoseEstimate {
 }
 
 /// Cost, gradient and normal matrix at one point `(A, t)`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Eval {
     pub cost: f64,
     /// `[g_θ; g_t]`.
     pub gradient: Vector6<f64>,
     /// `F = Σ Hᵢᵀ Wᵢ Hᵢ` (only when requested).
     pub normal: Matrix6<f64>,
+}
+
+impl Default for Eval {
+    fn default() -> Self {
+        Eval { cost: 0.0, gradient: Vector6::zeros(), normal: Matrix6::zeros() }
+    }
 }
 
 /// The per-point algebra written one point at a time: the reference the vectorised pass of
@@ -305,9 +311,13 @@ pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
 }
 
 fn evaluate(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool) -> Result<Eval> {
-    let out = crate::lanes::evaluate_blocks(&prep.blocks, a, t, prep.cross, normal)
-        .map(|(cost, gradient, normal)| Eval { cost, gradient, normal });
-    out.map_err(|i| {
+    let mut out = Eval::default();
+    evaluate_into(prep, a, t, normal, &mut out)?;
+    Ok(out)
+}
+
+fn evaluate_into(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool, out: &mut Eval) -> Result<()> {
+    crate::lanes::evaluate_blocks(&prep.blocks, a, t, prep.cross, normal, out).map_err(|i| {
         Error::Numerical(format!(
             "S_{i}(A) = R_bb − A R_brᵀ − R_br Aᵀ + A R_rr Aᵀ of point {i} is not positive definite \
              (its covariance leaves the residual without noise)"
@@ -411,13 +421,16 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         (d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + (d[3] * d[3] + d[4] * d[4] + d[5] * d[5]) / (rho * rho)).sqrt()
     };
 
-    let mut cur = evaluate(prep, &a, &t, true)?;
-    let rcond = rcond_equilibrated(&cur.normal);
+    // Two evaluation buffers: `ev[c]` at the accepted point, `ev[1 - c]` for the trial.
+    let mut ev = [Eval::default(), Eval::default()];
+    let mut c = 0usize;
+    evaluate_into(prep, &a, &t, true, &mut ev[0])?;
+    let rcond = rcond_equilibrated(&ev[0].normal);
     if !(rcond >= RCOND_DEGENERATE) {
         return Err(degenerate());
     }
     if opts.variable_projection {
-        (t, cur) = project_translation(prep, &a, t, &cur)?;
+        t = project_translation(prep, &a, t, &mut ev, &mut c)?;
     }
 
     let mut iterations = 0;
@@ -428,7 +441,7 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     let mut accepted = 0usize;
     while iterations < opts.max_iter {
         iterations += 1;
-        let delta = gn_step(&cur.normal, &cur.gradient, lambda).ok_or_else(degenerate)?;
+        let delta = gn_step(&ev[c].normal, &ev[c].gradient, lambda).ok_or_else(degenerate)?;
         if lambda == 0.0 && scaled_norm(&delta) < opts.tol {
             a = exp_so3(&delta.fixed_rows::<3>(0).into_owned()) * a;
             t += delta.fixed_rows::<3>(3);
@@ -438,19 +451,19 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         let step = delta * shrink;
         let trial_a = exp_so3(&step.fixed_rows::<3>(0).into_owned()) * a;
         let trial_t = t + step.fixed_rows::<3>(3);
-        let trial = evaluate(prep, &trial_a, &trial_t, true)?;
+        evaluate_into(prep, &trial_a, &trial_t, true, &mut ev[1 - c])?;
         // Accept unless the cost went up by more than rounding.
-        if trial.cost <= cur.cost + 1e-12 * cur.cost.abs() {
+        if ev[1 - c].cost <= ev[c].cost + 1e-12 * ev[c].cost.abs() {
             a = trial_a;
             t = trial_t;
-            cur = trial;
+            c = 1 - c;
             accepted += 1;
             if accepted.is_multiple_of(20) {
                 // Exponential-map updates stay on SO(3) up to rounding; remove the drift.
                 a = orthonormalize(&a);
             }
             if opts.variable_projection {
-                (t, cur) = project_translation(prep, &a, t, &cur)?;
+                t = project_translation(prep, &a, t, &mut ev, &mut c)?;
             }
             if lambda > 0.0 {
                 // Damped steps converge: once λ is negligible go back to plain Gauss-Newton.
@@ -486,7 +499,7 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         return Err(Error::NotConverged { iters: iterations });
     }
     let covariance = if opts.compute_covariance {
-        Chol6::new(&cur.normal).ok_or_else(degenerate)?.inverse()
+        Chol6::new(&ev[c].normal).ok_or_else(degenerate)?.inverse()
     } else {
         Matrix6::from_element(f64::NAN)
     };
@@ -494,7 +507,7 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         rotation: a,
         translation: t,
         covariance,
-        cost: cur.cost,
+        cost: ev[c].cost,
         iterations,
         converged,
         n_points: n,
@@ -502,15 +515,22 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     })
 }
 
-/// `t*(A)`: the exact minimiser over `t` for fixed `A` (the cost is quadratic in `t`), and
-/// the evaluation there.
-fn project_translation(prep: &Prepared, a: &Matrix3<f64>, t: Vector3<f64>, cur: &Eval) -> Result<(Vector3<f64>, Eval)> {
-    let ftt = cur.normal.fixed_view::<3, 3>(3, 3).into_owned();
-    let gt = cur.gradient.fixed_rows::<3>(3).into_owned();
+/// `t*(A)`: the exact minimiser over `t` for fixed `A` (the cost is quadratic in `t`). The
+/// evaluation there goes into the spare buffer, which becomes the current one.
+fn project_translation(
+    prep: &Prepared,
+    a: &Matrix3<f64>,
+    t: Vector3<f64>,
+    ev: &mut [Eval; 2],
+    c: &mut usize,
+) -> Result<Vector3<f64>> {
+    let ftt = ev[*c].normal.fixed_view::<3, 3>(3, 3).into_owned();
+    let gt = ev[*c].gradient.fixed_rows::<3>(3).into_owned();
     let dt = -ftt.cholesky().ok_or_else(degenerate)?.solve(&gt);
     let t2 = t + dt;
-    let e = evaluate(prep, a, &t2, true)?;
-    Ok((t2, e))
+    evaluate_into(prep, a, &t2, true, &mut ev[1 - *c])?;
+    *c = 1 - *c;
+    Ok(t2)
 }
 
 /// Cramér-Rao lower bound of `[θ; δt]`: `(Σ Hᵢᵀ Wᵢ(A) Hᵢ)⁻¹` at the true rotation and true
@@ -580,14 +600,20 @@ mod tests {
             let t = Vector3::new(0.5, -1.0, 2.0);
             let points = crate::lanes::unpack(&prep.blocks, n);
             let reference = accumulate::<true, true>(&points, &a, &t).unwrap();
-            let (cost, g, f) = evaluate_blocks(&prep.blocks, &a, &t, true, true).unwrap();
+            let mut out = Eval::default();
+            evaluate_blocks(&prep.blocks, &a, &t, true, true, &mut out).unwrap();
+            let (cost, g, f) = (out.cost, out.gradient, out.normal);
             assert!((cost - reference.cost).abs() <= 1e-12 * reference.cost.abs());
             assert!((g - reference.gradient).norm() <= 1e-12 * reference.gradient.norm());
             assert!((f - reference.normal).norm() <= 1e-12 * reference.normal.norm());
             // The AVX2 and baseline code paths agree bit for bit (no fused multiply-add).
-            assert_eq!(evaluate_blocks_baseline(&prep.blocks, &a, &t, true, true), Ok((cost, g, f)));
+            let mut base = Eval::default();
+            evaluate_blocks_baseline(&prep.blocks, &a, &t, true, true, &mut base).unwrap();
+            assert_eq!(base, out);
             let no_cross = accumulate::<false, true>(&points, &a, &t).unwrap();
-            let (c2, g2, f2) = evaluate_blocks(&prep.blocks, &a, &t, false, true).unwrap();
+            let mut nc = Eval::default();
+            evaluate_blocks(&prep.blocks, &a, &t, false, true, &mut nc).unwrap();
+            let (c2, g2, f2) = (nc.cost, nc.gradient, nc.normal);
             assert!((c2 - no_cross.cost).abs() <= 1e-12 * no_cross.cost.abs());
             assert!((g2 - no_cross.gradient).norm() <= 1e-12 * no_cross.gradient.norm());
             assert!((f2 - no_cross.normal).norm() <= 1e-12 * no_cross.normal.norm());
