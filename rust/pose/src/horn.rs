@@ -133,7 +133,7 @@ fn top_eigenvector_fast(k: &Matrix4<f64>) -> Option<([f64; 4], f64)> {
         return None;
     }
     let p3 = (k2 * k).trace();
-    let det = det4(&k);
+    let det = det4(k);
     // det(λI − K) = λ⁴ − (p2/2) λ² − (p3/3) λ + det K  (tr K = 0 for Horn's matrix).
     let (c2, c1, c0) = (-0.5 * p2, -p3 / 3.0, det);
     let norm = p2.sqrt(); // ‖K‖_F >= λ_max: Newton from here decreases monotonically.

@@ -213,7 +213,127 @@ impl Prepared {
         }
         let tr = p.bb[0] + p.bb[3] + p.bb[5] + p.rr[0] + p.rr[3] + p.rr[5];
         self.pairs.push(Pair { b, r, w: 3.0 / tr });
-        self.cross |= blk.br.iter().any(|v| *v != 0.0);
+        let mut nz = false;
+        for v in &blk.br {
+            nz |= *v != 0.0;
+        }
+        self.cross |= nz;
+    }
+
+    /// Validates and stores the full covariances of points `start..end` (at most four, `start`
+    /// a multiple of 4) four at a time, in lanes. Returns false, storing nothing, unless every
+    /// one is finite, symmetric and clearly positive definite: the caller then checks them one
+    /// by one. Same checks and the same stored values as [`check_cov6`] + `push`.
+    fn push_full4(&mut self, scan: &ScanRef<'_>, c: &[[f64; 36]], start: usize, end: usize) -> bool {
+        use crate::lanes::F4;
+        let m = end - start;
+        // Transpose to lanes; missing lanes get identity matrices (valid, and discarded).
+        // Plain loops: `std::array::from_fn` is not always inlined in this hot path.
+        let mut v = [F4::splat(0.0); 36];
+        for k in (0..36).step_by(7) {
+            v[k] = F4::splat(1.0);
+        }
+        for l in 0..m {
+            let cl = &c[start + l];
+            for k in 0..36 {
+                v[k].0[l] = cl[k];
+            }
+        }
+        // Finite: Σ v·0 is NaN as soon as one entry is not finite.
+        let zero = F4::splat(0.0);
+        let mut finite = zero;
+        for x in &v {
+            finite = finite + *x * zero;
+        }
+        let mut scale = zero;
+        for k in 0..6 {
+            scale = scale.max(v[7 * k].abs());
+        }
+        let mut asym = zero;
+        for i in 0..6 {
+            for j in (i + 1)..6 {
+                asym = asym.max((v[6 * i + j] - v[6 * j + i]).abs());
+            }
+        }
+        let tol = F4::splat(1e-9) * scale;
+        for l in 0..4 {
+            if !(finite.0[l] == 0.0 && scale.0[l] > 0.0 && asym.0[l] <= tol.0[l]) {
+                return false;
+            }
+        }
+        let half = F4::splat(0.5);
+        let sym = |i: usize, j: usize| half * (v[6 * i + j] + v[6 * j + i]);
+        let bb = [v[0], sym(0, 1), sym(0, 2), v[7], sym(1, 2), v[14]];
+        let br = [sym(0, 3), sym(0, 4), sym(0, 5), sym(1, 3), sym(1, 4), sym(1, 5), sym(2, 3), sym(2, 4), sym(2, 5)];
+        let rr = [v[21], sym(3, 4), sym(3, 5), v[28], sym(4, 5), v[35]];
+        // Division-free definiteness test (as `positive_definite`), lane-wise.
+        let [b00, b01, b02, b11, b12, b22] = bb;
+        let a00 = b11 * b22 - b12 * b12;
+        let a01 = b02 * b12 - b01 * b22;
+        let a02 = b01 * b12 - b02 * b11;
+        let a11 = b00 * b22 - b02 * b02;
+        let a12 = b01 * b02 - b00 * b12;
+        let a22 = b00 * b11 - b01 * b01;
+        let det = b00 * a00 + b01 * a01 + b02 * a02;
+        let adj = [[a00, a01, a02], [a01, a11, a12], [a02, a12, a22]];
+        let mut y = [[F4::splat(0.0); 3]; 3];
+        for i in 0..3 {
+            for j in 0..3 {
+                y[i][j] = adj[i][0] * br[j] + adj[i][1] * br[3 + j] + adj[i][2] * br[6 + j];
+            }
+        }
+        let t = |i: usize, j: usize, r: F4| det * r - (br[i] * y[0][j] + br[3 + i] * y[1][j] + br[6 + i] * y[2][j]);
+        let (t00, t01, t02) = (t(0, 0, rr[0]), t(0, 1, rr[1]), t(0, 2, rr[2]));
+        let (t11, t12, t22) = (t(1, 1, rr[3]), t(1, 2, rr[4]), t(2, 2, rr[5]));
+        let m22 = t00 * t11 - t01 * t01;
+        let dt = t00 * (t11 * t22 - t12 * t12) - t01 * (t01 * t22 - t12 * t02) + t02 * (t01 * t12 - t11 * t02);
+        for l in 0..4 {
+            let pd = b00.0[l] > 0.0 && a22.0[l] > 0.0 && det.0[l] > 0.0 && t00.0[l] > 0.0 && m22.0[l] > 0.0 && dt.0[l] > 0.0;
+            if !pd {
+                return false;
+            }
+        }
+        // Store the four lanes directly (the same values `push` stores, point by point).
+        debug_assert!(self.pairs.len().is_multiple_of(4));
+        let mut sc = F4::splat(1.0);
+        let mut mask = F4::splat(0.0);
+        let mut pb = [F4::splat(0.0); 3];
+        let mut pr = [F4::splat(0.0); 3];
+        for l in 0..m {
+            if let Some(w) = scan.weights {
+                sc.0[l] = 1.0 / w[start + l];
+            }
+            mask.0[l] = 1.0;
+            for k in 0..3 {
+                pb[k].0[l] = scan.b[start + l][k];
+                pr[k].0[l] = scan.r[start + l][k];
+            }
+        }
+        let two_sc = F4::splat(2.0) * sc;
+        let mut bbs = bb;
+        let mut rrs = rr;
+        for k in 0..6 {
+            bbs[k] = bb[k] * sc;
+            rrs[k] = rr[k] * sc;
+        }
+        let mut br2 = br;
+        for k in 0..9 {
+            br2[k] = two_sc * br[k] * mask;
+        }
+        let blk = crate::lanes::Block4::from_lanes(pb, pr, bbs, rrs, br2, mask);
+        self.blocks.push(blk);
+        let tr = bbs[0] + bbs[3] + bbs[5] + rrs[0] + rrs[3] + rrs[5];
+        let mut nz = false;
+        for x in &br2 {
+            for l in 0..4 {
+                nz |= x.0[l] != 0.0;
+            }
+        }
+        self.cross |= nz;
+        for l in 0..m {
+            self.pairs.push(Pair { b: scan.b[start + l], r: scan.r[start + l], w: 3.0 / tr.0[l] });
+        }
+        true
     }
 
     /// Number of points.
@@ -356,7 +476,13 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
         return Err(Error::invalid("b", format!("needs at least 3 correspondences, got {n}")));
     }
     for (name, pts) in [("b", scan.b), ("r", scan.r)] {
-        if let Some(i) = pts.iter().position(|p| !p.iter().all(|v| v.is_finite())) {
+        // Σ v·0 is NaN as soon as one value is not finite: one branch for the common case.
+        let mut probe = 0.0f64;
+        for p in pts {
+            probe += p[0] * 0.0 + p[1] * 0.0 + p[2] * 0.0;
+        }
+        if probe != 0.0 {
+            let i = pts.iter().position(|p| !p.iter().all(|v| v.is_finite())).unwrap_or(0);
             return Err(Error::invalid(name, format!("point {i} is not finite: {:?}", pts[i])));
         }
     }
@@ -376,9 +502,16 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             if c.len() != n {
                 return Err(Error::invalid("cov", format!("has {} matrices but there are {n} points", c.len())));
             }
-            for (i, ci) in c.iter().enumerate() {
-                let blk = check_cov6(ci, || format!("cov[{i}]"))?;
-                out.push(scan.b[i], scan.r[i], &blk, weight(i));
+            for start in (0..n).step_by(4) {
+                let end = (start + 4).min(n);
+                if !out.push_full4(scan, c, start, end) {
+                    // Some matrix of these four is not clearly valid: the scalar check names
+                    // the first bad one (or accepts a semi-definite one).
+                    for i in start..end {
+                        let blk = check_cov6(&c[i], || format!("cov[{i}]"))?;
+                        out.push(scan.b[i], scan.r[i], &blk, weight(i));
+                    }
+                }
             }
         }
         Cov::SharedFull(c) => {

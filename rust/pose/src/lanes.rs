@@ -26,6 +26,18 @@ impl F4 {
     pub fn splat(x: f64) -> Self {
         F4([x; 4])
     }
+    /// Lane-wise absolute value.
+    #[inline(always)]
+    pub fn abs(self) -> Self {
+        let a = self.0;
+        F4([a[0].abs(), a[1].abs(), a[2].abs(), a[3].abs()])
+    }
+    /// Lane-wise maximum (`self` where `o` is NaN).
+    #[inline(always)]
+    pub fn max(self, o: F4) -> Self {
+        let m = |a: f64, b: f64| if b > a { b } else { a };
+        F4([m(self.0[0], o.0[0]), m(self.0[1], o.0[1]), m(self.0[2], o.0[2]), m(self.0[3], o.0[3])])
+    }
     #[inline(always)]
     fn sum(self) -> f64 {
         (self.0[0] + self.0[1]) + (self.0[2] + self.0[3])
@@ -68,6 +80,11 @@ impl Block4 {
             blk.bb[k] = F4::splat(1.0);
         }
         blk
+    }
+
+    /// A block from its lanes (padding lanes must have `mask` 0 and a positive definite `S`).
+    pub fn from_lanes(b: [F4; 3], r: [F4; 3], bb: [F4; 6], rr: [F4; 6], br2: [F4; 9], mask: F4) -> Self {
+        Block4 { b, r, bb, rr, br2, mask }
     }
 
     /// Stores a real point in lane `l` (0..4).
