@@ -12,7 +12,8 @@ Measures, in one run on this machine, and writes the "pose" section of BENCHMARK
 * B1/B3 single-scan latency against N, and the cost per point and iteration.
 * Mean iterations per scenario.
 
-Usage: ``python benches/pose_bench.py [--quick]`` (needs scipy: ``pip install .[bench]``).
+Usage: ``cargo bench --bench pose`` (optional: its criterion figures are included when present),
+then ``python benches/pose_bench.py [--quick]`` (needs scipy: ``pip install .[bench]``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,29 @@ def cpu_timeit(fn, *, repeat=7, number=1, warmup=1):
             fn()
         times.append((time.process_time() - t0) / number)
     return {"min": min(times), "median": sorted(times)[len(times) // 2]}
+
+
+def criterion_results() -> list[list[str]]:
+    """Mean times of the criterion benches of ``cargo bench --bench pose`` (when run before)."""
+    import json
+    import os
+
+    target = Path(os.environ.get("CARGO_TARGET_DIR", Path(__file__).resolve().parent.parent / "target"))
+    rows = []
+    for meta in sorted((target / "criterion").glob("pose_*/**/new/benchmark.json")):
+        try:
+            full_id = json.loads(meta.read_text())["full_id"]
+            est = json.loads((meta.parent / "estimates.json").read_text())
+        except (OSError, KeyError, ValueError):
+            continue
+        mean = est["mean"]["point_estimate"] * 1e-3  # ns -> µs
+        rows.append([f"`{full_id}`", f"{mean:,.2f}"])
+
+    def key(row):
+        parts = row[0].strip("`").split("/")
+        return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
+
+    return sorted(rows, key=key)
 
 
 def numpy_kabsch(b, r):
@@ -193,15 +217,26 @@ def main() -> int:
     out.append("\n### Gauss-Newton iterations per scenario (2,000 scans each, tol 1e-10)\n")
     out.append(table(["scenario", "mean", "max", "converged"], rows))
 
+    crit = criterion_results()
+    if crit:
+        out.append("\n### Criterion benches of the Rust core (`cargo bench --bench pose`, no Python; wall time)\n")
+        out.append(table(["bench", "mean µs"], crit))
+        out.append("\nB1 estimate_pose/N is one solve of an S1-style scan of N points; B2 rows are 2,000 scans "
+                   "on a 1-thread pool.")
+
+    import os
+
     import scipy
 
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     head = [
         f"Command: `{command_line()}`  ",
         f"Machine: {machine_info()}, scipy {scipy.__version__}; "
         f"threads: 1 unless stated ({threads_all} = all cores). One-thread timings are process CPU time "
         f"(the machine is shared with other jobs: CPU time leaves out the waits for a core), best of {rep} "
         "repeats; the rows on all cores are wall time. Ours and the anchors are timed the same way in the "
-        "same run, so the ratios are the figures to read.",
+        f"same run, so the ratios are the figures to read. Load average during the run: {load} (2 cores "
+        "shared with other jobs), which is why the all-core rows (wall time) can be slower than one core.",
         "",
         table(["target (pose.md §8)", "target", "measured", "status"], summary),
         "",
