@@ -56,9 +56,10 @@ def test_tour(capsys):
     assert "scenario S1: 2000 runs" in out and "TLS reduces the RMS error against Kabsch" in out
 
 
-def test_chi2_band_fallback_matches_scipy(monkeypatch):
+def test_chi2_band_matches_scipy(monkeypatch):
     stats = pytest.importorskip("scipy.stats")
-    lo, hi = chi2_band(60_000)
-    assert (lo, hi) == pytest.approx((stats.chi2.ppf(0.005, 60_000), stats.chi2.ppf(0.995, 60_000)))
+    for dof in (60, 600, 60_000):
+        exact = (stats.chi2.ppf(0.005, dof), stats.chi2.ppf(0.995, dof))
+        assert chi2_band(dof) == pytest.approx(exact, rel=1e-5 if dof >= 1000 else 1e-12)
     monkeypatch.setitem(sys.modules, "scipy.stats", None)
-    assert chi2_band(60_000) == pytest.approx((lo, hi), rel=1e-4)
+    assert chi2_band(600) == pytest.approx((stats.chi2.ppf(0.005, 600), stats.chi2.ppf(0.995, 600)), rel=1e-4)
