@@ -203,6 +203,23 @@ class TestBatchLayouts:
         assert np.all(np.isnan(e.covariance)) and np.array_equal(e.rotation, ref.rotation)
 
 
+def test_far_starts_reach_the_same_optimum():
+    """Starts 1 rad away (large noise, S5): Gauss-Newton with its step-halving / LM safeguards
+    converges to the optimum found from the Horn start, with the cost never increasing."""
+    s = simulate_scans(20, scenario="S5", seed=3)
+    rng = np.random.default_rng(0)
+    for k in range(20):
+        ref = estimate_pose(s.b[k], s.r[k], s.cov[k])
+        axis = rng.standard_normal(3)
+        axis /= np.linalg.norm(axis)
+        a0 = expm_so3(axis * 1.0) @ s.rotation[k]
+        e = estimate_pose(s.b[k], s.r[k], s.cov[k], rotation0=a0)
+        assert e.converged
+        np.testing.assert_allclose(e.rotation, ref.rotation, atol=1e-9)
+        costs = [estimate_pose(s.b[k], s.r[k], s.cov[k], rotation0=a0, max_iter=m).cost for m in (1, 2, 3, 4)]
+        assert all(b <= a * (1 + 1e-12) for a, b in zip(costs, costs[1:]))
+
+
 def test_default_noise_model_is_unit_isotropic():
     rng = np.random.default_rng(4)
     _, _, _, b, r, _ = noisy_scan(rng, 10)

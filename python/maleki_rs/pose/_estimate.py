@@ -254,7 +254,9 @@ def estimate_pose(
     init : "horn" or (rotation0, translation0)
         Start: weighted Horn/Kabsch (weights ``3 / tr(R_bb + R_rr)``), or a given pose.
     rotation0, translation0 : array_like, shape (3, 3) and (3,), optional
-        A given start (the translation defaults to the weighted-centroid one).
+        A given start (the translation defaults to the weighted-centroid one). The cost is not
+        convex in the rotation: a start far from the optimum (beyond about a radian) may end
+        in another stationary point; the Horn start is within the basin for ordinary noise.
     max_iter : int
         Iteration limit (default 100).
     tol : float
