@@ -6,8 +6,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use maleki_rs::common::progress::NoProgress;
 use maleki_rs::common::rng::{standard_normal, stream, uniform01, StreamRng};
 use maleki_rs::pose::{
-    absolute_orientation, absolute_orientation_batch, solve, solve_batch, BatchCov, BatchRef, Cov, Options, PerScan,
-    ScanRef,
+    absolute_orientation, absolute_orientation_batch, solve, solve_batch, BatchCov, BatchRef, Cov,
+    Options, PerScan, ScanRef,
 };
 use nalgebra::{Cholesky, Matrix3, Matrix6, UnitQuaternion, Vector3, Vector6};
 use std::hint::black_box;
@@ -19,14 +19,25 @@ struct Data {
 }
 
 fn rotation(rng: &mut StreamRng) -> Matrix3<f64> {
-    let q = nalgebra::Quaternion::new(standard_normal(rng), standard_normal(rng), standard_normal(rng), standard_normal(rng));
-    UnitQuaternion::from_quaternion(q).to_rotation_matrix().into_inner()
+    let q = nalgebra::Quaternion::new(
+        standard_normal(rng),
+        standard_normal(rng),
+        standard_normal(rng),
+        standard_normal(rng),
+    );
+    UnitQuaternion::from_quaternion(q)
+        .to_rotation_matrix()
+        .into_inner()
 }
 
 /// S1-style scans: landmarks in a ±10 m cube, 10:1 anisotropic blocks with rms 5 cm, ρ = 0.8.
 fn scans(seed: u64, n_scans: usize, n: usize) -> Data {
     let mut rng = stream(seed, 0);
-    let mut d = Data { b: vec![], r: vec![], cov: vec![] };
+    let mut d = Data {
+        b: vec![],
+        r: vec![],
+        cov: vec![],
+    };
     let std = {
         let s = [1.0, 10f64.sqrt(), 10.0];
         let rms = ((s[0] * s[0] + s[1] * s[1] + s[2] * s[2]) / 3.0).sqrt();
@@ -34,7 +45,11 @@ fn scans(seed: u64, n_scans: usize, n: usize) -> Data {
     };
     for _ in 0..n_scans {
         let a = rotation(&mut rng);
-        let t = Vector3::new(standard_normal(&mut rng), standard_normal(&mut rng), standard_normal(&mut rng)) * 5.0;
+        let t = Vector3::new(
+            standard_normal(&mut rng),
+            standard_normal(&mut rng),
+            standard_normal(&mut rng),
+        ) * 5.0;
         for _ in 0..n {
             let r = Vector3::from_fn(|_, _| 20.0 * uniform01(&mut rng) - 10.0);
             let (qb, qr, c) = (rotation(&mut rng), rotation(&mut rng), rotation(&mut rng));
@@ -46,7 +61,8 @@ fn scans(seed: u64, n_scans: usize, n: usize) -> Data {
             let br = hb * c * hr * 0.8;
             m.fixed_view_mut::<3, 3>(0, 3).copy_from(&br);
             m.fixed_view_mut::<3, 3>(3, 0).copy_from(&br.transpose());
-            let z = Cholesky::new(m).unwrap().l() * Vector6::from_fn(|_, _| standard_normal(&mut rng));
+            let z =
+                Cholesky::new(m).unwrap().l() * Vector6::from_fn(|_, _| standard_normal(&mut rng));
             let b = a * r + t + z.fixed_rows::<3>(0);
             let rn = r + z.fixed_rows::<3>(3);
             d.b.push([b.x, b.y, b.z]);
@@ -64,7 +80,11 @@ fn scans(seed: u64, n_scans: usize, n: usize) -> Data {
 }
 
 fn one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(f)
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(f)
 }
 
 fn b1_latency(c: &mut Criterion) {
@@ -72,7 +92,12 @@ fn b1_latency(c: &mut Criterion) {
     let opts = Options::default();
     for &n in &[3usize, 10, 20, 100, 1000, 10_000] {
         let d = scans(1, 1, n);
-        let scan = ScanRef { b: &d.b, r: &d.r, cov: Cov::Full(&d.cov), weights: None };
+        let scan = ScanRef {
+            b: &d.b,
+            r: &d.r,
+            cov: Cov::Full(&d.cov),
+            weights: None,
+        };
         let iters = solve(&scan, &opts).unwrap().iterations;
         g.throughput(Throughput::Elements((n * iters) as u64)); // point-iterations (B3)
         g.bench_with_input(BenchmarkId::new("estimate_pose", n), &scan, |bch, s| {
@@ -106,7 +131,16 @@ fn b2_batch(c: &mut Criterion) {
     });
     g.bench_function("absolute_orientation_batch", |bch| {
         bch.iter(|| {
-            one_thread(|| absolute_orientation_batch(&offsets, black_box(&d.b), PerScan::Concat(&d.r), None, &NoProgress).unwrap())
+            one_thread(|| {
+                absolute_orientation_batch(
+                    &offsets,
+                    black_box(&d.b),
+                    PerScan::Concat(&d.r),
+                    None,
+                    &NoProgress,
+                )
+                .unwrap()
+            })
         })
     });
     g.finish();

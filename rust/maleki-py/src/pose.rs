@@ -10,7 +10,9 @@
 
 use maleki_common::progress::NoProgress;
 use maleki_common::Error;
-use maleki_pose::{BatchBlock, BatchCov, BatchRef, Init, Options, PerScan, PoseEstimate, ScanRef, Workspace};
+use maleki_pose::{
+    BatchBlock, BatchCov, BatchRef, Init, Options, PerScan, PoseEstimate, ScanRef, Workspace,
+};
 use nalgebra::{Matrix3, Vector3};
 use numpy::PyReadonlyArrayDyn;
 use pyo3::exceptions::PyValueError;
@@ -32,27 +34,40 @@ fn chunks<'a, const K: usize>(a: &'a Arr<'_>, name: &str) -> PyResult<&'a [[f64;
     let s = slice(a, name)?;
     let (rows, rest) = s.as_chunks::<K>();
     if !rest.is_empty() {
-        return Err(PyValueError::new_err(format!("{name}: size {} is not a multiple of {K}", s.len())));
+        return Err(PyValueError::new_err(format!(
+            "{name}: size {} is not a multiple of {K}",
+            s.len()
+        )));
     }
     Ok(rows)
 }
 
-fn per_scan<'a, const K: usize>(a: &'a Arr<'_>, mode: &str, name: &str) -> PyResult<PerScan<'a, [f64; K]>> {
+fn per_scan<'a, const K: usize>(
+    a: &'a Arr<'_>,
+    mode: &str,
+    name: &str,
+) -> PyResult<PerScan<'a, [f64; K]>> {
     let rows = chunks::<K>(a, name)?;
     match mode {
         "concat" => Ok(PerScan::Concat(rows)),
         "map" => Ok(PerScan::Map(rows)),
-        _ => Err(PyValueError::new_err(format!("{name}: unknown layout {mode:?}"))),
+        _ => Err(PyValueError::new_err(format!(
+            "{name}: unknown layout {mode:?}"
+        ))),
     }
 }
 
 fn block<'a>(spec: &'a Option<(Arr<'_>, String)>, name: &str) -> PyResult<Option<BatchBlock<'a>>> {
-    let Some((a, mode)) = spec else { return Ok(None) };
+    let Some((a, mode)) = spec else {
+        return Ok(None);
+    };
     if mode == "shared" {
         let rows = chunks::<9>(a, name)?;
         return match rows {
             [m] => Ok(Some(BatchBlock::Shared(m))),
-            _ => Err(PyValueError::new_err(format!("{name}: a shared block must be one 3x3 matrix"))),
+            _ => Err(PyValueError::new_err(format!(
+                "{name}: a shared block must be one 3x3 matrix"
+            ))),
         };
     }
     Ok(Some(BatchBlock::PerPoint(per_scan::<9>(a, mode, name)?)))
@@ -73,15 +88,24 @@ fn batch_cov<'a>(
             let rows = chunks::<36>(a, "cov")?;
             return match rows {
                 [m] => Ok(BatchCov::SharedFull(m)),
-                _ => Err(PyValueError::new_err("cov: a shared covariance must be one 6x6 matrix")),
+                _ => Err(PyValueError::new_err(
+                    "cov: a shared covariance must be one 6x6 matrix",
+                )),
             };
         }
         return Ok(BatchCov::Full(per_scan::<36>(a, mode, "cov")?));
     }
     if cov_b.is_none() && cov_br.is_none() && cov_r.is_none() {
-        return Ok(BatchCov::Isotropic { sigma_b: sigma_b.unwrap_or(0.0), sigma_r: sigma_r.unwrap_or(0.0) });
+        return Ok(BatchCov::Isotropic {
+            sigma_b: sigma_b.unwrap_or(0.0),
+            sigma_r: sigma_r.unwrap_or(0.0),
+        });
     }
-    Ok(BatchCov::Blocks { bb: block(cov_b, "cov_b")?, br: block(cov_br, "cov_br")?, rr: block(cov_r, "cov_r")? })
+    Ok(BatchCov::Blocks {
+        bb: block(cov_b, "cov_b")?,
+        br: block(cov_br, "cov_br")?,
+        rr: block(cov_r, "cov_r")?,
+    })
 }
 
 fn offsets_of(o: &PyReadonlyArrayDyn<'_, u64>) -> PyResult<Vec<usize>> {
@@ -97,7 +121,9 @@ fn weights_of<'a>(w: &'a Option<(Arr<'_>, String)>) -> PyResult<Option<PerScan<'
     match mode.as_str() {
         "concat" => Ok(Some(PerScan::Concat(s))),
         "map" => Ok(Some(PerScan::Map(s))),
-        _ => Err(PyValueError::new_err(format!("weights: unknown layout {mode:?}"))),
+        _ => Err(PyValueError::new_err(format!(
+            "weights: unknown layout {mode:?}"
+        ))),
     }
 }
 
@@ -116,7 +142,10 @@ fn in_scan(e: Error, k: usize, batch: bool) -> Error {
         return e;
     }
     match e {
-        Error::InvalidArgument { name, msg } => Error::InvalidArgument { name: format!("scan {k}: {name}"), msg },
+        Error::InvalidArgument { name, msg } => Error::InvalidArgument {
+            name: format!("scan {k}: {name}"),
+            msg,
+        },
         Error::Degenerate(m) => Error::Degenerate(format!("scan {k}: {m}")),
         Error::Numerical(m) => Error::Numerical(format!("scan {k}: {m}")),
         Error::NotConverged { iters } => Error::Numerical(format!(
@@ -127,7 +156,9 @@ fn in_scan(e: Error, k: usize, batch: bool) -> Error {
 }
 
 fn raise_first(mut errors: impl Iterator<Item = (usize, Error)>, batch: bool) -> PyResult<()> {
-    let Some((k, e)) = errors.next() else { return Ok(()) };
+    let Some((k, e)) = errors.next() else {
+        return Ok(());
+    };
     if let Error::NotConverged { iters } = e {
         let err = to_pyerr(Error::NotConverged { iters });
         if !batch {
@@ -135,7 +166,10 @@ fn raise_first(mut errors: impl Iterator<Item = (usize, Error)>, batch: bool) ->
         }
         // Same exception class, with the scan index in the message.
         return Err(Python::attach(|py| {
-            PyErr::from_type(err.get_type(py), format!("scan {k}: did not converge within {iters} iterations"))
+            PyErr::from_type(
+                err.get_type(py),
+                format!("scan {k}: did not converge within {iters} iterations"),
+            )
         }));
     }
     Err(to_pyerr(in_scan(e, k, batch)))
@@ -202,7 +236,9 @@ fn solve_batch<'py>(
         None => Init::Horn,
         Some(a) => {
             let m = chunks::<9>(&a, "rotation0")?;
-            let [m] = m else { return Err(PyValueError::new_err("rotation0: expected one 3x3 matrix")) };
+            let [m] = m else {
+                return Err(PyValueError::new_err("rotation0: expected one 3x3 matrix"));
+            };
             let t = match &translation0 {
                 None => None,
                 Some(t) => match chunks::<3>(t, "translation0")? {
@@ -210,26 +246,45 @@ fn solve_batch<'py>(
                     _ => return Err(PyValueError::new_err("translation0: expected one 3-vector")),
                 },
             };
-            Init::Given { rotation: Matrix3::from_row_slice(m), translation: t }
+            Init::Given {
+                rotation: Matrix3::from_row_slice(m),
+                translation: t,
+            }
         }
     };
     // Run unstrict: non-converged scans keep their estimate; `strict` is applied below.
-    let opts = Options { max_iter, tol, init, compute_covariance, variable_projection, strict: false };
+    let opts = Options {
+        max_iter,
+        tol,
+        init,
+        compute_covariance,
+        variable_projection,
+        strict: false,
+    };
     let nb = batch.len();
     let results = if nb == 1 {
         batch.check_offsets().map_err(to_pyerr)?;
         opts.validate().map_err(to_pyerr)?;
         let single = run_batch(py, b_rows.len(), 1, progress, |_| {
-            Ok(batch.scan(0).and_then(|s| maleki_pose::solve_with(&s, &opts, &mut Workspace::default())))
+            Ok(batch
+                .scan(0)
+                .and_then(|s| maleki_pose::solve_with(&s, &opts, &mut Workspace::default())))
         })?;
         vec![single]
     } else {
-        run_batch(py, b_rows.len(), nb, progress, |p| maleki_pose::solve_batch(&batch, &opts, p))?
+        run_batch(py, b_rows.len(), nb, progress, |p| {
+            maleki_pose::solve_batch(&batch, &opts, p)
+        })?
     };
     if raise_errors || strict {
         let errs = results.iter().enumerate().filter_map(|(k, res)| match res {
             Err(e) => Some((k, e.clone())),
-            Ok(est) if strict && !est.converged => Some((k, Error::NotConverged { iters: est.iterations })),
+            Ok(est) if strict && !est.converged => Some((
+                k,
+                Error::NotConverged {
+                    iters: est.iterations,
+                },
+            )),
             Ok(_) => None,
         });
         raise_first(errs, nb != 1)?;
@@ -237,7 +292,10 @@ fn solve_batch<'py>(
     estimates_to_dict(py, &results)
 }
 
-fn estimates_to_dict<'py>(py: Python<'py>, results: &[maleki_common::Result<PoseEstimate>]) -> PyResult<Bound<'py, PyDict>> {
+fn estimates_to_dict<'py>(
+    py: Python<'py>,
+    results: &[maleki_common::Result<PoseEstimate>],
+) -> PyResult<Bound<'py, PyDict>> {
     let nb = results.len();
     let mut rot = Vec::with_capacity(nb * 9);
     let mut quat = Vec::with_capacity(nb * 4);
@@ -331,7 +389,13 @@ fn absolute_orientation_batch<'py>(
         maleki_pose::absolute_orientation_batch(&offsets, b_rows, r, w, p)
     })?;
     if raise_errors {
-        raise_first(results.iter().enumerate().filter_map(|(k, r)| r.as_ref().err().map(|e| (k, e.clone()))), nb != 1)?;
+        raise_first(
+            results
+                .iter()
+                .enumerate()
+                .filter_map(|(k, r)| r.as_ref().err().map(|e| (k, e.clone()))),
+            nb != 1,
+        )?;
     }
     let mut rot = Vec::with_capacity(nb * 9);
     let mut trans = Vec::with_capacity(nb * 3);
@@ -393,8 +457,16 @@ fn crlb_batch<'py>(
     let rots = chunks::<9>(&rotation, "rotation")?;
     let nb = offsets.len().saturating_sub(1);
     let total = offsets.last().copied().unwrap_or(0);
-    let results = run_batch(py, total, nb, progress, |p| maleki_pose::crlb_batch(&offsets, r, covm, w, rots, p))?;
-    raise_first(results.iter().enumerate().filter_map(|(k, r)| r.as_ref().err().map(|e| (k, e.clone()))), nb != 1)?;
+    let results = run_batch(py, total, nb, progress, |p| {
+        maleki_pose::crlb_batch(&offsets, r, covm, w, rots, p)
+    })?;
+    raise_first(
+        results
+            .iter()
+            .enumerate()
+            .filter_map(|(k, r)| r.as_ref().err().map(|e| (k, e.clone()))),
+        nb != 1,
+    )?;
     let mut out = Vec::with_capacity(nb * 36);
     for m in results.into_iter().flatten() {
         for i in 0..6 {
@@ -446,7 +518,9 @@ fn evaluate<'py>(
         [v] => Vector3::from(*v),
         _ => return Err(PyValueError::new_err("translation: expected one 3-vector")),
     };
-    let ev = py.detach(|| maleki_pose::evaluate_scan(&scan, &rot, &t)).map_err(to_pyerr)?;
+    let ev = py
+        .detach(|| maleki_pose::evaluate_scan(&scan, &rot, &t))
+        .map_err(to_pyerr)?;
     let g: Vec<f64> = ev.gradient.iter().copied().collect();
     let mut f = Vec::with_capacity(36);
     for i in 0..6 {

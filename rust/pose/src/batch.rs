@@ -53,7 +53,11 @@ fn run_chunked<T: Send, W: Default + Send>(
 
 /// Solves every scan of `batch`. The outer `Err` is for the batch as a whole (bad offsets,
 /// bad options, cancellation); each scan has its own `Result`.
-pub fn solve_batch(batch: &BatchRef<'_>, opts: &Options, progress: &dyn Progress) -> Result<Vec<Result<PoseEstimate>>> {
+pub fn solve_batch(
+    batch: &BatchRef<'_>,
+    opts: &Options,
+    progress: &dyn Progress,
+) -> Result<Vec<Result<PoseEstimate>>> {
     batch.check_offsets()?;
     opts.validate()?;
     run_chunked(batch.len(), progress, |k, ws: &mut Workspace| {
@@ -73,12 +77,17 @@ pub fn absolute_orientation_batch(
         offsets,
         b,
         r,
-        cov: BatchCov::Isotropic { sigma_b: 1.0, sigma_r: 0.0 },
+        cov: BatchCov::Isotropic {
+            sigma_b: 1.0,
+            sigma_r: 0.0,
+        },
         weights,
     };
     batch.check_offsets()?;
     run_chunked(batch.len(), progress, |k, _: &mut ()| {
-        batch.scan(k).and_then(|s| absolute_orientation(s.b, s.r, s.weights))
+        batch
+            .scan(k)
+            .and_then(|s| absolute_orientation(s.b, s.r, s.weights))
     })
 }
 
@@ -96,13 +105,22 @@ pub fn crlb_batch(
     // The body points play no part in the bound; stand-ins give the batch its row count.
     let total = offsets.last().copied().unwrap_or(0);
     let stand_in = vec![[0.0f64; 3]; total];
-    let batch = BatchRef { offsets, b: &stand_in, r, cov, weights };
+    let batch = BatchRef {
+        offsets,
+        b: &stand_in,
+        r,
+        cov,
+        weights,
+    };
     batch.check_offsets()?;
     let nb = batch.len();
     if rotations.len() != nb && rotations.len() != 1 {
         return Err(Error::invalid(
             "rotation",
-            format!("has {} matrices for {nb} scans (give one per scan or a single one)", rotations.len()),
+            format!(
+                "has {} matrices for {nb} scans (give one per scan or a single one)",
+                rotations.len()
+            ),
         ));
     }
     run_chunked(nb, progress, |k, prep: &mut Prepared| {

@@ -48,7 +48,11 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
     for i in 0..n {
         let (bi, ri, wi) = pt(i);
         let dr = [ri[0] - rc[0], ri[1] - rc[1], ri[2] - rc[2]];
-        let db = [wi * (bi[0] - bc[0]), wi * (bi[1] - bc[1]), wi * (bi[2] - bc[2])];
+        let db = [
+            wi * (bi[0] - bc[0]),
+            wi * (bi[1] - bc[1]),
+            wi * (bi[2] - bc[2]),
+        ];
         for x in 0..3 {
             for y in 0..3 {
                 m[x][y] += dr[x] * db[y];
@@ -84,7 +88,11 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
             order.sort_by(|&i, &j| vals[j].total_cmp(&vals[i]));
             let top = order[0];
             let q = vecs.column(top);
-            let gap = if scale > 0.0 { (vals[top] - vals[order[1]]) / scale } else { 0.0 };
+            let gap = if scale > 0.0 {
+                (vals[top] - vals[order[1]]) / scale
+            } else {
+                0.0
+            };
             ([q[0], q[1], q[2], q[3]], gap)
         }
     };
@@ -171,11 +179,17 @@ fn top_eigenvector_fast(k: &Matrix4<f64>) -> Option<([f64; 4], f64)> {
             _ => [0, 1, 2],
         };
         let e = |a: usize, b: usize| m[(rows[a], cols[b])];
-        det3([[e(0, 0), e(0, 1), e(0, 2)], [e(1, 0), e(1, 1), e(1, 2)], [e(2, 0), e(2, 1), e(2, 2)]])
+        det3([
+            [e(0, 0), e(0, 1), e(0, 2)],
+            [e(1, 0), e(1, 1), e(1, 2)],
+            [e(2, 0), e(2, 1), e(2, 2)],
+        ])
     };
     // The diagonal of adj tells which column is largest: adj[j][j] = Π (λ₁−λⱼ) q_j².
     let diag = [minor(0, 0), minor(1, 1), minor(2, 2), minor(3, 3)];
-    let j = (0..4).max_by(|&a, &b| diag[a].abs().total_cmp(&diag[b].abs())).unwrap_or(0);
+    let j = (0..4)
+        .max_by(|&a, &b| diag[a].abs().total_cmp(&diag[b].abs()))
+        .unwrap_or(0);
     let mut col = [0.0; 4];
     for (i, ci) in col.iter_mut().enumerate() {
         let sign = if (i + j) % 2 == 0 { 1.0 } else { -1.0 };
@@ -209,22 +223,37 @@ pub fn absolute_orientation(
 ) -> Result<(Matrix3<f64>, Vector3<f64>)> {
     let n = b.len();
     if r.len() != n {
-        return Err(Error::invalid("r", format!("has {} points but b has {n}", r.len())));
+        return Err(Error::invalid(
+            "r",
+            format!("has {} points but b has {n}", r.len()),
+        ));
     }
     if n < 3 {
-        return Err(Error::invalid("b", format!("needs at least 3 correspondences, got {n}")));
+        return Err(Error::invalid(
+            "b",
+            format!("needs at least 3 correspondences, got {n}"),
+        ));
     }
     for (name, pts) in [("b", b), ("r", r)] {
         if let Some(i) = pts.iter().position(|p| !p.iter().all(|v| v.is_finite())) {
-            return Err(Error::invalid(name, format!("point {i} is not finite: {:?}", pts[i])));
+            return Err(Error::invalid(
+                name,
+                format!("point {i} is not finite: {:?}", pts[i]),
+            ));
         }
     }
     if let Some(w) = weights {
         if w.len() != n {
-            return Err(Error::invalid("weights", format!("has {} entries but there are {n} points", w.len())));
+            return Err(Error::invalid(
+                "weights",
+                format!("has {} entries but there are {n} points", w.len()),
+            ));
         }
         if let Some(i) = w.iter().position(|v| !(v.is_finite() && *v > 0.0)) {
-            return Err(Error::invalid("weights", format!("weights[{i}] = {} must be positive and finite", w[i])));
+            return Err(Error::invalid(
+                "weights",
+                format!("weights[{i}] = {} must be positive and finite", w[i]),
+            ));
         }
     }
     let h = match weights {
@@ -246,8 +275,18 @@ mod tests {
 
     fn svd_kabsch(b: &[[f64; 3]], r: &[[f64; 3]], w: &[f64]) -> Matrix3<f64> {
         let sw: f64 = w.iter().sum();
-        let bc: Vector3<f64> = b.iter().zip(w).map(|(p, wi)| Vector3::from(*p) * *wi).sum::<Vector3<f64>>() / sw;
-        let rc: Vector3<f64> = r.iter().zip(w).map(|(p, wi)| Vector3::from(*p) * *wi).sum::<Vector3<f64>>() / sw;
+        let bc: Vector3<f64> = b
+            .iter()
+            .zip(w)
+            .map(|(p, wi)| Vector3::from(*p) * *wi)
+            .sum::<Vector3<f64>>()
+            / sw;
+        let rc: Vector3<f64> = r
+            .iter()
+            .zip(w)
+            .map(|(p, wi)| Vector3::from(*p) * *wi)
+            .sum::<Vector3<f64>>()
+            / sw;
         let mut m = Matrix3::zeros();
         for i in 0..b.len() {
             m += (Vector3::from(b[i]) - bc) * (Vector3::from(r[i]) - rc).transpose() * w[i];
@@ -262,14 +301,26 @@ mod tests {
     fn matches_svd_kabsch_on_noisy_data() {
         let a = exp_so3(&Vector3::new(0.3, -2.0, 1.1));
         let t = Vector3::new(1.0, -2.0, 0.5);
-        let r: Vec<[f64; 3]> = (0..7).map(|i| {
-            let x = i as f64;
-            [x.sin() * 3.0, (1.7 * x).cos() * 2.0, x * 0.3 - 1.0]
-        }).collect();
-        let b: Vec<[f64; 3]> = r.iter().enumerate().map(|(i, p)| {
-            let v = a * Vector3::from(*p) + t + Vector3::new(0.01 * (i as f64).cos(), -0.02 * (3.0 * i as f64).sin(), 0.015);
-            [v.x, v.y, v.z]
-        }).collect();
+        let r: Vec<[f64; 3]> = (0..7)
+            .map(|i| {
+                let x = i as f64;
+                [x.sin() * 3.0, (1.7 * x).cos() * 2.0, x * 0.3 - 1.0]
+            })
+            .collect();
+        let b: Vec<[f64; 3]> = r
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let v = a * Vector3::from(*p)
+                    + t
+                    + Vector3::new(
+                        0.01 * (i as f64).cos(),
+                        -0.02 * (3.0 * i as f64).sin(),
+                        0.015,
+                    );
+                [v.x, v.y, v.z]
+            })
+            .collect();
         let w: Vec<f64> = (0..7).map(|i| 1.0 + i as f64).collect();
         let (ah, _) = absolute_orientation(&b, &r, Some(&w)).unwrap();
         assert!((ah - svd_kabsch(&b, &r, &w)).norm() < 1e-12);
@@ -277,7 +328,9 @@ mod tests {
 
     #[test]
     fn det4_matches_lu() {
-        let m = Matrix4::from_fn(|i, j| ((i * 5 + j * 3) as f64).sin() + if i == j { 2.0 } else { 0.0 });
+        let m = Matrix4::from_fn(|i, j| {
+            ((i * 5 + j * 3) as f64).sin() + if i == j { 2.0 } else { 0.0 }
+        });
         assert!((det4(&m) - m.determinant()).abs() < 1e-12 * m.determinant().abs());
     }
 
@@ -293,35 +346,65 @@ mod tests {
             ];
             let [[sxx, sxy, sxz], [syx, syy, syz], [szx, szy, szz]] = m;
             let k = Matrix4::new(
-                sxx + syy + szz, syz - szy, szx - sxz, sxy - syx,
-                syz - szy, sxx - syy - szz, sxy + syx, szx + sxz,
-                szx - sxz, sxy + syx, -sxx + syy - szz, syz + szy,
-                sxy - syx, szx + sxz, syz + szy, -sxx - syy + szz,
+                sxx + syy + szz,
+                syz - szy,
+                szx - sxz,
+                sxy - syx,
+                syz - szy,
+                sxx - syy - szz,
+                sxy + syx,
+                szx + sxz,
+                szx - sxz,
+                sxy + syx,
+                -sxx + syy - szz,
+                syz + szy,
+                sxy - syx,
+                szx + sxz,
+                syz + szy,
+                -sxx - syy + szz,
             );
             let (vals, vecs) = jacobi_eigen4(&k);
             let top = (0..4).max_by(|&a, &b| vals[a].total_cmp(&vals[b])).unwrap();
             if let Some((q, gap)) = top_eigenvector_fast(&k) {
                 taken += 1;
                 let dot: f64 = (0..4).map(|i| q[i] * vecs[(i, top)]).sum();
-                assert!((dot.abs() - 1.0).abs() < 1e-13, "case {s}: |q·v| = {}", dot.abs());
+                assert!(
+                    (dot.abs() - 1.0).abs() < 1e-13,
+                    "case {s}: |q·v| = {}",
+                    dot.abs()
+                );
                 assert!(gap > GAP_DEGENERATE);
             }
         }
-        assert!(taken > 150, "the fast path should handle typical matrices ({taken}/200)");
+        assert!(
+            taken > 150,
+            "the fast path should handle typical matrices ({taken}/200)"
+        );
     }
 
     #[test]
     fn exact_near_half_turn_and_collinear_degenerate() {
         let a = exp_so3(&Vector3::new(0.0, std::f64::consts::PI - 1e-9, 0.0));
         let t = Vector3::new(0.5, 0.5, -3.0);
-        let r = [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0], [1.0, 1.0, 1.0]];
-        let b: Vec<[f64; 3]> = r.iter().map(|p| {
-            let v = a * Vector3::from(*p) + t;
-            [v.x, v.y, v.z]
-        }).collect();
+        let r = [
+            [1.0, 0.0, 0.0],
+            [0.0, 2.0, 0.0],
+            [0.0, 0.0, 3.0],
+            [1.0, 1.0, 1.0],
+        ];
+        let b: Vec<[f64; 3]> = r
+            .iter()
+            .map(|p| {
+                let v = a * Vector3::from(*p) + t;
+                [v.x, v.y, v.z]
+            })
+            .collect();
         let (ah, th) = absolute_orientation(&b, &r, None).unwrap();
         assert!((ah - a).norm() < 1e-13 && (th - t).norm() < 1e-13);
         let line = [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]];
-        assert!(matches!(absolute_orientation(&line, &line, None), Err(Error::Degenerate(_))));
+        assert!(matches!(
+            absolute_orientation(&line, &line, None),
+            Err(Error::Degenerate(_))
+        ));
     }
 }

@@ -61,16 +61,20 @@ pub enum PerScan<'a, T> {
 impl<'a, T> PerScan<'a, T> {
     fn get(&self, name: &str, lo: usize, hi: usize) -> Result<&'a [T]> {
         match *self {
-            PerScan::Concat(s) => s
-                .get(lo..hi)
-                .ok_or_else(|| Error::invalid(name, format!("has {} rows, the offsets need {hi}", s.len()))),
+            PerScan::Concat(s) => s.get(lo..hi).ok_or_else(|| {
+                Error::invalid(name, format!("has {} rows, the offsets need {hi}", s.len()))
+            }),
             PerScan::Map(s) => {
                 if s.len() == hi - lo {
                     Ok(s)
                 } else {
                     Err(Error::invalid(
                         name,
-                        format!("is shared by all scans with {} rows, but this scan has {} points", s.len(), hi - lo),
+                        format!(
+                            "is shared by all scans with {} rows, but this scan has {} points",
+                            s.len(),
+                            hi - lo
+                        ),
                     ))
                 }
             }
@@ -95,7 +99,10 @@ pub enum BatchCov<'a> {
         br: Option<BatchBlock<'a>>,
         rr: Option<BatchBlock<'a>>,
     },
-    Isotropic { sigma_b: f64, sigma_r: f64 },
+    Isotropic {
+        sigma_b: f64,
+        sigma_r: f64,
+    },
 }
 
 /// A batch of scans: scan `k` is rows `offsets[k]..offsets[k+1]` of `b` (and of every
@@ -124,17 +131,36 @@ impl<'a> BatchRef<'a> {
     pub fn check_offsets(&self) -> Result<()> {
         let o = self.offsets;
         if o.is_empty() {
-            return Err(Error::invalid("offsets", "must have at least one entry (B + 1 for B scans)"));
+            return Err(Error::invalid(
+                "offsets",
+                "must have at least one entry (B + 1 for B scans)",
+            ));
         }
         if o[0] != 0 {
-            return Err(Error::invalid("offsets", format!("must start at 0, got {}", o[0])));
+            return Err(Error::invalid(
+                "offsets",
+                format!("must start at 0, got {}", o[0]),
+            ));
         }
         if let Some(k) = o.windows(2).position(|w| w[1] < w[0]) {
-            return Err(Error::invalid("offsets", format!("must be non-decreasing (offsets[{}] > offsets[{}])", k, k + 1)));
+            return Err(Error::invalid(
+                "offsets",
+                format!(
+                    "must be non-decreasing (offsets[{}] > offsets[{}])",
+                    k,
+                    k + 1
+                ),
+            ));
         }
         let last = *o.last().unwrap_or(&0);
         if last != self.b.len() {
-            return Err(Error::invalid("offsets", format!("last offset {last} differs from the number of points {}", self.b.len())));
+            return Err(Error::invalid(
+                "offsets",
+                format!(
+                    "last offset {last} differs from the number of points {}",
+                    self.b.len()
+                ),
+            ));
         }
         Ok(())
     }
@@ -224,7 +250,13 @@ impl Prepared {
     /// a multiple of 4) four at a time, in lanes. Returns false, storing nothing, unless every
     /// one is finite, symmetric and clearly positive definite: the caller then checks them one
     /// by one. Same checks and the same stored values as [`check_cov6`] + `push`.
-    fn push_full4(&mut self, scan: &ScanRef<'_>, c: &[[f64; 36]], start: usize, end: usize) -> bool {
+    fn push_full4(
+        &mut self,
+        scan: &ScanRef<'_>,
+        c: &[[f64; 36]],
+        start: usize,
+        end: usize,
+    ) -> bool {
         use crate::lanes::F4;
         let m = end - start;
         // Transpose to lanes; missing lanes get identity matrices (valid, and discarded).
@@ -264,7 +296,17 @@ impl Prepared {
         let half = F4::splat(0.5);
         let sym = |i: usize, j: usize| half * (v[6 * i + j] + v[6 * j + i]);
         let bb = [v[0], sym(0, 1), sym(0, 2), v[7], sym(1, 2), v[14]];
-        let br = [sym(0, 3), sym(0, 4), sym(0, 5), sym(1, 3), sym(1, 4), sym(1, 5), sym(2, 3), sym(2, 4), sym(2, 5)];
+        let br = [
+            sym(0, 3),
+            sym(0, 4),
+            sym(0, 5),
+            sym(1, 3),
+            sym(1, 4),
+            sym(1, 5),
+            sym(2, 3),
+            sym(2, 4),
+            sym(2, 5),
+        ];
         let rr = [v[21], sym(3, 4), sym(3, 5), v[28], sym(4, 5), v[35]];
         // Division-free definiteness test (as `positive_definite`), lane-wise.
         let [b00, b01, b02, b11, b12, b22] = bb;
@@ -282,13 +324,21 @@ impl Prepared {
                 y[i][j] = adj[i][0] * br[j] + adj[i][1] * br[3 + j] + adj[i][2] * br[6 + j];
             }
         }
-        let t = |i: usize, j: usize, r: F4| det * r - (br[i] * y[0][j] + br[3 + i] * y[1][j] + br[6 + i] * y[2][j]);
+        let t = |i: usize, j: usize, r: F4| {
+            det * r - (br[i] * y[0][j] + br[3 + i] * y[1][j] + br[6 + i] * y[2][j])
+        };
         let (t00, t01, t02) = (t(0, 0, rr[0]), t(0, 1, rr[1]), t(0, 2, rr[2]));
         let (t11, t12, t22) = (t(1, 1, rr[3]), t(1, 2, rr[4]), t(2, 2, rr[5]));
         let m22 = t00 * t11 - t01 * t01;
-        let dt = t00 * (t11 * t22 - t12 * t12) - t01 * (t01 * t22 - t12 * t02) + t02 * (t01 * t12 - t11 * t02);
+        let dt = t00 * (t11 * t22 - t12 * t12) - t01 * (t01 * t22 - t12 * t02)
+            + t02 * (t01 * t12 - t11 * t02);
         for l in 0..4 {
-            let pd = b00.0[l] > 0.0 && a22.0[l] > 0.0 && det.0[l] > 0.0 && t00.0[l] > 0.0 && m22.0[l] > 0.0 && dt.0[l] > 0.0;
+            let pd = b00.0[l] > 0.0
+                && a22.0[l] > 0.0
+                && det.0[l] > 0.0
+                && t00.0[l] > 0.0
+                && m22.0[l] > 0.0
+                && dt.0[l] > 0.0;
             if !pd {
                 return false;
             }
@@ -331,7 +381,11 @@ impl Prepared {
         }
         self.cross |= nz;
         for l in 0..m {
-            self.pairs.push(Pair { b: scan.b[start + l], r: scan.r[start + l], w: 3.0 / tr.0[l] });
+            self.pairs.push(Pair {
+                b: scan.b[start + l],
+                r: scan.r[start + l],
+                w: 3.0 / tr.0[l],
+            });
         }
         true
     }
@@ -368,11 +422,21 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
         scale = scale.max(c[7 * k].abs());
     }
     if !c.iter().all(|v| v.is_finite()) {
-        let v = c.iter().find(|v| !v.is_finite()).copied().unwrap_or(f64::NAN);
-        return Err(Error::invalid(label(), format!("contains a non-finite value ({v})")));
+        let v = c
+            .iter()
+            .find(|v| !v.is_finite())
+            .copied()
+            .unwrap_or(f64::NAN);
+        return Err(Error::invalid(
+            label(),
+            format!("contains a non-finite value ({v})"),
+        ));
     }
     if !(scale > 0.0) {
-        return Err(Error::invalid(label(), "is zero: every point needs a noise model with a positive variance"));
+        return Err(Error::invalid(
+            label(),
+            "is zero: every point needs a noise model with a positive variance",
+        ));
     }
     let mut asym = 0.0f64;
     for i in 0..6 {
@@ -381,12 +445,25 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
         }
     }
     if asym > 1e-9 * scale {
-        return Err(Error::invalid(label(), format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})")));
+        return Err(Error::invalid(
+            label(),
+            format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})"),
+        ));
     }
     let sym = |i: usize, j: usize| 0.5 * (c[6 * i + j] + c[6 * j + i]);
     let blk = Blocks {
         bb: [c[0], sym(0, 1), sym(0, 2), c[7], sym(1, 2), c[14]],
-        br: [sym(0, 3), sym(0, 4), sym(0, 5), sym(1, 3), sym(1, 4), sym(1, 5), sym(2, 3), sym(2, 4), sym(2, 5)],
+        br: [
+            sym(0, 3),
+            sym(0, 4),
+            sym(0, 5),
+            sym(1, 3),
+            sym(1, 4),
+            sym(1, 5),
+            sym(2, 3),
+            sym(2, 4),
+            sym(2, 5),
+        ],
         rr: [c[21], sym(3, 4), sym(3, 5), c[28], sym(4, 5), c[35]],
     };
     if !positive_definite(&blk) {
@@ -394,7 +471,10 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
         let m = Matrix6::from_fn(sym);
         let min = m.symmetric_eigenvalues().min();
         if min < -1e-12 * scale {
-            return Err(Error::invalid(label(), format!("is not positive semi-definite (smallest eigenvalue {min:.3e})")));
+            return Err(Error::invalid(
+                label(),
+                format!("is not positive semi-definite (smallest eigenvalue {min:.3e})"),
+            ));
         }
     }
     Ok(blk)
@@ -418,7 +498,7 @@ fn positive_definite(k: &Blocks) -> bool {
     }
     let adj = [[a00, a01, a02], [a01, a11, a12], [a02, a12, a22]];
     let x = &k.br; // row-major R_br
-    // Y = adj(R_bb) R_br.
+                   // Y = adj(R_bb) R_br.
     let mut y = [[0.0f64; 3]; 3];
     for i in 0..3 {
         for j in 0..3 {
@@ -426,15 +506,30 @@ fn positive_definite(k: &Blocks) -> bool {
         }
     }
     // T = det R_rr − R_brᵀ Y (symmetric, upper entries).
-    let t = |i: usize, j: usize, rr: f64| det * rr - (x[i] * y[0][j] + x[3 + i] * y[1][j] + x[6 + i] * y[2][j]);
+    let t = |i: usize, j: usize, rr: f64| {
+        det * rr - (x[i] * y[0][j] + x[3 + i] * y[1][j] + x[6 + i] * y[2][j])
+    };
     let [r00, r01, r02, r11, r12, r22] = k.rr;
-    let (t00, t01, t02, t11, t12, t22) = (t(0, 0, r00), t(0, 1, r01), t(0, 2, r02), t(1, 1, r11), t(1, 2, r12), t(2, 2, r22));
+    let (t00, t01, t02, t11, t12, t22) = (
+        t(0, 0, r00),
+        t(0, 1, r01),
+        t(0, 2, r02),
+        t(1, 1, r11),
+        t(1, 2, r12),
+        t(2, 2, r22),
+    );
     let m22 = t00 * t11 - t01 * t01;
-    let dt = t00 * (t11 * t22 - t12 * t12) - t01 * (t01 * t22 - t12 * t02) + t02 * (t01 * t12 - t11 * t02);
+    let dt = t00 * (t11 * t22 - t12 * t12) - t01 * (t01 * t22 - t12 * t02)
+        + t02 * (t01 * t12 - t11 * t02);
     t00 > 0.0 && m22 > 0.0 && dt > 0.0
 }
 
-fn blocks_of(bb: &[f64; 9], br: &[f64; 9], rr: &[f64; 9], label: impl Fn() -> String) -> Result<Blocks> {
+fn blocks_of(
+    bb: &[f64; 9],
+    br: &[f64; 9],
+    rr: &[f64; 9],
+    label: impl Fn() -> String,
+) -> Result<Blocks> {
     let mut c = [0.0f64; 36];
     for i in 0..3 {
         for j in 0..3 {
@@ -470,10 +565,16 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
     out.blocks.clear();
     out.cross = false;
     if scan.r.len() != n {
-        return Err(Error::invalid("r", format!("has {} points but b has {n}", scan.r.len())));
+        return Err(Error::invalid(
+            "r",
+            format!("has {} points but b has {n}", scan.r.len()),
+        ));
     }
     if n < 3 {
-        return Err(Error::invalid("b", format!("needs at least 3 correspondences, got {n}")));
+        return Err(Error::invalid(
+            "b",
+            format!("needs at least 3 correspondences, got {n}"),
+        ));
     }
     for (name, pts) in [("b", scan.b), ("r", scan.r)] {
         // Σ v·0 is NaN as soon as one value is not finite: one branch for the common case.
@@ -482,16 +583,28 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             probe += p[0] * 0.0 + p[1] * 0.0 + p[2] * 0.0;
         }
         if probe != 0.0 {
-            let i = pts.iter().position(|p| !p.iter().all(|v| v.is_finite())).unwrap_or(0);
-            return Err(Error::invalid(name, format!("point {i} is not finite: {:?}", pts[i])));
+            let i = pts
+                .iter()
+                .position(|p| !p.iter().all(|v| v.is_finite()))
+                .unwrap_or(0);
+            return Err(Error::invalid(
+                name,
+                format!("point {i} is not finite: {:?}", pts[i]),
+            ));
         }
     }
     if let Some(w) = scan.weights {
         if w.len() != n {
-            return Err(Error::invalid("weights", format!("has {} entries but there are {n} points", w.len())));
+            return Err(Error::invalid(
+                "weights",
+                format!("has {} entries but there are {n} points", w.len()),
+            ));
         }
         if let Some(i) = w.iter().position(|v| !(v.is_finite() && *v > 0.0)) {
-            return Err(Error::invalid("weights", format!("weights[{i}] = {} must be positive and finite", w[i])));
+            return Err(Error::invalid(
+                "weights",
+                format!("weights[{i}] = {} must be positive and finite", w[i]),
+            ));
         }
     }
     let weight = |i: usize| scan.weights.map_or(1.0, |w| w[i]);
@@ -500,7 +613,10 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
     match scan.cov {
         Cov::Full(c) => {
             if c.len() != n {
-                return Err(Error::invalid("cov", format!("has {} matrices but there are {n} points", c.len())));
+                return Err(Error::invalid(
+                    "cov",
+                    format!("has {} matrices but there are {n} points", c.len()),
+                ));
             }
             for start in (0..n).step_by(4) {
                 let end = (start + 4).min(n);
@@ -523,14 +639,24 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
         Cov::Isotropic { sigma_b, sigma_r } => {
             for (name, s) in [("sigma_b", sigma_b), ("sigma_r", sigma_r)] {
                 if !(s.is_finite() && s >= 0.0) {
-                    return Err(Error::invalid(name, format!("must be finite and >= 0, got {s}")));
+                    return Err(Error::invalid(
+                        name,
+                        format!("must be finite and >= 0, got {s}"),
+                    ));
                 }
             }
             if sigma_b == 0.0 && sigma_r == 0.0 {
-                return Err(Error::invalid("sigma_b", "sigma_b and sigma_r cannot both be zero"));
+                return Err(Error::invalid(
+                    "sigma_b",
+                    "sigma_b and sigma_r cannot both be zero",
+                ));
             }
             let (vb, vr) = (sigma_b * sigma_b, sigma_r * sigma_r);
-            let blk = Blocks { bb: [vb, 0.0, 0.0, vb, 0.0, vb], br: [0.0; 9], rr: [vr, 0.0, 0.0, vr, 0.0, vr] };
+            let blk = Blocks {
+                bb: [vb, 0.0, 0.0, vb, 0.0, vb],
+                br: [0.0; 9],
+                rr: [vr, 0.0, 0.0, vr, 0.0, vr],
+            };
             for i in 0..n {
                 out.push(scan.b[i], scan.r[i], &blk, weight(i));
             }
@@ -540,11 +666,16 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             for (name, blk) in blocks {
                 if let Some(Block::PerPoint(p)) = blk {
                     if p.len() != n {
-                        return Err(Error::invalid(name, format!("has {} matrices but there are {n} points", p.len())));
+                        return Err(Error::invalid(
+                            name,
+                            format!("has {} matrices but there are {n} points", p.len()),
+                        ));
                     }
                 }
             }
-            let all_shared = blocks.iter().all(|(_, b)| !matches!(b, Some(Block::PerPoint(_))));
+            let all_shared = blocks
+                .iter()
+                .all(|(_, b)| !matches!(b, Some(Block::PerPoint(_))));
             let get = |blk: Option<Block<'_>>, i: usize| -> [f64; 9] {
                 match blk {
                     None => [0.0; 9],
@@ -565,7 +696,9 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
                             if all_shared {
                                 "cov_b/cov_br/cov_r".to_string()
                             } else {
-                                format!("point {i}: the covariance [[cov_b, cov_br], [cov_brᵀ, cov_r]]")
+                                format!(
+                                    "point {i}: the covariance [[cov_b, cov_br], [cov_brᵀ, cov_r]]"
+                                )
                             }
                         })?;
                         if all_shared {
@@ -585,7 +718,10 @@ fn check_finite_mat(name: &str, i: usize, m: &[f64]) -> Result<()> {
     if m.iter().all(|v| v.is_finite()) {
         Ok(())
     } else {
-        Err(Error::invalid(name, format!("matrix {i} contains a non-finite value")))
+        Err(Error::invalid(
+            name,
+            format!("matrix {i} contains a non-finite value"),
+        ))
     }
 }
 
@@ -601,16 +737,43 @@ mod tests {
     fn rejects_bad_scans_with_named_errors() {
         let b = pts(4);
         let mut out = Prepared::default();
-        let iso = Cov::Isotropic { sigma_b: 0.1, sigma_r: 0.1 };
-        let few = ScanRef { b: &b[..2], r: &b[..2], cov: iso, weights: None };
-        assert!(prepare(&few, &mut out).unwrap_err().to_string().contains("at least 3"));
+        let iso = Cov::Isotropic {
+            sigma_b: 0.1,
+            sigma_r: 0.1,
+        };
+        let few = ScanRef {
+            b: &b[..2],
+            r: &b[..2],
+            cov: iso,
+            weights: None,
+        };
+        assert!(prepare(&few, &mut out)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 3"));
         let mut bad = b.clone();
         bad[2][1] = f64::NAN;
-        let nan = ScanRef { b: &bad, r: &b, cov: iso, weights: None };
-        assert!(prepare(&nan, &mut out).unwrap_err().to_string().contains("point 2"));
+        let nan = ScanRef {
+            b: &bad,
+            r: &b,
+            cov: iso,
+            weights: None,
+        };
+        assert!(prepare(&nan, &mut out)
+            .unwrap_err()
+            .to_string()
+            .contains("point 2"));
         let w = [1.0, 0.0, 1.0, 1.0];
-        let zw = ScanRef { b: &b, r: &b, cov: iso, weights: Some(&w) };
-        assert!(prepare(&zw, &mut out).unwrap_err().to_string().contains("weights[1]"));
+        let zw = ScanRef {
+            b: &b,
+            r: &b,
+            cov: iso,
+            weights: Some(&w),
+        };
+        assert!(prepare(&zw, &mut out)
+            .unwrap_err()
+            .to_string()
+            .contains("weights[1]"));
         let mut c = [0.0; 36];
         for k in 0..6 {
             c[7 * k] = 1.0;
@@ -626,11 +789,24 @@ mod tests {
             }
             d
         };
-        let ind = ScanRef { b: &b, r: &b, cov: Cov::Full(&covs_ok), weights: None };
+        let ind = ScanRef {
+            b: &b,
+            r: &b,
+            cov: Cov::Full(&covs_ok),
+            weights: None,
+        };
         let e = prepare(&ind, &mut out).unwrap_err().to_string();
         assert!(e.contains("cov[1]") && e.contains("semi-definite"), "{e}");
-        let zero = ScanRef { b: &b, r: &b, cov: Cov::Full(&covs), weights: None };
-        assert!(prepare(&zero, &mut out).unwrap_err().to_string().contains("cov[0]"));
+        let zero = ScanRef {
+            b: &b,
+            r: &b,
+            cov: Cov::Full(&covs),
+            weights: None,
+        };
+        assert!(prepare(&zero, &mut out)
+            .unwrap_err()
+            .to_string()
+            .contains("cov[0]"));
     }
 
     #[test]
@@ -650,9 +826,33 @@ mod tests {
             }
             let sym = |i: usize, j: usize| c[6 * i + j];
             let blk = Blocks {
-                bb: [sym(0, 0), sym(0, 1), sym(0, 2), sym(1, 1), sym(1, 2), sym(2, 2)],
-                br: [sym(0, 3), sym(0, 4), sym(0, 5), sym(1, 3), sym(1, 4), sym(1, 5), sym(2, 3), sym(2, 4), sym(2, 5)],
-                rr: [sym(3, 3), sym(3, 4), sym(3, 5), sym(4, 4), sym(4, 5), sym(5, 5)],
+                bb: [
+                    sym(0, 0),
+                    sym(0, 1),
+                    sym(0, 2),
+                    sym(1, 1),
+                    sym(1, 2),
+                    sym(2, 2),
+                ],
+                br: [
+                    sym(0, 3),
+                    sym(0, 4),
+                    sym(0, 5),
+                    sym(1, 3),
+                    sym(1, 4),
+                    sym(1, 5),
+                    sym(2, 3),
+                    sym(2, 4),
+                    sym(2, 5),
+                ],
+                rr: [
+                    sym(3, 3),
+                    sym(3, 4),
+                    sym(3, 5),
+                    sym(4, 4),
+                    sym(4, 5),
+                    sym(5, 5),
+                ],
             };
             let ours = positive_definite(&blk);
             let min = m.symmetric_eigenvalues().min();
@@ -671,13 +871,20 @@ mod tests {
         let scan = ScanRef {
             b: &b,
             r: &b,
-            cov: Cov::Blocks { bb: Some(Block::Shared(&bb)), br: None, rr: None },
+            cov: Cov::Blocks {
+                bb: Some(Block::Shared(&bb)),
+                br: None,
+                rr: None,
+            },
             weights: None,
         };
         let mut out = Prepared::default();
         prepare(&scan, &mut out).unwrap();
         assert_eq!(out.len(), 4);
         assert!(!out.cross);
-        assert_eq!(crate::lanes::unpack(&out.blocks, 4)[3].bb, [0.01, 0.0, 0.0, 0.01, 0.0, 0.01]);
+        assert_eq!(
+            crate::lanes::unpack(&out.blocks, 4)[3].bb,
+            [0.01, 0.0, 0.0, 0.01, 0.0, 0.01]
+        );
     }
 }

@@ -36,7 +36,12 @@ impl F4 {
     #[inline(always)]
     pub fn max(self, o: F4) -> Self {
         let m = |a: f64, b: f64| if b > a { b } else { a };
-        F4([m(self.0[0], o.0[0]), m(self.0[1], o.0[1]), m(self.0[2], o.0[2]), m(self.0[3], o.0[3])])
+        F4([
+            m(self.0[0], o.0[0]),
+            m(self.0[1], o.0[1]),
+            m(self.0[2], o.0[2]),
+            m(self.0[3], o.0[3]),
+        ])
     }
     #[inline(always)]
     fn sum(self) -> f64 {
@@ -83,8 +88,22 @@ impl Block4 {
     }
 
     /// A block from its lanes (padding lanes must have `mask` 0 and a positive definite `S`).
-    pub fn from_lanes(b: [F4; 3], r: [F4; 3], bb: [F4; 6], rr: [F4; 6], br2: [F4; 9], mask: F4) -> Self {
-        Block4 { b, r, bb, rr, br2, mask }
+    pub fn from_lanes(
+        b: [F4; 3],
+        r: [F4; 3],
+        bb: [F4; 6],
+        rr: [F4; 6],
+        br2: [F4; 9],
+        mask: F4,
+    ) -> Self {
+        Block4 {
+            b,
+            r,
+            bb,
+            rr,
+            br2,
+            mask,
+        }
     }
 
     /// Stores a real point in lane `l` (0..4).
@@ -125,11 +144,28 @@ pub fn unpack(blocks: &[Block4], n: usize) -> Vec<Point> {
 pub type Pass = std::result::Result<(), usize>;
 
 #[inline(always)]
-fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, out: &mut Eval) -> Pass {
+fn pass<const CROSS: bool, const NORMAL: bool>(
+    blocks: &[Block4],
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    out: &mut Eval,
+) -> Pass {
     let m = [
-        [F4::splat(a[(0, 0)]), F4::splat(a[(0, 1)]), F4::splat(a[(0, 2)])],
-        [F4::splat(a[(1, 0)]), F4::splat(a[(1, 1)]), F4::splat(a[(1, 2)])],
-        [F4::splat(a[(2, 0)]), F4::splat(a[(2, 1)]), F4::splat(a[(2, 2)])],
+        [
+            F4::splat(a[(0, 0)]),
+            F4::splat(a[(0, 1)]),
+            F4::splat(a[(0, 2)]),
+        ],
+        [
+            F4::splat(a[(1, 0)]),
+            F4::splat(a[(1, 1)]),
+            F4::splat(a[(1, 2)]),
+        ],
+        [
+            F4::splat(a[(2, 0)]),
+            F4::splat(a[(2, 1)]),
+            F4::splat(a[(2, 2)]),
+        ],
     ];
     let (t0, t1, t2) = (F4::splat(t.x), F4::splat(t.y), F4::splat(t.z));
     let zero = F4::default();
@@ -175,7 +211,14 @@ fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f6
                 bb[5] + dot(2, 2),
             ]
         } else {
-            [bb[0] + dot(0, 0), bb[1] + dot(0, 1), bb[2] + dot(0, 2), bb[3] + dot(1, 1), bb[4] + dot(1, 2), bb[5] + dot(2, 2)]
+            [
+                bb[0] + dot(0, 0),
+                bb[1] + dot(0, 1),
+                bb[2] + dot(0, 2),
+                bb[3] + dot(1, 1),
+                bb[4] + dot(1, 2),
+                bb[5] + dot(2, 2),
+            ]
         };
         // W = S⁻¹ by cofactors, with Sylvester's SPD check per lane.
         let [s00, s01, s02, s11, s12, s22] = s;
@@ -199,7 +242,14 @@ fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f6
             return Err(4 * bi + l);
         }
         let inv = blk.mask * (one / det);
-        let w = [c00 * inv, c01 * inv, c02 * inv, c11 * inv, c12 * inv, c22 * inv];
+        let w = [
+            c00 * inv,
+            c01 * inv,
+            c02 * inv,
+            c11 * inv,
+            c12 * inv,
+            c22 * inv,
+        ];
         let u = [
             w[0] * e[0] + w[1] * e[1] + w[2] * e[2],
             w[1] * e[0] + w[3] * e[1] + w[4] * e[2],
@@ -220,7 +270,8 @@ fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f6
             ];
             let br = &blk.br2;
             for j in 0..3 {
-                c[j] = c[j] + half * (br[3 * j] * atu[0] + br[3 * j + 1] * atu[1] + br[3 * j + 2] * atu[2]);
+                c[j] = c[j]
+                    + half * (br[3 * j] * atu[0] + br[3 * j + 1] * atu[1] + br[3 * j + 2] * atu[2]);
             }
         }
         g[0] = g[0] + (u[1] * c[2] - u[2] * c[1]);
@@ -275,7 +326,14 @@ fn pass<const CROSS: bool, const NORMAL: bool>(blocks: &[Block4], a: &Matrix3<f6
     Ok(())
 }
 
-fn dispatch_generic(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool, out: &mut Eval) -> Pass {
+fn dispatch_generic(
+    blocks: &[Block4],
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    cross: bool,
+    normal: bool,
+    out: &mut Eval,
+) -> Pass {
     match (cross, normal) {
         (true, true) => pass::<true, true>(blocks, a, t, out),
         (true, false) => pass::<true, false>(blocks, a, t, out),
@@ -286,7 +344,14 @@ fn dispatch_generic(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn dispatch_avx2(blocks: &[Block4], a: &Matrix3<f64>, t: &Vector3<f64>, cross: bool, normal: bool, out: &mut Eval) -> Pass {
+fn dispatch_avx2(
+    blocks: &[Block4],
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    cross: bool,
+    normal: bool,
+    out: &mut Eval,
+) -> Pass {
     match (cross, normal) {
         (true, true) => pass::<true, true>(blocks, a, t, out),
         (true, false) => pass::<true, false>(blocks, a, t, out),

@@ -34,6 +34,6 @@ pub use batch::{absolute_orientation_batch, crlb_batch, solve_batch, RigidPose};
 pub use horn::absolute_orientation;
 pub use input::{prepare, BatchBlock, BatchCov, BatchRef, Block, Cov, PerScan, Prepared, ScanRef};
 pub use solver::{
-    cost_and_gradient, crlb, evaluate_prepared, evaluate_scan, solve, solve_with, Eval, Init, Options, PoseEstimate, Workspace,
-    RCOND_DEGENERATE,
+    cost_and_gradient, crlb, evaluate_prepared, evaluate_scan, solve, solve_with, Eval, Init,
+    Options, PoseEstimate, Workspace, RCOND_DEGENERATE,
 };

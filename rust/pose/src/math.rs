@@ -22,7 +22,10 @@ pub fn exp_so3(theta: &Vector3<f64>) -> Matrix3<f64> {
     let k = skew(theta);
     let (a, b) = if angle2 < 1e-8 {
         // Taylor series: sin x / x and (1 - cos x) / x^2, error below 1e-20 here.
-        (1.0 - angle2 / 6.0 * (1.0 - angle2 / 20.0), 0.5 - angle2 / 24.0 * (1.0 - angle2 / 30.0))
+        (
+            1.0 - angle2 / 6.0 * (1.0 - angle2 / 20.0),
+            0.5 - angle2 / 24.0 * (1.0 - angle2 / 30.0),
+        )
     } else {
         let angle = angle2.sqrt();
         (angle.sin() / angle, (1.0 - angle.cos()) / angle2)
@@ -81,7 +84,14 @@ pub fn sym3_inverse_spd(s: &Sym3) -> Option<Sym3> {
         return None;
     }
     let inv = 1.0 / det;
-    Some([c00 * inv, c01 * inv, c02 * inv, c11 * inv, c12 * inv, c22 * inv])
+    Some([
+        c00 * inv,
+        c01 * inv,
+        c02 * inv,
+        c11 * inv,
+        c12 * inv,
+        c22 * inv,
+    ])
 }
 
 /// `s v` for a symmetric `s`.
@@ -101,7 +111,14 @@ pub fn sym3_full(s: &Sym3) -> Matrix3<f64> {
 
 /// Upper entries of a symmetric matrix (the lower triangle is ignored).
 pub fn sym3_from(m: &Matrix3<f64>) -> Sym3 {
-    [m[(0, 0)], m[(0, 1)], m[(0, 2)], m[(1, 1)], m[(1, 2)], m[(2, 2)]]
+    [
+        m[(0, 0)],
+        m[(0, 1)],
+        m[(0, 2)],
+        m[(1, 1)],
+        m[(1, 2)],
+        m[(2, 2)],
+    ]
 }
 
 /// Eigen-decomposition of a symmetric 4x4 matrix by cyclic Jacobi rotations.
@@ -287,7 +304,11 @@ pub fn rcond_equilibrated(f: &Matrix6<f64>) -> f64 {
         return 0.0;
     };
     let inv = ch.inverse();
-    let norm1 = |m: &Matrix6<f64>| (0..6).map(|j| m.column(j).abs().sum()).fold(0.0f64, f64::max);
+    let norm1 = |m: &Matrix6<f64>| {
+        (0..6)
+            .map(|j| m.column(j).abs().sum())
+            .fold(0.0f64, f64::max)
+    };
     let r = 1.0 / (norm1(&fs) * norm1(&inv));
     if r.is_finite() {
         r
@@ -341,10 +362,13 @@ mod tests {
         );
         let (vals, vecs) = jacobi_eigen4(&m);
         assert!((vecs.transpose() * vecs - Matrix4::identity()).norm() < 1e-14);
-        let recon = vecs * Matrix4::from_diagonal(&nalgebra::Vector4::from(vals)) * vecs.transpose();
+        let recon =
+            vecs * Matrix4::from_diagonal(&nalgebra::Vector4::from(vals)) * vecs.transpose();
         assert!((recon - m).norm() < 1e-13);
         // Repeated eigenvalues.
-        let (vals, vecs) = jacobi_eigen4(&Matrix4::from_diagonal(&nalgebra::Vector4::new(1.0, 1.0, 2.0, 2.0)));
+        let (vals, vecs) = jacobi_eigen4(&Matrix4::from_diagonal(&nalgebra::Vector4::new(
+            1.0, 1.0, 2.0, 2.0,
+        )));
         assert_eq!(vals, [1.0, 1.0, 2.0, 2.0]);
         assert_eq!(vecs, Matrix4::identity());
     }
@@ -364,7 +388,11 @@ mod tests {
         // Random rotations: w >= 0 and the matrix round-trips.
         for k in 0..50 {
             let x = k as f64;
-            let m = exp_so3(&Vector3::new((1.3 * x).sin() * 3.0, (0.7 * x).cos() * 2.0, x.sin()));
+            let m = exp_so3(&Vector3::new(
+                (1.3 * x).sin() * 3.0,
+                (0.7 * x).cos() * 2.0,
+                x.sin(),
+            ));
             let q = quaternion_xyzw(&m);
             assert!(q[3] >= 0.0);
             assert!((rotation_from_wxyz(q[3], q[0], q[1], q[2]) - m).norm() < 1e-14);

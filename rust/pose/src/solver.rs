@@ -83,22 +83,37 @@ impl Options {
             return Err(Error::invalid("max_iter", "must be at least 1"));
         }
         if !(self.tol.is_finite() && self.tol > 0.0) {
-            return Err(Error::invalid("tol", format!("must be positive and finite, got {}", self.tol)));
+            return Err(Error::invalid(
+                "tol",
+                format!("must be positive and finite, got {}", self.tol),
+            ));
         }
-        if let Init::Given { rotation, translation } = self.init {
+        if let Init::Given {
+            rotation,
+            translation,
+        } = self.init
+        {
             if !rotation.iter().all(|v| v.is_finite()) {
                 return Err(Error::invalid("rotation0", "contains a non-finite value"));
             }
-            let err = (rotation.transpose() * rotation - Matrix3::identity()).abs().max();
+            let err = (rotation.transpose() * rotation - Matrix3::identity())
+                .abs()
+                .max();
             if err > 1e-6 || rotation.determinant() <= 0.0 {
                 return Err(Error::invalid(
                     "rotation0",
-                    format!("is not a rotation matrix (|AᵀA − I| = {err:.2e}, det = {:.4})", rotation.determinant()),
+                    format!(
+                        "is not a rotation matrix (|AᵀA − I| = {err:.2e}, det = {:.4})",
+                        rotation.determinant()
+                    ),
                 ));
             }
             if let Some(t) = translation {
                 if !t.iter().all(|v| v.is_finite()) {
-                    return Err(Error::invalid("translation0", "contains a non-finite value"));
+                    return Err(Error::invalid(
+                        "translation0",
+                        "contains a non-finite value",
+                    ));
                 }
             }
         }
@@ -158,7 +173,11 @@ pub struct Eval {
 
 impl Default for Eval {
     fn default() -> Self {
-        Eval { cost: 0.0, gradient: Vector6::zeros(), normal: Matrix6::zeros() }
+        Eval {
+            cost: 0.0,
+            gradient: Vector6::zeros(),
+            normal: Matrix6::zeros(),
+        }
     }
 }
 
@@ -217,7 +236,14 @@ pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
                 bb[5] + dot(2, 2),
             ]
         } else {
-            [bb[0] + dot(0, 0), bb[1] + dot(0, 1), bb[2] + dot(0, 2), bb[3] + dot(1, 1), bb[4] + dot(1, 2), bb[5] + dot(2, 2)]
+            [
+                bb[0] + dot(0, 0),
+                bb[1] + dot(0, 1),
+                bb[2] + dot(0, 2),
+                bb[3] + dot(1, 1),
+                bb[4] + dot(1, 2),
+                bb[5] + dot(2, 2),
+            ]
         };
         // W = S⁻¹ by cofactors, with Sylvester's SPD check.
         let [s00, s01, s02, s11, s12, s22] = s;
@@ -232,7 +258,14 @@ pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
             return Err(i);
         }
         let inv = 1.0 / det;
-        let w = [c00 * inv, c01 * inv, c02 * inv, c11 * inv, c12 * inv, c22 * inv];
+        let w = [
+            c00 * inv,
+            c01 * inv,
+            c02 * inv,
+            c11 * inv,
+            c12 * inv,
+            c22 * inv,
+        ];
         let u = [
             w[0] * e[0] + w[1] * e[1] + w[2] * e[2],
             w[1] * e[0] + w[3] * e[1] + w[4] * e[2],
@@ -253,7 +286,8 @@ pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
             ];
             let br = &pt.br2;
             for j in 0..3 {
-                c[j] += 0.5 * (br[3 * j] * atu[0] + br[3 * j + 1] * atu[1] + br[3 * j + 2] * atu[2]);
+                c[j] +=
+                    0.5 * (br[3 * j] * atu[0] + br[3 * j + 1] * atu[1] + br[3 * j + 2] * atu[2]);
             }
         }
         g[0] += u[1] * c[2] - u[2] * c[1];
@@ -316,7 +350,13 @@ fn evaluate(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool) -
     Ok(out)
 }
 
-fn evaluate_into(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool, out: &mut Eval) -> Result<()> {
+fn evaluate_into(
+    prep: &Prepared,
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    normal: bool,
+    out: &mut Eval,
+) -> Result<()> {
     crate::lanes::evaluate_blocks(&prep.blocks, a, t, prep.cross, normal, out).map_err(|i| {
         Error::Numerical(format!(
             "S_{i}(A) = R_bb − A R_brᵀ − R_br Aᵀ + A R_rr Aᵀ of point {i} is not positive definite \
@@ -332,7 +372,11 @@ pub fn evaluate_prepared(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>) ->
 }
 
 /// Cost `J` and gradient `[g_θ; g_t]` of a validated scan at `(A, t)` (exposed for tests).
-pub fn cost_and_gradient(scan: &ScanRef<'_>, a: &Matrix3<f64>, t: &Vector3<f64>) -> Result<(f64, Vector6<f64>)> {
+pub fn cost_and_gradient(
+    scan: &ScanRef<'_>,
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+) -> Result<(f64, Vector6<f64>)> {
     let mut prep = Prepared::default();
     prepare(scan, &mut prep)?;
     let e = evaluate(&prep, a, t, false)?;
@@ -391,7 +435,10 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
             let h = horn_fit_by(n, h_pt);
             (h.rotation, h.translation)
         }
-        Init::Given { rotation, translation } => {
+        Init::Given {
+            rotation,
+            translation,
+        } => {
             let a0 = orthonormalize(&rotation);
             let t0 = translation.unwrap_or_else(|| {
                 // The weighted-centroid translation for this rotation.
@@ -413,12 +460,21 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         bc += Vector3::from(p.b);
     }
     bc /= n as f64;
-    let rho = (pts.iter().map(|p| (Vector3::from(p.b) - bc).norm_squared()).sum::<f64>() / n as f64).sqrt();
+    let rho = (pts
+        .iter()
+        .map(|p| (Vector3::from(p.b) - bc).norm_squared())
+        .sum::<f64>()
+        / n as f64)
+        .sqrt();
     if !(rho > 0.0) {
         return Err(degenerate());
     }
     let scaled_norm = |d: &Vector6<f64>| {
-        (d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + (d[3] * d[3] + d[4] * d[4] + d[5] * d[5]) / (rho * rho)).sqrt()
+        (d[0] * d[0]
+            + d[1] * d[1]
+            + d[2] * d[2]
+            + (d[3] * d[3] + d[4] * d[4] + d[5] * d[5]) / (rho * rho))
+            .sqrt()
     };
 
     // Two evaluation buffers: `ev[c]` at the accepted point, `ev[1 - c]` for the trial.
@@ -561,7 +617,10 @@ pub fn check_rotation(name: &str, m: &Matrix3<f64>) -> Result<()> {
     if err > 1e-6 || m.determinant() <= 0.0 {
         return Err(Error::invalid(
             name,
-            format!("is not a rotation matrix (|AᵀA − I| = {err:.2e}, det = {:.4})", m.determinant()),
+            format!(
+                "is not a rotation matrix (|AᵀA − I| = {err:.2e}, det = {:.4})",
+                m.determinant()
+            ),
         ));
     }
     Ok(())
@@ -577,11 +636,33 @@ mod tests {
     #[test]
     fn vectorised_pass_matches_the_scalar_reference() {
         for n in [3usize, 4, 5, 8, 13] {
-            let b: Vec<[f64; 3]> = (0..n).map(|i| [(i as f64).sin() * 5.0, (2.0 * i as f64).cos() * 3.0, i as f64 * 0.5]).collect();
-            let r: Vec<[f64; 3]> = (0..n).map(|i| [(1.3 * i as f64).cos() * 4.0, (i as f64).sin(), 2.0 - i as f64 * 0.3]).collect();
+            let b: Vec<[f64; 3]> = (0..n)
+                .map(|i| {
+                    [
+                        (i as f64).sin() * 5.0,
+                        (2.0 * i as f64).cos() * 3.0,
+                        i as f64 * 0.5,
+                    ]
+                })
+                .collect();
+            let r: Vec<[f64; 3]> = (0..n)
+                .map(|i| {
+                    [
+                        (1.3 * i as f64).cos() * 4.0,
+                        (i as f64).sin(),
+                        2.0 - i as f64 * 0.3,
+                    ]
+                })
+                .collect();
             let cov: Vec<[f64; 36]> = (0..n)
                 .map(|i| {
-                    let l = Matrix6::from_fn(|a, c| if a >= c { ((a * 6 + c + i) as f64).sin() * 0.1 + if a == c { 0.3 } else { 0.0 } } else { 0.0 });
+                    let l = Matrix6::from_fn(|a, c| {
+                        if a >= c {
+                            ((a * 6 + c + i) as f64).sin() * 0.1 + if a == c { 0.3 } else { 0.0 }
+                        } else {
+                            0.0
+                        }
+                    });
                     let m = l * l.transpose();
                     let mut o = [0.0; 36];
                     for a in 0..6 {
@@ -592,7 +673,12 @@ mod tests {
                     o
                 })
                 .collect();
-            let scan = ScanRef { b: &b, r: &r, cov: Cov::Full(&cov), weights: None };
+            let scan = ScanRef {
+                b: &b,
+                r: &r,
+                cov: Cov::Full(&cov),
+                weights: None,
+            };
             let mut prep = Prepared::default();
             prepare(&scan, &mut prep).unwrap();
             assert!(prep.cross);

@@ -21,8 +21,11 @@ impl Rng {
     }
     /// A uniformly distributed rotation (normalised Gaussian quaternion).
     pub fn rotation(&mut self) -> Matrix3<f64> {
-        let q = nalgebra::Quaternion::new(self.normal(), self.normal(), self.normal(), self.normal());
-        nalgebra::UnitQuaternion::from_quaternion(q).to_rotation_matrix().into_inner()
+        let q =
+            nalgebra::Quaternion::new(self.normal(), self.normal(), self.normal(), self.normal());
+        nalgebra::UnitQuaternion::from_quaternion(q)
+            .to_rotation_matrix()
+            .into_inner()
     }
     /// A random SPD 6x6 covariance: anisotropic blocks (std ratio up to `aniso`) with rms
     /// standard deviation `sigma` and cross-correlation `rho` through a random rotation.
@@ -81,9 +84,20 @@ pub struct Scan {
 pub fn scan(rng: &mut Rng, n: usize, sigma: f64, rho: f64, noise: f64) -> Scan {
     let a = rng.rotation();
     let t = rng.vec3(5.0);
-    let mut out = Scan { a, t, r_true: vec![], b: vec![], r: vec![], cov: vec![] };
+    let mut out = Scan {
+        a,
+        t,
+        r_true: vec![],
+        b: vec![],
+        r: vec![],
+        cov: vec![],
+    };
     for _ in 0..n {
-        let r = Vector3::new(rng.uniform(-10.0, 10.0), rng.uniform(-10.0, 10.0), rng.uniform(-10.0, 10.0));
+        let r = Vector3::new(
+            rng.uniform(-10.0, 10.0),
+            rng.uniform(-10.0, 10.0),
+            rng.uniform(-10.0, 10.0),
+        );
         let c = rng.covariance(sigma, 10.0, rho);
         let z = rng.sample(&c) * noise;
         let b = a * r + t;
