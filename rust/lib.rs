@@ -5,3 +5,4 @@
 
 pub use maleki_common as common;
 pub use maleki_msgemm as msgemm;
+pub use maleki_pose as pose;

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 mod arrays;
 mod errors;
 mod msgemm;
+mod pose;
 mod progress;
 
 /// Registers the fork hook: a forked child must not use the parent's pool threads.
@@ -39,6 +40,9 @@ mod _core {
         let msgemm = PyModule::new(py, "msgemm")?;
         crate::msgemm::register(&msgemm)?;
         m.add_submodule(&msgemm)?;
+        let pose = PyModule::new(py, "pose")?;
+        crate::pose::register(&pose)?;
+        m.add_submodule(&pose)?;
         Ok(())
     }
 
