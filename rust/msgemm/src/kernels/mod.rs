@@ -17,6 +17,8 @@ use crate::plan::Plan;
 use crate::table::TableSet;
 
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 
 /// Which kernel runs a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,7 +105,10 @@ pub trait LutKernel: Sync {
 
 /// The kernels compiled into this build, fastest first (the scalar kernel is always last).
 pub fn registered() -> Vec<&'static dyn LutKernel> {
-    let list: Vec<&'static dyn LutKernel> = vec![&scalar::SCALAR];
+    let mut list: Vec<&'static dyn LutKernel> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    list.push(&avx512::AVX512);
+    list.push(&scalar::SCALAR);
     list
 }
 
