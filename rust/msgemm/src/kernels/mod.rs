@@ -19,6 +19,8 @@ use crate::table::TableSet;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
 
 /// Which kernel runs a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -108,6 +110,8 @@ pub fn registered() -> Vec<&'static dyn LutKernel> {
     let mut list: Vec<&'static dyn LutKernel> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     list.push(&avx512::AVX512);
+    #[cfg(target_arch = "x86_64")]
+    list.push(&avx2::AVX2);
     list.push(&scalar::SCALAR);
     list
 }
