@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from . import msgemm as msgemm
+
 __version__: str
 
 def set_num_threads(n: int) -> None: ...

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod arrays;
 mod errors;
+mod msgemm;
 mod progress;
 
 /// Registers the fork hook: a forked child must not use the parent's pool threads.
@@ -34,6 +35,10 @@ mod _core {
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::register_fork_hook();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        let py = m.py();
+        let msgemm = PyModule::new(py, "msgemm")?;
+        crate::msgemm::register(&msgemm)?;
+        m.add_submodule(&msgemm)?;
         Ok(())
     }
 

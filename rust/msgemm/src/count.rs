@@ -75,7 +75,7 @@ impl CountParams {
         if self.levels < 2 {
             return Err(Error::invalid("levels", format!("must be >= 2, got {}", self.levels)));
         }
-        if self.k % self.group_size != 0 {
+        if !self.k.is_multiple_of(self.group_size) {
             return Err(Error::invalid("group_size", format!("must divide K = {}, got {}", self.k, self.group_size)));
         }
         if self.depth > 64 || self.levels.checked_pow(self.depth as u32).is_none_or(|e| e > 1 << 40) {

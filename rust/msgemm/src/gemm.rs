@@ -43,6 +43,17 @@ impl Default for GemmOptions {
     }
 }
 
+/// How X is laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XLayout {
+    /// `(K, N)` row-major (a numpy C-order `(K, N)` array).
+    #[default]
+    KbyN,
+    /// `(N, K)` row-major: X transposed (a Fortran-order `(K, N)` array, or the `(B, K)`
+    /// activations of a linear layer).
+    NbyK,
+}
+
 /// Memory budget of one table set (bytes of entries).
 pub const TABLE_BUDGET: usize = 8 << 20;
 
@@ -132,12 +143,16 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
     plan_for(pw, n, d, opts)
 }
 
-fn check_inputs(pw: &PackedWeights, x: &[f32], n: usize, y_len: Option<usize>) -> Result<()> {
+fn check_inputs(pw: &PackedWeights, x: &[f32], n: usize, layout: XLayout, y_len: Option<usize>) -> Result<()> {
     if n == 0 {
         return Err(Error::invalid("x", "must have at least one column"));
     }
     if x.len() != pw.k() * n {
-        return Err(Error::shape("x", format!("({}, {n})", pw.k()), format!("{} values", x.len())));
+        let want = match layout {
+            XLayout::KbyN => format!("({}, {n})", pw.k()),
+            XLayout::NbyK => format!("({n}, {})", pw.k()),
+        };
+        return Err(Error::shape("x", want, format!("{} values", x.len())));
     }
     if let Some(len) = y_len {
         if len != pw.m() * n {
@@ -147,19 +162,28 @@ fn check_inputs(pw: &PackedWeights, x: &[f32], n: usize, y_len: Option<usize>) -
     if let Some(i) = x.iter().position(|v| !v.is_finite()) {
         return Err(Error::invalid(
             "x",
-            format!("contains a non-finite value ({}) at index ({}, {})", x[i], i / n, i % n),
+            format!("contains a non-finite value ({}) at flat index {i}", x[i]),
         ));
     }
     Ok(())
 }
 
-/// X `(K, N)` row-major to `(N, K)` row-major in packed column order (no copy for N = 1
-/// without a permutation).
-pub fn transpose_permute<'a>(pw: &PackedWeights, x: &'a [f32], n: usize) -> Cow<'a, [f32]> {
+/// X to `(N, K)` row-major in packed column order (no copy when X already is, e.g. N = 1 or
+/// [`XLayout::NbyK`], without a permutation).
+pub fn transpose_permute<'a>(pw: &PackedWeights, x: &'a [f32], n: usize, layout: XLayout) -> Cow<'a, [f32]> {
     let k = pw.k();
-    match (n, pw.k_perm()) {
-        (1, None) => Cow::Borrowed(x),
-        (_, perm) => {
+    match (n, layout, pw.k_perm()) {
+        (1, _, None) | (_, XLayout::NbyK, None) => Cow::Borrowed(x),
+        (_, XLayout::NbyK, Some(perm)) => {
+            let mut xt = vec![0f32; n * k];
+            xt.par_chunks_mut(k).zip(x.par_chunks(k)).for_each(|(row, src)| {
+                for (o, &p) in row.iter_mut().zip(perm) {
+                    *o = src[p as usize];
+                }
+            });
+            Cow::Owned(xt)
+        }
+        (_, XLayout::KbyN, perm) => {
             let mut xt = vec![0f32; n * k];
             xt.par_chunks_mut(k).enumerate().for_each(|(col, row)| {
                 for (j, o) in row.iter_mut().enumerate() {
@@ -230,12 +254,12 @@ pub fn run_plan(pw: &PackedWeights, plan: &Plan, kernel: &dyn LutKernel, xt: &[f
     Ok(())
 }
 
-/// `y = Wd @ x` for `x` `(K, N)` row-major float32; `y` `(M, N)` row-major is overwritten.
-/// Returns the plan used (depth, precision, ...).
-pub fn gemm_into(pw: &PackedWeights, x: &[f32], n: usize, opts: &GemmOptions, y: &mut [f32]) -> Result<Plan> {
-    check_inputs(pw, x, n, Some(y.len()))?;
+/// `y = Wd @ X` for float32 X with `n` columns laid out as `layout`; `y` `(M, N)` row-major is
+/// overwritten. Returns the plan used (depth, precision, ...).
+pub fn gemm_into(pw: &PackedWeights, x: &[f32], n: usize, layout: XLayout, opts: &GemmOptions, y: &mut [f32]) -> Result<Plan> {
+    check_inputs(pw, x, n, layout, Some(y.len()))?;
     let plan = plan(pw, n, opts)?;
-    let xt = transpose_permute(pw, x, n);
+    let xt = transpose_permute(pw, x, n, layout);
     if opts.backend == Backend::Reference {
         let (out, _) = count::reference_gemm(pw, &plan, &xt)?;
         y.copy_from_slice(&out);
@@ -246,21 +270,27 @@ pub fn gemm_into(pw: &PackedWeights, x: &[f32], n: usize, opts: &GemmOptions, y:
     Ok(plan)
 }
 
-/// `Wd @ x` as a new `(M, N)` row-major vector.
+/// `Wd @ X` for X `(K, N)` row-major, as a new `(M, N)` row-major vector.
 pub fn gemm(pw: &PackedWeights, x: &[f32], n: usize, opts: &GemmOptions) -> Result<Vec<f32>> {
     let mut y = vec![0f32; pw.m() * n];
-    gemm_into(pw, x, n, opts, &mut y)?;
+    gemm_into(pw, x, n, XLayout::KbyN, opts, &mut y)?;
     Ok(y)
 }
 
 /// The instrumented reference run (`backend = reference`, `f32` tables): `(y, counts, plan)`.
-pub fn gemm_counted(pw: &PackedWeights, x: &[f32], n: usize, opts: &GemmOptions) -> Result<(Vec<f32>, OpCounts, Plan)> {
+pub fn gemm_counted(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    opts: &GemmOptions,
+) -> Result<(Vec<f32>, OpCounts, Plan)> {
     if opts.backend != Backend::Reference {
         return Err(Error::invalid("count", "count=True needs backend='reference'"));
     }
-    check_inputs(pw, x, n, None)?;
+    check_inputs(pw, x, n, layout, None)?;
     let plan = plan(pw, n, opts)?;
-    let xt = transpose_permute(pw, x, n);
+    let xt = transpose_permute(pw, x, n, layout);
     let (y, c) = count::reference_gemm(pw, &plan, &xt)?;
     Ok((y, c, plan))
 }

@@ -35,7 +35,7 @@ fn groups_from_gidx(g_idx: &[i32], k: usize, groups: usize) -> Result<(usize, Op
     if g_idx.len() != k {
         return Err(Error::shape("g_idx", format!("({k},)"), format!("({},)", g_idx.len())));
     }
-    if groups == 0 || k % groups != 0 {
+    if groups == 0 || !k.is_multiple_of(groups) {
         return Err(Error::invalid("g_idx", format!("{groups} groups do not divide K = {k}")));
     }
     let g = k / groups;
@@ -86,14 +86,14 @@ pub fn from_gptq(
     if m == 0 || k == 0 {
         return Err(Error::invalid("qweight", "must be non-empty"));
     }
-    if (k * b) % 32 != 0 || (m * b) % 32 != 0 {
+    if !(k * b).is_multiple_of(32) || !(m * b).is_multiple_of(32) {
         return Err(Error::invalid("qweight", format!("K*bits and M*bits must be multiples of 32 (K={k}, M={m})")));
     }
     let kw = k * b / 32;
     if qweight.len() != kw * m {
         return Err(Error::shape("qweight", format!("({kw}, {m})"), format!("{} values", qweight.len())));
     }
-    if scales.is_empty() || scales.len() % m != 0 {
+    if scales.is_empty() || !scales.len().is_multiple_of(m) {
         return Err(Error::shape("scales", format!("(groups, {m})"), format!("{} values", scales.len())));
     }
     let groups = scales.len() / m;
@@ -105,7 +105,7 @@ pub fn from_gptq(
         Some(gi) => groups_from_gidx(gi, k, groups)?,
         None => {
             let g = group_size.unwrap_or(k);
-            if g == 0 || k % g != 0 || k / g != groups {
+            if g == 0 || !k.is_multiple_of(g) || k / g != groups {
                 return Err(Error::invalid(
                     "group_size",
                     format!("K = {k} with {groups} groups of scales needs group_size = {}, got {g}", k / groups),
@@ -144,10 +144,10 @@ pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 /// Loads AutoAWQ GEMM tensors (4 bits): `qweight` `(K, M/8)` int32 packed along M in
 /// [`AWQ_ORDER`], `qzeros` `(groups, M/8)` likewise, `scales` `(groups, M)`.
 pub fn from_awq(qweight: &[i32], qzeros: &[i32], scales: &[f32], m: usize, k: usize, group_size: usize) -> Result<PackedWeights> {
-    if m == 0 || k == 0 || m % 8 != 0 {
+    if m == 0 || k == 0 || !m.is_multiple_of(8) {
         return Err(Error::invalid("qweight", format!("M must be a positive multiple of 8, got M={m}, K={k}")));
     }
-    if group_size == 0 || k % group_size != 0 {
+    if group_size == 0 || !k.is_multiple_of(group_size) {
         return Err(Error::invalid("group_size", format!("must divide K = {k}, got {group_size}")));
     }
     let groups = k / group_size;
@@ -211,7 +211,7 @@ pub fn from_matmulnbits(
     if block_size < 16 || !block_size.is_power_of_two() {
         return Err(Error::invalid("block_size", format!("must be a power of two >= 16, got {block_size}")));
     }
-    if m == 0 || k == 0 || k % block_size != 0 {
+    if m == 0 || k == 0 || !k.is_multiple_of(block_size) {
         return Err(Error::invalid("K", format!("must be a positive multiple of block_size = {block_size}, got {k}")));
     }
     let kb = k / block_size;
@@ -260,7 +260,10 @@ pub fn from_matmulnbits(
 
 /// Exports `int4`/`uint4`/`int2`/`uint2` weights with integer zero points in `[0, 2^b)` to the
 /// MatMulNBits layout: `(B, scales, packed zero points or None)`.
-pub fn to_matmulnbits(pw: &PackedWeights) -> Result<(Vec<u8>, Vec<f32>, Option<Vec<u8>>)> {
+/// MatMulNBits tensors: `(B, scales, packed zero points or None)`.
+pub type NBitsTensors = (Vec<u8>, Vec<f32>, Option<Vec<u8>>);
+
+pub fn to_matmulnbits(pw: &PackedWeights) -> Result<NBitsTensors> {
     let f = pw.codebook().format();
     let bits: u32 = match f {
         Format::Int4 | Format::Uint4 => 4,

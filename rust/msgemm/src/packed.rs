@@ -54,7 +54,7 @@ fn check_dims(m: usize, k: usize, group_size: usize) -> Result<()> {
     if m == 0 || k == 0 {
         return Err(Error::invalid("w", format!("the weight matrix must be non-empty, got shape ({m}, {k})")));
     }
-    if group_size == 0 || k % group_size != 0 {
+    if group_size == 0 || !k.is_multiple_of(group_size) {
         return Err(Error::invalid(
             "group_size",
             format!("must divide K = {k} (pad K with zero weights otherwise), got {group_size}"),
@@ -100,6 +100,7 @@ impl PackedWeights {
     /// `scales` and `zeros` are `(M, K/G)` row-major; `zeros` are in value units
     /// (`Wd = s * (v[q] - z)`). `k_perm` (act-order): packed column `j` holds original
     /// column `k_perm[j]`.
+    #[allow(clippy::too_many_arguments)]
     pub fn from_codes(
         codebook: Codebook,
         m: usize,
@@ -139,6 +140,7 @@ impl PackedWeights {
     }
 
     /// Builds packed weights from canonical packed bytes `(M, row_bytes(K))`.
+    #[allow(clippy::too_many_arguments)]
     pub fn from_packed(
         codebook: Codebook,
         m: usize,

@@ -229,7 +229,7 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(w: &[T], m: usize, k: usize, opts: &
         return Err(Error::invalid("w", format!("contains a non-finite value at index ({}, {})", i / k, i % k)));
     }
     let g = opts.group_size.unwrap_or(k);
-    if g == 0 || k % g != 0 {
+    if g == 0 || !k.is_multiple_of(g) {
         return Err(Error::invalid(
             "group_size",
             format!("must divide K = {k} (pad K with zero weights otherwise), got {g}"),
@@ -255,6 +255,17 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(w: &[T], m: usize, k: usize, opts: &
                 z[gi] = zp.unwrap_or(0.0);
             }
         });
+    if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
+        return Err(Error::invalid(
+            "w",
+            format!(
+                "the scale of row {}, group {} overflows float32: weights must stay within float32 range \
+                 relative to the codebook",
+                i / groups,
+                i % groups
+            ),
+        ));
+    }
     let has_zeros = matches!(scheme, Scheme::MinMax { .. } | Scheme::UnsignedSymmetric { .. });
     PackedWeights::from_codes(cb, m, k, g, &codes, scales, has_zeros.then_some(zeros), None)
 }

@@ -128,13 +128,12 @@ pub fn build_f32_table(plan: &Plan, xs: &[f32], prod: &mut [f32], out: &mut [f32
     for j in 1..r {
         let lim = if j + 1 == r { used } else { p * v };
         let pj = &prod[j * v..(j + 1) * v];
-        for c in 1..v {
+        for (c, &add) in pj.iter().enumerate().skip(1) {
             let lo = c * p;
             if lo >= lim {
                 break;
             }
             let hi = (lo + p).min(lim);
-            let add = pj[c];
             let (src, dst) = out.split_at_mut(lo);
             for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
                 *o = s + add;
@@ -166,13 +165,12 @@ pub fn build_int_table(plan: &Plan, xq: &[i32], prod: &mut [i32], out: &mut [i32
     for j in 1..r {
         let lim = if j + 1 == r { used } else { p * v };
         let pj = &prod[j * v..(j + 1) * v];
-        for c in 1..v {
+        for (c, &add) in pj.iter().enumerate().skip(1) {
             let lo = c * p;
             if lo >= lim {
                 break;
             }
             let hi = (lo + p).min(lim);
-            let add = pj[c];
             let (src, dst) = out.split_at_mut(lo);
             for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
                 *o = s + add;
@@ -186,6 +184,17 @@ pub fn build_int_table(plan: &Plan, xq: &[i32], prod: &mut [i32], out: &mut [i32
     }
 }
 
+/// `round_ties_even(x)` for `|x| <= 2^22`, by the add-and-subtract of `1.5 * 2^23` (exact in
+/// the default round-to-nearest-even mode). Baseline x86-64 has no `roundss`, so
+/// `f32::round_ties_even` would be a library call per entry; this is two adds, and it is the
+/// same value `cvtps2dq` gives in SIMD builds.
+#[inline(always)]
+pub fn round_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    debug_assert!(x.abs() <= 4_194_304.0);
+    (x + MAGIC) - MAGIC
+}
+
 /// Symmetric int8 quantization of one group of activations (`i16` mode):
 /// `maxabs = max|x|`, `rcp = 127 / maxabs`, `xq = clamp(round_ties_even(x * rcp), -127, 127)`,
 /// `a = maxabs / 127` (all float32; `maxabs = 0` gives `a = 0`, `xq = 0`). Returns `a`.
@@ -197,7 +206,7 @@ pub fn quantize_activations(xs: &[f32], xq: &mut [i32]) -> f32 {
     }
     let rcp = 127.0f32 / maxabs;
     for (q, &x) in xq.iter_mut().zip(xs) {
-        *q = (x * rcp).round_ties_even().clamp(-127.0, 127.0) as i32;
+        *q = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i32;
     }
     maxabs / 127.0
 }
@@ -221,7 +230,7 @@ pub fn quantize_tables_i8(tables: &[f32], out: &mut [i8]) -> f32 {
     }
     let rcp = 127.0f32 / maxabs;
     for (q, &x) in out.iter_mut().zip(tables) {
-        *q = (x * rcp).round_ties_even().clamp(-127.0, 127.0) as i8;
+        *q = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i8;
     }
     maxabs / 127.0
 }
@@ -378,6 +387,16 @@ mod tests {
             let want = t_full[idx] + 0.5 * (xs[0] + xs[1]);
             let got = if idx < 128 { t_mir[idx] } else { -t_mir[mi.index(idx, 2)] };
             assert_eq!(got, want, "idx {idx}");
+        }
+    }
+
+    #[test]
+    fn round_small_is_round_ties_even() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.25 + 0.001 * (i % 7) as f32;
+            assert_eq!(round_small(x), x.round_ties_even(), "{x}");
+            let h = i as f32 + 0.5;
+            assert_eq!(round_small(h), h.round_ties_even(), "{h}");
         }
     }
 

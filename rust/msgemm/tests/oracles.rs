@@ -82,7 +82,7 @@ fn f32_tables_are_exact_on_integer_data_for_every_format_depth_and_kernel() {
                             assert_eq!(y, want, "{f:?} zeros={zeros} n={n} d={d} mirror={mirror} {:?}", opts.backend);
                         }
                         let (y, counts, plan) =
-                            gemm_counted(&pw, &x, n, &GemmOptions { backend: Backend::Reference, ..base }).unwrap();
+                            gemm_counted(&pw, &x, n, maleki_msgemm::XLayout::KbyN, &GemmOptions { backend: Backend::Reference, ..base }).unwrap();
                         assert_eq!(y, want, "reference {f:?} d={d}");
                         let p = CountParams {
                             m: m as u64,

@@ -108,15 +108,19 @@ impl Entry for i8 {
 
 /// An index type of the tile layout.
 pub trait Index: Copy + Send + Sync {
+    /// One past the largest value.
+    const RANGE: usize;
     fn get(self) -> usize;
 }
 impl Index for u8 {
+    const RANGE: usize = 256;
     #[inline]
     fn get(self) -> usize {
         self as usize
     }
 }
 impl Index for u16 {
+    const RANGE: usize = 65536;
     #[inline]
     fn get(self) -> usize {
         self as usize
@@ -160,11 +164,19 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                     let slot = &ix[lay.slot(g, rb, t)..lay.slot(g, rb, t) + ROW_BLOCK];
                     let table = &tab[tabs.offset(g, n, t)..tabs.offset(g, n, t) + tabs.slot];
                     match plan.mirror {
-                        None => {
-                            for (a, i) in acc.iter_mut().zip(slot) {
-                                *a = E::add(*a, table[i.get()]);
+                        None => match table.first_chunk::<256>() {
+                            // Byte indices into a 256-entry table: no bounds checks needed.
+                            Some(t256) if I::RANGE == 256 => {
+                                for (a, i) in acc.iter_mut().zip(slot) {
+                                    *a = E::add(*a, t256[i.get() & 255]);
+                                }
                             }
-                        }
+                            _ => {
+                                for (a, i) in acc.iter_mut().zip(slot) {
+                                    *a = E::add(*a, table[i.get()]);
+                                }
+                            }
+                        },
                         Some(mi) => {
                             let r = tp.depth_of(t);
                             let h = if t + 1 == tp.per_group { half_last } else { half_d };

@@ -1,0 +1,771 @@
+"""The public API of :mod:`maleki_rs.msgemm` (see the package docstring)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core
+from .._util.validate import check_bool, check_choice, check_int
+
+__all__ = [
+    "FORMATS",
+    "TABLES",
+    "BACKENDS",
+    "PackedWeights",
+    "quantize",
+    "msgemm",
+    "linear",
+    "op_counts",
+    "best_depth",
+    "model_ratio",
+    "available_backends",
+    "backend_supports",
+    "codebook",
+]
+
+_m = _core.msgemm
+
+#: Every weight format (spec section 3).
+FORMATS: tuple[str, ...] = tuple(_m.FORMATS)
+#: Table precisions: ``"i8"`` (fast), ``"i16"`` (exact integer), ``"f32"`` (float32).
+TABLES: tuple[str, ...] = ("i8", "i16", "f32")
+#: Kernel choices.
+BACKENDS: tuple[str, ...] = ("auto", "avx512", "avx2", "scalar", "reference")
+
+
+def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
+    """``x`` as a float ndarray (any float dtype, any order), checked for ndim and emptiness."""
+    if x is None:
+        raise TypeError(f"{name}: expected a float array, got None")
+    arr = np.asarray(x)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a floating-point array (float16/32/64), got dtype {arr.dtype}")
+    if arr.ndim not in ndims:
+        want = " or ".join(f"{d}-D" for d in ndims)
+        raise ValueError(f"{name}: expected a {want} array, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    return arr
+
+
+def _check_finite32(arr: np.ndarray, name: str) -> None:
+    if not np.isfinite(arr).all():
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+        raise ValueError(f"{name}: contains a non-finite value (NaN, inf, or beyond float32) at index {bad}")
+
+
+def _as_f32(arr: np.ndarray, name: str) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    _check_finite32(out, name)
+    return out
+
+
+def _opt_f32_2d(x: Any, name: str, shape: tuple[int, int]) -> np.ndarray | None:
+    if x is None:
+        return None
+    arr = _float_array(x, name, (2,))
+    if arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
+    return _as_f32(arr, name)
+
+
+def _int_array(x: Any, name: str, ndims: tuple[int, ...], dtype: Any) -> np.ndarray:
+    if x is None:
+        raise TypeError(f"{name}: expected an integer array, got None")
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array, got dtype {arr.dtype}")
+    if arr.ndim not in ndims:
+        raise ValueError(f"{name}: expected a {' or '.join(f'{d}-D' for d in ndims)} array, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: expected a non-empty array")
+    info = np.iinfo(dtype)
+    if arr.min() < info.min or arr.max() > info.max:
+        # int32 tensors holding uint32 bit patterns are the norm for GPTQ/AWQ: reinterpret.
+        if np.dtype(dtype) == np.int32 and arr.dtype == np.uint32:
+            return np.ascontiguousarray(arr).view(np.int32)
+        raise ValueError(f"{name}: values must lie in [{info.min}, {info.max}]")
+    if np.dtype(dtype) == np.int32 and arr.dtype == np.uint32:
+        return np.ascontiguousarray(arr).view(np.int32)
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _check_format(format: Any, codebook: Any) -> tuple[str, list[float] | None]:
+    if not isinstance(format, str):
+        raise TypeError(f"format: expected a string, got {type(format).__name__}")
+    check_choice(format, "format", FORMATS)
+    if format == "codebook":
+        if codebook is None:
+            raise ValueError("codebook: format='codebook' needs codebook=<2 to 16 values>")
+        cb = _float_array(codebook, "codebook", (1,))
+        if not (2 <= cb.size <= 16):
+            raise ValueError(f"codebook: needs 2 to 16 values, got {cb.size}")
+        cb32 = _as_f32(cb, "codebook")
+        if len(np.unique(cb32)) != cb32.size:
+            raise ValueError("codebook: values must be distinct (after rounding to float32)")
+        return format, [float(v) for v in cb32]
+    if codebook is not None:
+        raise ValueError(f"codebook: only accepted with format='codebook', not {format!r}")
+    return format, None
+
+
+def _check_group_size(group_size: Any, k: int) -> int | None:
+    if group_size is None or (isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool)
+                              and int(group_size) == -1):
+        return None
+    g = check_int(group_size, "group_size", min=1)
+    if k % g != 0:
+        raise ValueError(f"group_size: must divide K = {k} (pad K with zero weights otherwise), got {g}")
+    return g
+
+
+class PackedWeights:
+    """Low-bit weights ``Wd`` of shape ``(M, K)``: ``Wd[m, k] = s[m, g] * (v[q[m, k]] - z[m, g])``.
+
+    Built by :func:`quantize` or the loaders (:meth:`from_arrays`, :meth:`from_gptq`,
+    :meth:`from_awq`, :meth:`from_matmulnbits`); immutable; picklable. Holds the canonical
+    packed bytes (little-endian bit streams along K, one byte-aligned row per output feature)
+    plus, built on first use and cached, the kernel tile layout of each depth used.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        ``(M, K)``: output features, input features.
+    format : str
+        One of :data:`FORMATS`.
+    group_size : int
+        Inputs per scale ``G`` (``K`` for per-channel scales).
+    codebook : ndarray, shape (V,), float32
+        Value of each code (fp8: NaN/inf at the codes that encode them; never present).
+    scales : ndarray, shape (M, K // G), float32
+    zeros : ndarray, shape (M, K // G), float32, or None
+        Zero points in value units.
+    k_perm : ndarray, shape (K,), uint32, or None
+        Act-order weights: packed column ``j`` is input ``k_perm[j]`` (handled internally:
+        ``dequantize`` and :func:`msgemm` use the original input order).
+    nbytes : int
+        Bytes of packed codes + scales + zero points.
+    """
+
+    __slots__ = ("_raw", "_cache", "__weakref__")
+
+    def __init__(self, raw: Any) -> None:
+        if not isinstance(raw, _m.Packed):
+            raise TypeError("PackedWeights is built by quantize() or PackedWeights.from_* constructors")
+        self._raw = raw
+        self._cache: dict[str, Any] = {}
+
+    def _cached(self, key: str, make: Any) -> Any:
+        if key not in self._cache:
+            value = make()
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+            self._cache[key] = value
+        return self._cache[key]
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self._raw.m), int(self._raw.k))
+
+    @property
+    def format(self) -> str:
+        return str(self._raw.format)
+
+    @property
+    def group_size(self) -> int:
+        return int(self._raw.group_size)
+
+    @property
+    def levels(self) -> int:
+        """Number of codebook levels V."""
+        return int(self._raw.levels)
+
+    @property
+    def natural_depth(self) -> int:
+        """The depth whose table index is the stored byte (int4 2, int2 4, ternary 5, fp8 1)."""
+        return int(self._raw.natural_depth)
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest tables accepted (``V^d <= 65536``; fp8: 1)."""
+        return int(self._raw.max_depth)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Storage bits per code (4, 3, 2, 1.6 or 8), scales excluded."""
+        return float(self._raw.bits_per_weight)
+
+    @property
+    def codebook(self) -> npt.NDArray[np.float32]:
+        return self._cached("codebook", self._raw.codebook)
+
+    @property
+    def scales(self) -> npt.NDArray[np.float32]:
+        return self._cached("scales", self._raw.scales)
+
+    @property
+    def zeros(self) -> npt.NDArray[np.float32] | None:
+        return self._cached("zeros", self._raw.zeros)
+
+    @property
+    def k_perm(self) -> npt.NDArray[np.uint32] | None:
+        return self._cached("k_perm", self._raw.k_perm)
+
+    @property
+    def packed(self) -> npt.NDArray[np.uint8]:
+        """Canonical packed codes, shape ``(M, row_bytes)`` uint8 (packed column order)."""
+        return self._cached("packed", self._raw.packed)
+
+    @property
+    def codes(self) -> npt.NDArray[np.uint8]:
+        """Unpacked codes, shape ``(M, K)`` uint8, in packed column order (a new copy)."""
+        return self._raw.codes()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._raw.nbytes)
+
+    @property
+    def mirror(self) -> tuple[str, float] | None:
+        """``(involution, shift)`` of the codebook's mirror symmetry, or None."""
+        return self._raw.mirror
+
+    # -- methods --------------------------------------------------------------------------
+    def dequantize(self, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
+        """The dense weight ``Wd``, shape ``(M, K)``, in the original input order.
+
+        Evaluated in float64 (``s * (v[q] - z)``) and cast to ``dtype`` (a float dtype).
+        """
+        dt = np.dtype(dtype)
+        if dt.kind != "f":
+            raise TypeError(f"dtype: expected a float dtype, got {dt}")
+        w = self._raw.dequantize()
+        return w if dt == np.float64 else w.astype(dt)
+
+    def prepare(self, depth: int | None = None) -> PackedWeights:
+        """Builds the kernel tile layout of ``depth`` (default: natural) ahead of the first call."""
+        d = self.natural_depth if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
+        self._raw.prepare(d)
+        return self
+
+    def to_matmulnbits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """ONNX Runtime ``MatMulNBits`` tensors ``(B, scales, zero_points or None)``.
+
+        ``B`` is ``(M, K // G, G * bits // 8)`` uint8, ``scales`` ``(M * K // G,)`` float32,
+        ``zero_points`` packed uint8 (absent for int4/int2 without zero points). For
+        int4/uint4/int2/uint2 weights with integer zero points.
+        """
+        b, s, z = self._raw.to_matmulnbits()
+        return b, s, z
+
+    def __repr__(self) -> str:
+        m, k = self.shape
+        zp = ", zero points" if self.zeros is not None else ""
+        perm = ", act-order" if self.k_perm is not None else ""
+        return (f"PackedWeights(shape=({m}, {k}), format={self.format!r}, group_size={self.group_size}"
+                f"{zp}{perm}, nbytes={self.nbytes})")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        codebook = self.codebook.tolist() if self.format == "codebook" else None
+        return (_restore, (self.format, codebook, self.shape[1], np.asarray(self.packed),
+                           np.asarray(self.scales), None if self.zeros is None else np.asarray(self.zeros),
+                           None if self.k_perm is None else np.asarray(self.k_perm)))
+
+    # -- constructors ---------------------------------------------------------------------
+    @classmethod
+    def from_arrays(
+        cls,
+        codes: npt.ArrayLike,
+        scales: npt.ArrayLike,
+        zeros: npt.ArrayLike | None = None,
+        *,
+        format: str = "int4",
+        codebook: npt.ArrayLike | None = None,
+        k_perm: npt.ArrayLike | None = None,
+    ) -> PackedWeights:
+        """Packs given codes.
+
+        Parameters
+        ----------
+        codes : array_like, shape (M, K), integer
+            Codes in ``0..V-1`` (fp8: finite encodings only).
+        scales : array_like, shape (M, K // G), float
+            One scale per group of ``G`` consecutive inputs.
+        zeros : array_like, shape (M, K // G), float, optional
+            Zero points in value units (``Wd = s * (v[q] - z)``).
+        format : str
+            One of :data:`FORMATS`.
+        codebook : array_like, shape (V,), optional
+            The values of ``format='codebook'`` (2 to 16 distinct values).
+        k_perm : array_like, shape (K,), optional
+            Act-order: column ``j`` of ``codes`` is input ``k_perm[j]``.
+        """
+        fmt, cb = _check_format(format, codebook)
+        c = _int_array(codes, "codes", (2,), np.uint8)
+        m, k = c.shape
+        sc = _float_array(scales, "scales", (2,))
+        if sc.shape[0] != m or sc.shape[1] == 0 or k % sc.shape[1] != 0:
+            raise ValueError(f"scales: expected shape ({m}, K // G) with K // G dividing K = {k}, got {sc.shape}")
+        sc32 = _as_f32(sc, "scales")
+        z = _opt_f32_2d(zeros, "zeros", sc.shape)
+        p = None if k_perm is None else _int_array(k_perm, "k_perm", (1,), np.uint32)
+        return cls(_m.Packed.from_codes(c, sc32, z, fmt, cb, p))
+
+    @classmethod
+    def from_gptq(
+        cls,
+        qweight: npt.ArrayLike,
+        qzeros: npt.ArrayLike,
+        scales: npt.ArrayLike,
+        g_idx: npt.ArrayLike | None = None,
+        *,
+        bits: int = 4,
+        group_size: int | None = None,
+        zero_offset: int = 1,
+    ) -> PackedWeights:
+        """Loads GPTQ tensors (AutoGPTQ / transformers / optimum layout).
+
+        Parameters
+        ----------
+        qweight : array_like, shape (K * bits // 32, M), int32
+            Codes packed along K, low bits first (3 bits: a continuous bit stream).
+        qzeros : array_like, shape (groups, M * bits // 32), int32
+            Zero points packed along M.
+        scales : array_like, shape (groups, M), float16/float32
+        g_idx : array_like, shape (K,), optional
+            Group of every input (act-order checkpoints); the inputs are permuted into group
+            order once, here, and :func:`msgemm` permutes ``x`` to match.
+        bits : {2, 3, 4}
+        group_size : int, optional
+            Needed without ``g_idx`` when ``groups > 1`` (default ``K // groups``).
+        zero_offset : int
+            Added to the stored zero points: 1 for the classic GPTQ format (stores ``z - 1``),
+            0 for ``gptq_v2`` checkpoints.
+        """
+        b = check_int(bits, "bits", min=2, max=4)
+        qw = _int_array(qweight, "qweight", (2,), np.int32)
+        qz = _int_array(qzeros, "qzeros", (2,), np.int32)
+        sc = _as_f32(_float_array(scales, "scales", (2,)), "scales")
+        gi = None if g_idx is None else _int_array(g_idx, "g_idx", (1,), np.int32)
+        k = qw.shape[0] * 32 // b
+        g = None if group_size is None else check_int(group_size, "group_size", min=1)
+        if g is None and gi is None:
+            g = k // sc.shape[0] if sc.shape[0] and k % sc.shape[0] == 0 else None
+        zo = check_int(zero_offset, "zero_offset", min=-16, max=16)
+        return cls(_m.Packed.from_gptq(qw, qz, sc, gi, b, g, zo))
+
+    @classmethod
+    def from_awq(cls, qweight: npt.ArrayLike, qzeros: npt.ArrayLike, scales: npt.ArrayLike, *,
+                 group_size: int) -> PackedWeights:
+        """Loads AutoAWQ GEMM tensors (4 bits).
+
+        ``qweight`` ``(K, M // 8)`` int32 and ``qzeros`` ``(K // G, M // 8)`` int32 pack 8
+        output features per word in AWQ's order ``[0, 2, 4, 6, 1, 3, 5, 7]``; ``scales`` is
+        ``(K // G, M)``.
+        """
+        qw = _int_array(qweight, "qweight", (2,), np.int32)
+        qz = _int_array(qzeros, "qzeros", (2,), np.int32)
+        sc = _as_f32(_float_array(scales, "scales", (2,)), "scales")
+        g = check_int(group_size, "group_size", min=1)
+        return cls(_m.Packed.from_awq(qw, qz, sc, g))
+
+    @classmethod
+    def from_matmulnbits(
+        cls,
+        B: npt.ArrayLike,
+        scales: npt.ArrayLike,
+        zero_points: npt.ArrayLike | None = None,
+        *,
+        K: int,
+        bits: int = 4,
+        block_size: int,
+    ) -> PackedWeights:
+        """Loads an ONNX Runtime ``MatMulNBits`` weight (``com.microsoft`` domain).
+
+        Parameters
+        ----------
+        B : array_like, shape (N, k_blocks, block_size * bits // 8), uint8
+            Codes along K, low bits first (``N`` = output features = our ``M``).
+        scales : array_like, shape (N * k_blocks,), float16/float32
+        zero_points : array_like, optional
+            uint8 ``(N * ceil(k_blocks * bits / 8),)`` packed codes, or float ``(N * k_blocks,)``;
+            absent: ``2^(bits-1)`` (then the weights are int4/int2).
+        K : int
+            Input features (``k_blocks * block_size``; padded tail blocks are not supported).
+        bits : {2, 4}
+        block_size : int
+            Power of two >= 16.
+        """
+        b = _int_array(B, "B", (3,), np.uint8)
+        sc = _as_f32(_float_array(scales, "scales", (1, 2)).reshape(-1), "scales")
+        k = check_int(K, "K", min=1)
+        nb = check_int(bits, "bits", min=2, max=4)
+        bs = check_int(block_size, "block_size", min=1)
+        zp_u8 = zp_f = None
+        if zero_points is not None:
+            zarr = np.asarray(zero_points)
+            if zarr.dtype.kind == "f":
+                zp_f = _as_f32(zarr.reshape(-1), "zero_points")
+            else:
+                zp_u8 = _int_array(zarr.reshape(-1), "zero_points", (1,), np.uint8)
+        return cls(_m.Packed.from_matmulnbits(b, sc, k, nb, bs, zp_u8, zp_f))
+
+
+def _restore(format: str, codebook: list[float] | None, k: int, packed: np.ndarray, scales: np.ndarray,
+             zeros: np.ndarray | None, k_perm: np.ndarray | None) -> PackedWeights:
+    return PackedWeights(_m.Packed.from_packed(np.ascontiguousarray(packed, dtype=np.uint8), int(k),
+                                               np.ascontiguousarray(scales, dtype=np.float32),
+                                               None if zeros is None else np.ascontiguousarray(zeros, dtype=np.float32),
+                                               format, codebook,
+                                               None if k_perm is None else np.ascontiguousarray(k_perm, dtype=np.uint32)))
+
+
+def quantize(
+    w: npt.ArrayLike,
+    format: str = "int4",
+    group_size: int | None = 128,
+    *,
+    symmetric: bool | None = None,
+    codebook: npt.ArrayLike | None = None,
+) -> PackedWeights:
+    """Quantizes a weight matrix.
+
+    Parameters
+    ----------
+    w : array_like, shape (M, K), float16/float32/float64
+        Rows are output features (the ``nn.Linear.weight`` convention). Any memory order.
+    format : str
+        ``int4``, ``int3``, ``int2`` (round-to-nearest, absmax scale ``max|w| / (2^(b-1)-1)``),
+        ``uint4``, ``uint3``, ``uint2`` (min-max over ``[min(w,0), max(w,0)]`` with integer zero
+        points), ``ternary`` (absmax, ``{-1, 0, 1}``), ``fp4`` (OCP MX E2M1 with E8M0
+        power-of-two scales ``2^(floor(log2 max|w|) - 2)``, saturating), ``nf4`` (absmax,
+        nearest NormalFloat level), ``codebook`` (absmax onto ``max|codebook|``, nearest level),
+        ``fp8_e4m3`` / ``fp8_e5m2`` (absmax onto the largest finite value, round to nearest
+        even).
+    group_size : int or None
+        Inputs per scale; must divide K. ``None`` (or -1): one scale per row.
+    symmetric : bool, optional
+        Integer formats only. ``False`` with ``int*`` gives ``uint*`` with zero points;
+        ``True`` with ``uint*`` fixes the zero point at ``2^(b-1)`` (GPTQ ``sym=True``).
+    codebook : array_like, shape (V,), optional
+        The 2 to 16 values of ``format='codebook'``.
+
+    Returns
+    -------
+    PackedWeights
+
+    Notes
+    -----
+    Codes are rounded against the stored float32 scale, so for the RTN formats
+    ``|dequantize() - w| <= scale / 2`` elementwise.
+    """
+    fmt, cb = _check_format(format, codebook)
+    arr = _float_array(w, "w", (2,))
+    sym = None if symmetric is None else check_bool(symmetric, "symmetric")
+    g = _check_group_size(group_size, arr.shape[1])
+    if arr.dtype == np.float64:
+        w64 = np.ascontiguousarray(arr)
+        if not np.isfinite(w64).all():
+            _check_finite32(w64, "w")
+        raw = _m.Packed.quantize_f64(w64, fmt, g, sym, cb)
+    else:
+        raw = _m.Packed.quantize_f32(_as_f32(arr, "w"), fmt, g, sym, cb)
+    return PackedWeights(raw)
+
+
+def _check_pw(pw: Any) -> PackedWeights:
+    if not isinstance(pw, PackedWeights):
+        raise TypeError(f"pw: expected PackedWeights (from quantize or PackedWeights.from_*), got {type(pw).__name__}")
+    return pw
+
+
+def _check_opts(pw: PackedWeights, depth: Any, table: Any, backend: Any, threads: Any, mirror: Any,
+                count: bool) -> tuple[int | None, str, str, int | None, bool]:
+    if isinstance(depth, str):
+        if depth != "auto":
+            raise ValueError(f"depth: must be 'auto' or an integer in 1..{pw.max_depth}, got {depth!r}")
+        d = None
+    else:
+        d = check_int(depth, "depth", min=1, max=pw.max_depth)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a string, got {type(backend).__name__}")
+    check_choice(backend, "backend", BACKENDS)
+    if count:
+        if backend not in ("auto", "reference"):
+            raise ValueError(f"count: count=True runs the instrumented reference kernel; backend={backend!r} cannot count")
+        backend = "reference"
+    if table is None:
+        table = "f32" if backend == "reference" else "i8"
+    if not isinstance(table, str):
+        raise TypeError(f"table: expected a string, got {type(table).__name__}")
+    check_choice(table, "table", TABLES)
+    if backend == "reference" and table != "f32":
+        raise ValueError("table: backend='reference' (the counting kernel) runs float32 tables only: use table='f32'")
+    t = None if threads is None else check_int(threads, "threads", min=1, max=4096)
+    mir = check_bool(mirror, "mirror")
+    if mir and pw.mirror is None:
+        raise ValueError(f"mirror: format {pw.format!r} has no mirror symmetry (int*, uint*, ternary, fp4 and "
+                         "symmetric codebooks do)")
+    return d, table, backend, t, mir
+
+
+def msgemm(
+    pw: PackedWeights,
+    x: npt.ArrayLike,
+    *,
+    depth: int | str = "auto",
+    table: str | None = None,
+    backend: str = "auto",
+    threads: int | None = None,
+    out: np.ndarray | None = None,
+    count: bool = False,
+    mirror: bool = False,
+) -> Any:
+    """``pw.dequantize() @ x`` through look-up tables (msGeMM).
+
+    Parameters
+    ----------
+    pw : PackedWeights
+        Weights of shape (M, K).
+    x : array_like, shape (K,) or (K, N), float16/float32/float64
+        Activations; any memory order (a Fortran-order ``x`` is read without a copy).
+        Computed in float32.
+    depth : int or "auto"
+        Inputs per table index ``d``: tables have ``V^d`` entries. ``"auto"`` takes the
+        operation-count model's best depth (``argmax_d d / (1 + A_d(V)/M)``) among the depths
+        with byte indices the backend implements. Deeper tables (int4 ``d=3``: 4096 entries,
+        the paper's headline setting) on request. ``d`` need not divide the group size: the
+        last tuple of a group is then shorter.
+    table : {"i8", "i16", "f32"}, optional
+        Table precision. ``"i8"`` (default, fast): float tables rounded to int8 with one scale
+        per (column, group); error per output at most ``sum_g |s| * (G/d) * t/2``.
+        ``"i16"``: activations rounded to int8 per (column, group), integer codebooks, exact
+        integer partial sums. ``"f32"``: float32 tables, error within
+        ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Default ``"f32"``
+        for the reference backend. Relative L1 errors measured on Gaussian int4 g128 GEMV
+        (4096 x 4096, depth 2): ``i8`` 2.0e-2, ``i16`` 6.7e-3, ``f32`` 1.8e-7.
+    backend : {"auto", "avx512", "avx2", "scalar", "reference"}
+        Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
+        CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
+    threads : int, optional
+        Run on a pool of this many threads (default: the library pool, see
+        :func:`maleki_rs.set_num_threads`). Results are identical for any thread count.
+    out : ndarray, optional
+        float32 C-contiguous array of the result's shape to write into.
+    count : bool
+        Return ``(y, counts)``: the operations counted by the instrumented reference kernel
+        (keys ``table_mul, table_add, lookup, add, mul, dense_mul, dense_add, dequant_mul,
+        mac_ratio, op_ratio, model_ratio, depth``).
+    mirror : bool
+        Build half-size tables using the codebook's mirror symmetry (int*, uint*, ternary,
+        fp4, symmetric codebooks).
+
+    Returns
+    -------
+    y : ndarray, shape (M,) or (M, N), float32
+        (``out`` when given.) With ``count=True``: ``(y, counts)``.
+    """
+    pw = _check_pw(pw)
+    count = check_bool(count, "count")
+    d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, count)
+    m, k = pw.shape
+    arr = _float_array(x, "x", (1, 2))
+    if arr.shape[0] != k:
+        raise ValueError(f"x: expected {k} rows (K of the weights), got shape {arr.shape}")
+    vector = arr.ndim == 1
+    n = 1 if vector else arr.shape[1]
+    if not vector and arr.flags.f_contiguous and not arr.flags.c_contiguous and arr.dtype == np.float32:
+        xs, transposed = arr.T, True  # (N, K) C-contiguous view: no copy
+        _check_finite32(xs, "x")
+    else:
+        xs, transposed = _as_f32(arr.reshape(k, n), "x"), False
+    if count:
+        if out is not None:
+            raise ValueError("out: not supported with count=True")
+        y, counts = _m.gemm_counted(pw._raw, xs, transposed, d, tbl, mir)
+        return (y.reshape(m) if vector else y), counts
+    if out is not None:
+        want = (m,) if vector else (m, n)
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out: expected a numpy array, got {type(out).__name__}")
+        if out.dtype != np.float32:
+            raise TypeError(f"out: expected dtype float32, got {out.dtype}")
+        if out.shape != want:
+            raise ValueError(f"out: expected shape {want}, got {out.shape}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out: must be a writeable C-contiguous array")
+        _m.gemm(pw._raw, xs, transposed, d, tbl, bk, mir, t, out.reshape(m, n))
+        return out
+    y = _m.gemm(pw._raw, xs, transposed, d, tbl, bk, mir, t)
+    return y.reshape(m) if vector else y
+
+
+def linear(
+    x: npt.ArrayLike,
+    pw: PackedWeights,
+    *,
+    depth: int | str = "auto",
+    table: str | None = None,
+    backend: str = "auto",
+    threads: int | None = None,
+    mirror: bool = False,
+) -> np.ndarray:
+    """A linear layer ``x @ Wd.T`` for activations of shape ``(..., K)``.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., K), float
+    pw : PackedWeights
+        Weights ``(M, K)`` (``nn.Linear.weight`` convention: rows are output features).
+    depth, table, backend, threads, mirror
+        As in :func:`msgemm`.
+
+    Returns
+    -------
+    ndarray, shape (..., M), float32
+    """
+    pw = _check_pw(pw)
+    d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, False)
+    m, k = pw.shape
+    arr = _float_array(x, "x", tuple(range(1, 33)))
+    if arr.shape[-1] != k:
+        raise ValueError(f"x: expected last dimension K = {k}, got shape {arr.shape}")
+    lead = arr.shape[:-1]
+    x2 = _as_f32(arr.reshape(-1, k), "x")  # (B, K): X transposed, as the kernel wants it
+    if bk == "reference":
+        y, _ = _m.gemm_counted(pw._raw, x2, True, d, tbl, mir)
+    else:
+        y = _m.gemm(pw._raw, x2, True, d, tbl, bk, mir, t)
+    return np.ascontiguousarray(y.T).reshape(*lead, m)
+
+
+def _levels_of(format: Any, codebook: Any) -> tuple[int, float | None, int]:
+    """``(V, mirror shift or None, max depth)`` of a format name or a level count."""
+    if isinstance(format, numbers.Integral) and not isinstance(format, bool):
+        v = check_int(format, "format", min=2, max=1 << 16)
+        dmax = 1
+        while v ** (dmax + 1) <= 65536:
+            dmax += 1
+        return v, 0.0, dmax
+    fmt, cb = _check_format(format, codebook)
+    v, _, dmax, _, shift = _m.format_info(fmt, cb)
+    return int(v), shift, int(dmax)
+
+
+def op_counts(
+    M: int,
+    K: int,
+    N: int = 1,
+    *,
+    format: str | int = "int4",
+    depth: int | str = 2,
+    group_size: int | None = 128,
+    zero_points: bool = False,
+    mirror: bool = False,
+    codebook: npt.ArrayLike | None = None,
+) -> dict[str, Any]:
+    """Closed-form operation counts of msGeMM and of the dense GEMM (spec section 2.5).
+
+    Parameters
+    ----------
+    M, K, N : int
+        Rows of W (output features), inputs, columns of X.
+    format : str or int
+        A format name, or the number of levels V.
+    depth : int or "auto"
+        Table depth d (``"auto"``: :func:`best_depth`).
+    group_size : int or None
+        Group size G (must divide K; None: per channel).
+    zero_points : bool
+        Weights carry zero points.
+    mirror : bool
+        Half tables by mirror symmetry (for int*/uint* this also turns on the zero-point term
+        that carries the codebook's half-step shift).
+    codebook : array_like, optional
+        Values of ``format='codebook'``.
+
+    Returns
+    -------
+    dict
+        ``table_mul``, ``table_add``, ``lookup``, ``add``, ``mul`` (msGeMM), ``dense_mul``,
+        ``dense_add``, ``dequant_mul`` (dense GEMM on dequantized weights, and the
+        dequantization), ``mac_ratio = M N K / (table_add + lookup)`` (the paper's
+        instruction ratio, ``d / (1 + A_d(V)/M)`` when d divides G), ``op_ratio`` (all
+        arithmetic), ``model_ratio``, ``depth``, ``zero_term``, ``mirror``.
+    """
+    m = check_int(M, "M", min=1)
+    k = check_int(K, "K", min=1)
+    n = check_int(N, "N", min=1)
+    v, shift, dmax = _levels_of(format, codebook)
+    mir = check_bool(mirror, "mirror")
+    if mir and shift is None:
+        raise ValueError(f"mirror: format {format!r} has no mirror symmetry")
+    if isinstance(depth, str):
+        if depth != "auto":
+            raise ValueError(f"depth: must be 'auto' or an integer, got {depth!r}")
+        d = best_depth(m, v, max_depth=dmax, mirror=mir)
+    else:
+        d = check_int(depth, "depth", min=1, max=dmax)
+    g = _check_group_size(group_size, k) or k
+    zp = check_bool(zero_points, "zero_points") or (mir and bool(shift))
+    return dict(_m.op_counts(m, k, n, v, d, g, zp, mir))
+
+
+def best_depth(M: int, V: int | str, *, max_depth: int | None = None, mirror: bool = False) -> int:
+    """The table depth that minimizes table adds + lookups: ``argmax_d d / (1 + A_d(V)/M)``.
+
+    Parameters
+    ----------
+    M : int
+        Rows sharing each table (output features).
+    V : int or str
+        Codebook levels, or a format name.
+    max_depth : int, optional
+        Largest depth considered (default: the largest with ``V^d <= 65536``; fp8: 1).
+    mirror : bool
+        Count half tables (``A_d^mir``).
+    """
+    m = check_int(M, "M", min=1)
+    v, _, dmax = _levels_of(V, None)
+    dm = dmax if max_depth is None else check_int(max_depth, "max_depth", min=1, max=64)
+    return int(_m.best_depth(m, v, dm, check_bool(mirror, "mirror")))
+
+
+def model_ratio(M: int, V: int | str, depth: int, *, mirror: bool = False) -> float:
+    """The model ratio ``R = d / (1 + A_d(V)/M)`` of dense multiply-adds to table adds + lookups."""
+    m = check_int(M, "M", min=1)
+    v, _, _ = _levels_of(V, None)
+    d = check_int(depth, "depth", min=1, max=64)
+    return float(_m.model_ratio(m, v, d, check_bool(mirror, "mirror")))
+
+
+def codebook(format: str) -> npt.NDArray[np.float32]:
+    """The values ``v[0..V)`` of a built-in format's codes (fp8: NaN/inf at those encodings)."""
+    if not isinstance(format, str):
+        raise TypeError(f"format: expected a string, got {type(format).__name__}")
+    check_choice(format, "format", tuple(f for f in FORMATS if f != "codebook"))
+    return _m.codebook_values(format)
+
+
+def available_backends() -> list[str]:
+    """Backends usable on this machine (compiled in, supported by the CPU), plus "reference"."""
+    return list(_m.available_backends())
+
+
+def backend_supports(pw: PackedWeights, backend: str, *, n: int = 1, depth: int | str = "auto",
+                     table: str | None = None, mirror: bool = False) -> bool:
+    """Whether ``backend`` runs this call on this machine (False instead of an error)."""
+    pw = _check_pw(pw)
+    check_choice(backend, "backend", BACKENDS)
+    if table is None:
+        table = "f32" if backend == "reference" else "i8"
+    check_choice(table, "table", TABLES)
+    d = None if depth == "auto" else check_int(depth, "depth", min=1, max=pw.max_depth)
+    return bool(_m.backend_supports(pw._raw, check_int(n, "n", min=1), d, table, backend,
+                                    check_bool(mirror, "mirror")))

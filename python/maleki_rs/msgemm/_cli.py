@@ -1,0 +1,110 @@
+"""``maleki msgemm ...``: the counted reduction and the measured speed on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _api as mg
+
+
+def _times(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(min, median) seconds per call after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts), statistics.median(ts)
+
+
+def _report_counts(m: int, k: int, n: int, fmt: str, depth: int, g: int | None, zero_points: bool,
+                   mirror: bool, out: Callable[[str], None]) -> None:
+    c = mg.op_counts(m, k, n, format=fmt, depth=depth, group_size=g, zero_points=zero_points, mirror=mirror)
+    out(f"  model ({fmt}, M={m}, K={k}, N={n}, d={c['depth']}{', mirror' if mirror else ''}): "
+        f"dense {c['dense_mul']:,} multiply-adds vs msGeMM {c['table_add']:,} table adds + "
+        f"{c['lookup']:,} lookup-adds -> {c['mac_ratio']:.2f}x fewer instructions "
+        f"(all arithmetic: {c['op_ratio']:.2f}x)")
+
+
+def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_size: int | None = 128,
+          table: str = "i8", depth: int | str = "auto", repeat: int = 20, count_limit: int = 1 << 26,
+          out: Callable[[str], None] = print, seed: int = 0) -> dict[str, Any]:
+    """Counts and times one shape; prints a short report. Returns the figures."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k), dtype=np.float32)
+    pw = mg.quantize(w, fmt, group_size)
+    x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
+    info = mg._m.plan_info(pw._raw, n, None if depth == "auto" else int(depth), table, "auto", False)
+    d = int(info["depth"])
+    pw.prepare(d)
+    out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={table}, depth={d}, "
+        f"kernel={info['backend']}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB")
+    # 1. the counted reduction (the instrumented kernel, when the shape is small enough)
+    zero_points = pw.zeros is not None
+    _report_counts(m, k, n, fmt, d, pw.group_size, zero_points, False, out)
+    counted = None
+    if m * k * n <= count_limit:
+        _, counted = mg.msgemm(pw, x, depth=d, count=True)
+        model = mg.op_counts(m, k, n, format=fmt, depth=d, group_size=pw.group_size, zero_points=zero_points)
+        same = all(counted[key] == model[key] for key in ("table_mul", "table_add", "lookup", "add", "mul"))
+        out(f"  counted by the instrumented kernel: {counted['table_add']:,} table adds, {counted['lookup']:,} "
+            f"lookups, {counted['mul']:,} multiplies -> {counted['mac_ratio']:.2f}x "
+            f"({'equals' if same else 'DIFFERS FROM'} the closed form)")
+    # 2. the measured speed
+    wd = pw.dequantize(np.float32)
+    ours = _times(lambda: mg.msgemm(pw, x, depth=d, table=table), repeat)
+    dense = _times(lambda: wd @ x, repeat)
+    deq = _times(lambda: pw.dequantize(np.float32) @ x, max(3, repeat // 5))
+    ref = wd.astype(np.float64) @ x
+    y = mg.msgemm(pw, x, depth=d, table=table)
+    rel = float(np.abs(y - ref).sum() / max(np.abs(ref).sum(), 1e-300))
+    gbs = pw.nbytes / ours[0] / 1e9
+    out(f"  msgemm               {ours[0] * 1e3:8.3f} ms (median {ours[1] * 1e3:.3f}), {gbs:6.2f} GB/s of packed weights, "
+        f"rel. L1 error {rel:.1e}")
+    out(f"  numpy fp32 W @ x     {dense[0] * 1e3:8.3f} ms (weights pre-dequantized: {wd.nbytes / 1e6:.0f} MB)"
+        f"  -> msgemm {dense[0] / ours[0]:.2f}x")
+    out(f"  dequantize + numpy   {deq[0] * 1e3:8.3f} ms  -> msgemm {deq[0] / ours[0]:.2f}x")
+    return {"msgemm_s": ours[0], "numpy_s": dense[0], "dequant_numpy_s": deq[0], "rel_l1": rel,
+            "counted": counted, "depth": d, "kernel": info["backend"]}
+
+
+def _bench_cmd(args: argparse.Namespace) -> int:
+    g = None if args.group_size in (None, -1) else args.group_size
+    depth: int | str = args.depth if args.depth == "auto" else int(args.depth)
+    bench(args.m, args.k, args.n, args.format, g, args.table, depth, args.repeat)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("msgemm", help="low-bit GEMM through look-up tables (msGeMM)")
+    sub = p.add_subparsers(dest="msgemm_command", metavar="COMMAND")
+    b = sub.add_parser("bench", help="counted reduction and measured speed against numpy for one shape")
+    b.add_argument("--m", type=int, default=4096, help="output features M (default 4096)")
+    b.add_argument("--k", type=int, default=4096, help="input features K (default 4096)")
+    b.add_argument("--n", type=int, default=1, help="columns of X (default 1: GEMV)")
+    b.add_argument("--format", default="int4", choices=[f for f in mg.FORMATS if f != "codebook"])
+    b.add_argument("--group-size", type=int, default=128, help="-1: per channel")
+    b.add_argument("--table", default="i8", choices=mg.TABLES)
+    b.add_argument("--depth", default="auto", help="'auto' or an integer")
+    b.add_argument("--repeat", type=int, default=20)
+    b.set_defaults(func=_bench_cmd)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def tour() -> None:
+    """The paper's claim counted, and the speed of the GEMV on this machine (a few seconds)."""
+    print("The paper's setting, int4 weights (V=16) at depth 3, counted in closed form:")
+    for m in (4096, 12288, 28672):
+        _report_counts(m, 4608, 1, "int4", 3, None, False, False, print)
+    _report_counts(12288, 4608, 1, "int4", 3, None, False, True, print)
+    print("Lower bit widths gain more (ternary, depth 5):")
+    _report_counts(4096, 4096, 1, "ternary", 5, None, False, False, print)
+    print()
+    bench(4096, 4096, 1, "int4", 128, "i8", "auto", repeat=10, count_limit=1 << 24)

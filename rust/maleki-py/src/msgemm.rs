@@ -1,0 +1,587 @@
+//! `maleki_rs._core.msgemm`: bindings of the msGeMM core (private; the public API is the
+//! Python package `maleki_rs.msgemm`, which validates arguments and converts dtypes first).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use maleki_common::{Error, Result as CoreResult};
+use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
+use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout};
+use maleki_msgemm::interop::{self, NBitsZeros};
+use maleki_msgemm::kernels::{self, Backend};
+use maleki_msgemm::quantize::{quantize, QuantizeOptions};
+use maleki_msgemm::{Codebook, Format, PackedWeights, TablePrecision};
+use numpy::ndarray::{Array1, Array2};
+use numpy::{IntoPyArray, PyUntypedArrayMethods, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use rayon::ThreadPool;
+
+use crate::errors::to_pyerr;
+use crate::progress::run_quick;
+
+fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{name}: array must be C-contiguous")))
+}
+
+fn slice1<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, name: &str) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{name}: array must be C-contiguous")))
+}
+
+fn to_array2<T: numpy::Element>(py: Python<'_>, data: Vec<T>, rows: usize, cols: usize) -> PyResult<Bound<'_, PyArray2<T>>> {
+    let a = Array2::from_shape_vec((rows, cols), data).map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
+    Ok(a.into_pyarray(py))
+}
+
+/// Pools of a given size for `threads=` (built once per size and process, owned by the
+/// library). A forked child does not inherit the parent's worker threads: pools built by
+/// another process id are leaked (dropping them would signal threads that do not exist) and
+/// rebuilt.
+fn pool_of(threads: usize) -> CoreResult<Arc<ThreadPool>> {
+    type Pools = (u32, HashMap<usize, Arc<ThreadPool>>);
+    static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
+    if threads == 0 || threads > 4096 {
+        return Err(Error::invalid("threads", format!("must be in 1..=4096, got {threads}")));
+    }
+    let pid = std::process::id();
+    let mut guard = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.as_ref().is_some_and(|(owner, _)| *owner != pid) {
+        if let Some(old) = guard.take() {
+            std::mem::forget(old);
+        }
+    }
+    let (_, map) = guard.get_or_insert_with(|| (pid, HashMap::new()));
+    if let Some(p) = map.get(&threads) {
+        return Ok(Arc::clone(p));
+    }
+    let p = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("maleki-rs-msgemm{threads}-{i}"))
+            .build()
+            .map_err(|e| Error::Numerical(format!("could not start {threads} threads: {e}")))?,
+    );
+    map.insert(threads, Arc::clone(&p));
+    Ok(p)
+}
+
+/// Runs `job` with the GIL released on the library pool, or on a pool of `threads` threads.
+fn run_on<T: Send>(py: Python<'_>, threads: Option<usize>, job: impl FnOnce() -> CoreResult<T> + Send) -> PyResult<T> {
+    match threads {
+        None => run_quick(py, job),
+        Some(t) => {
+            let pool = pool_of(t).map_err(to_pyerr)?;
+            py.detach(|| pool.install(job)).map_err(to_pyerr)
+        }
+    }
+}
+
+fn codebook_of(format: &str, codebook: Option<Vec<f32>>) -> CoreResult<Codebook> {
+    let f = Format::from_name(format)?;
+    Codebook::for_format(f, codebook.as_deref())
+}
+
+/// Packed low-bit weights (the core object behind `maleki_rs.msgemm.PackedWeights`).
+#[pyclass(frozen, module = "maleki_rs._core.msgemm", name = "Packed")]
+pub struct Packed {
+    inner: Arc<PackedWeights>,
+}
+
+impl Packed {
+    fn wrap(pw: PackedWeights) -> Packed {
+        Packed { inner: Arc::new(pw) }
+    }
+}
+
+#[pymethods]
+impl Packed {
+    /// Quantizes float32 `w` (M, K).
+    #[staticmethod]
+    #[pyo3(signature = (w, format, group_size, symmetric, codebook))]
+    fn quantize_f32(
+        py: Python<'_>,
+        w: PyReadonlyArray2<'_, f32>,
+        format: &str,
+        group_size: Option<usize>,
+        symmetric: Option<bool>,
+        codebook: Option<Vec<f32>>,
+    ) -> PyResult<Packed> {
+        let (m, k) = (w.shape()[0], w.shape()[1]);
+        let data = slice2(&w, "w")?;
+        let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
+        run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
+    }
+
+    /// Quantizes float64 `w` (M, K).
+    #[staticmethod]
+    #[pyo3(signature = (w, format, group_size, symmetric, codebook))]
+    fn quantize_f64(
+        py: Python<'_>,
+        w: PyReadonlyArray2<'_, f64>,
+        format: &str,
+        group_size: Option<usize>,
+        symmetric: Option<bool>,
+        codebook: Option<Vec<f32>>,
+    ) -> PyResult<Packed> {
+        let (m, k) = (w.shape()[0], w.shape()[1]);
+        let data = slice2(&w, "w")?;
+        let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
+        run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
+    }
+
+    /// From unpacked codes (M, K) uint8, scales (M, K/G) float32, zeros (M, K/G) or None.
+    #[staticmethod]
+    #[pyo3(signature = (codes, scales, zeros, format, codebook, k_perm))]
+    fn from_codes(
+        py: Python<'_>,
+        codes: PyReadonlyArray2<'_, u8>,
+        scales: PyReadonlyArray2<'_, f32>,
+        zeros: Option<PyReadonlyArray2<'_, f32>>,
+        format: &str,
+        codebook: Option<Vec<f32>>,
+        k_perm: Option<PyReadonlyArray1<'_, u32>>,
+    ) -> PyResult<Packed> {
+        let (m, k) = (codes.shape()[0], codes.shape()[1]);
+        let groups = scales.shape()[1];
+        if scales.shape()[0] != m || groups == 0 || k % groups != 0 {
+            return Err(PyValueError::new_err(format!(
+                "scales: expected shape ({m}, K/G) with K/G dividing K = {k}, got {:?}",
+                scales.shape()
+            )));
+        }
+        let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
+        let c = slice2(&codes, "codes")?;
+        let s = slice2(&scales, "scales")?.to_vec();
+        let z = zeros.as_ref().map(|z| slice2(z, "zeros").map(|v| v.to_vec())).transpose()?;
+        let p = k_perm.as_ref().map(|p| slice1(p, "k_perm").map(|v| v.to_vec())).transpose()?;
+        run_quick(py, || PackedWeights::from_codes(cb, m, k, k / groups, c, s, z, p)).map(Packed::wrap)
+    }
+
+    /// From canonical packed bytes (M, row_bytes) uint8 (the pickled state).
+    #[staticmethod]
+    #[pyo3(signature = (packed, k, scales, zeros, format, codebook, k_perm))]
+    fn from_packed(
+        py: Python<'_>,
+        packed: PyReadonlyArray2<'_, u8>,
+        k: usize,
+        scales: PyReadonlyArray2<'_, f32>,
+        zeros: Option<PyReadonlyArray2<'_, f32>>,
+        format: &str,
+        codebook: Option<Vec<f32>>,
+        k_perm: Option<PyReadonlyArray1<'_, u32>>,
+    ) -> PyResult<Packed> {
+        let m = packed.shape()[0];
+        let groups = scales.shape()[1];
+        if groups == 0 || !k.is_multiple_of(groups) {
+            return Err(PyValueError::new_err(format!("scales: {groups} groups do not divide K = {k}")));
+        }
+        let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
+        let b = slice2(&packed, "packed")?.to_vec();
+        let s = slice2(&scales, "scales")?.to_vec();
+        let z = zeros.as_ref().map(|z| slice2(z, "zeros").map(|v| v.to_vec())).transpose()?;
+        let p = k_perm.as_ref().map(|p| slice1(p, "k_perm").map(|v| v.to_vec())).transpose()?;
+        run_quick(py, || PackedWeights::from_packed(cb, m, k, k / groups, b, s, z, p)).map(Packed::wrap)
+    }
+
+    /// GPTQ tensors (see `maleki_msgemm::interop::from_gptq`).
+    #[staticmethod]
+    #[pyo3(signature = (qweight, qzeros, scales, g_idx, bits, group_size, zero_offset))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_gptq(
+        py: Python<'_>,
+        qweight: PyReadonlyArray2<'_, i32>,
+        qzeros: PyReadonlyArray2<'_, i32>,
+        scales: PyReadonlyArray2<'_, f32>,
+        g_idx: Option<PyReadonlyArray1<'_, i32>>,
+        bits: u32,
+        group_size: Option<usize>,
+        zero_offset: i32,
+    ) -> PyResult<Packed> {
+        let m = qweight.shape()[1];
+        let k = qweight.shape()[0] * 32 / (bits.max(1) as usize);
+        let (qw, qz, s) = (slice2(&qweight, "qweight")?, slice2(&qzeros, "qzeros")?, slice2(&scales, "scales")?);
+        if scales.shape()[1] != m {
+            return Err(PyValueError::new_err(format!("scales: expected shape (groups, {m}), got {:?}", scales.shape())));
+        }
+        let gi = g_idx.as_ref().map(|g| slice1(g, "g_idx")).transpose()?;
+        run_quick(py, || interop::from_gptq(qw, qz, s, gi, m, k, bits, group_size, zero_offset)).map(Packed::wrap)
+    }
+
+    /// AutoAWQ GEMM tensors.
+    #[staticmethod]
+    fn from_awq(
+        py: Python<'_>,
+        qweight: PyReadonlyArray2<'_, i32>,
+        qzeros: PyReadonlyArray2<'_, i32>,
+        scales: PyReadonlyArray2<'_, f32>,
+        group_size: usize,
+    ) -> PyResult<Packed> {
+        let k = qweight.shape()[0];
+        let m = qweight.shape()[1] * 8;
+        let (qw, qz, s) = (slice2(&qweight, "qweight")?, slice2(&qzeros, "qzeros")?, slice2(&scales, "scales")?);
+        run_quick(py, || interop::from_awq(qw, qz, s, m, k, group_size)).map(Packed::wrap)
+    }
+
+    /// ONNX Runtime MatMulNBits: B (N, k_blocks, blob) uint8, scales (N*k_blocks,) float32,
+    /// zero points: None, packed uint8 or float32.
+    #[staticmethod]
+    #[pyo3(signature = (b, scales, k, bits, block_size, zeros_packed=None, zeros_float=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_matmulnbits(
+        py: Python<'_>,
+        b: PyReadonlyArray3<'_, u8>,
+        scales: PyReadonlyArray1<'_, f32>,
+        k: usize,
+        bits: u32,
+        block_size: usize,
+        zeros_packed: Option<PyReadonlyArray1<'_, u8>>,
+        zeros_float: Option<PyReadonlyArray1<'_, f32>>,
+    ) -> PyResult<Packed> {
+        let m = b.shape()[0];
+        let bs = b
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("B: array must be C-contiguous"))?;
+        let s = slice1(&scales, "scales")?;
+        let zp = zeros_packed.as_ref().map(|z| slice1(z, "zero_points")).transpose()?;
+        let zf = zeros_float.as_ref().map(|z| slice1(z, "zero_points")).transpose()?;
+        let zeros = match (zp, zf) {
+            (Some(p), _) => NBitsZeros::Packed(p),
+            (None, Some(f)) => NBitsZeros::Float(f),
+            (None, None) => NBitsZeros::Default,
+        };
+        run_quick(py, || interop::from_matmulnbits(bs, s, zeros, m, k, bits, block_size)).map(Packed::wrap)
+    }
+
+    /// `(B (N, k_blocks, blob) uint8, scales (N*k_blocks,) float32, zero_points uint8 or None)`.
+    fn to_matmulnbits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let (b, s, z) = interop::to_matmulnbits(&self.inner).map_err(to_pyerr)?;
+        let pw = &self.inner;
+        let kb = pw.groups();
+        let blob = pw.row_bytes() / kb;
+        let b = numpy::ndarray::Array3::from_shape_vec((pw.m(), kb, blob), b)
+            .map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?
+            .into_pyarray(py);
+        let s = Array1::from_vec(s).into_pyarray(py);
+        let z = z.map(|z| Array1::from_vec(z).into_pyarray(py));
+        pyo3::types::PyTuple::new(py, [b.into_any(), s.into_any(), z.map_or(py.None().into_bound(py), |z| z.into_any())])
+    }
+
+    #[getter]
+    fn format(&self) -> &'static str {
+        self.inner.codebook().format().name()
+    }
+    #[getter]
+    fn m(&self) -> usize {
+        self.inner.m()
+    }
+    #[getter]
+    fn k(&self) -> usize {
+        self.inner.k()
+    }
+    #[getter]
+    fn group_size(&self) -> usize {
+        self.inner.group_size()
+    }
+    #[getter]
+    fn levels(&self) -> usize {
+        self.inner.codebook().levels()
+    }
+    #[getter]
+    fn natural_depth(&self) -> usize {
+        self.inner.natural_depth()
+    }
+    #[getter]
+    fn max_depth(&self) -> usize {
+        self.inner.codebook().max_depth()
+    }
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner.nbytes()
+    }
+    #[getter]
+    fn bits_per_weight(&self) -> f64 {
+        self.inner.codebook().packing().bits_per_code()
+    }
+    /// `(involution name, shift)` of the codebook's mirror symmetry, or None.
+    #[getter]
+    fn mirror(&self) -> Option<(&'static str, f32)> {
+        self.inner.codebook().mirror().map(|m| {
+            let name = match m.involution {
+                maleki_msgemm::format::Involution::Reverse => "reverse",
+                maleki_msgemm::format::Involution::SignBit => "signbit",
+            };
+            (name, m.shift)
+        })
+    }
+    fn codebook<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
+        Array1::from_vec(self.inner.codebook().values().to_vec()).into_pyarray(py)
+    }
+    fn packed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
+        to_array2(py, self.inner.packed().to_vec(), self.inner.m(), self.inner.row_bytes())
+    }
+    fn scales<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        to_array2(py, self.inner.scales().to_vec(), self.inner.m(), self.inner.groups())
+    }
+    fn zeros<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        self.inner
+            .zeros()
+            .map(|z| to_array2(py, z.to_vec(), self.inner.m(), self.inner.groups()))
+            .transpose()
+    }
+    fn k_perm<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<u32>>> {
+        self.inner.k_perm().map(|p| Array1::from_vec(p.to_vec()).into_pyarray(py))
+    }
+    fn codes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
+        let pw = Arc::clone(&self.inner);
+        let c = run_quick(py, || Ok(pw.codes()))?;
+        to_array2(py, c, self.inner.m(), self.inner.k())
+    }
+    fn dequantize<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let pw = Arc::clone(&self.inner);
+        let w = run_quick(py, || Ok(pw.dequantize()))?;
+        to_array2(py, w, self.inner.m(), self.inner.k())
+    }
+    /// Builds (and caches) the tile layout and tiled scales of `depth` ahead of the first call.
+    fn prepare(&self, py: Python<'_>, depth: usize) -> PyResult<()> {
+        let pw = Arc::clone(&self.inner);
+        run_quick(py, || {
+            pw.layout(depth)?;
+            pw.tiled_scales();
+            pw.tiled_zeros();
+            Ok(())
+        })
+    }
+}
+
+fn quant_opts(format: &str, group_size: Option<usize>, symmetric: Option<bool>, codebook: Option<Vec<f32>>) -> CoreResult<QuantizeOptions> {
+    Ok(QuantizeOptions { format: Format::from_name(format)?, group_size, symmetric, codebook })
+}
+
+fn options(depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> CoreResult<GemmOptions> {
+    Ok(GemmOptions {
+        depth: depth.map_or(Depth::Auto, Depth::Fixed),
+        precision: TablePrecision::from_name(table)?,
+        backend: Backend::from_name(backend)?,
+        mirror,
+    })
+}
+
+fn counts_dict<'py>(py: Python<'py>, p: &CountParams, c: &OpCounts) -> PyResult<Bound<'py, PyDict>> {
+    let cmp = compare(p, c);
+    let d = PyDict::new(py);
+    d.set_item("table_mul", c.table_mul)?;
+    d.set_item("table_add", c.table_add)?;
+    d.set_item("lookup", c.lookup)?;
+    d.set_item("add", c.add)?;
+    d.set_item("mul", c.mul)?;
+    d.set_item("dense_mul", cmp.dense_mul)?;
+    d.set_item("dense_add", cmp.dense_add)?;
+    d.set_item("dequant_mul", cmp.dequant_mul)?;
+    d.set_item("mac_ratio", cmp.mac_ratio)?;
+    d.set_item("op_ratio", cmp.op_ratio)?;
+    d.set_item("model_ratio", count::model_ratio(p.m, p.levels, p.depth, p.mirror))?;
+    d.set_item("depth", p.depth)?;
+    d.set_item("zero_term", p.zero_term)?;
+    d.set_item("mirror", p.mirror)?;
+    Ok(d)
+}
+
+/// `y = Wd @ X`: `x` float32 C-contiguous, `(K, N)` (`transposed=False`) or `(N, K)`
+/// (`transposed=True`); returns (or writes into `out`) `y` `(M, N)` float32.
+#[pyfunction]
+#[pyo3(signature = (pw, x, transposed, depth, table, backend, mirror, threads, out=None))]
+#[allow(clippy::too_many_arguments)]
+fn gemm<'py>(
+    py: Python<'py>,
+    pw: &Packed,
+    x: PyReadonlyArray2<'py, f32>,
+    transposed: bool,
+    depth: Option<usize>,
+    table: &str,
+    backend: &str,
+    mirror: bool,
+    threads: Option<usize>,
+    out: Option<PyReadwriteArray2<'py, f32>>,
+) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+    let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
+    let n = if transposed { x.shape()[0] } else { x.shape()[1] };
+    let layout = if transposed { XLayout::NbyK } else { XLayout::KbyN };
+    let xs = slice2(&x, "x")?;
+    let w = Arc::clone(&pw.inner);
+    let m = w.m();
+    match out {
+        Some(mut o) => {
+            if o.shape() != [m, n] {
+                return Err(PyValueError::new_err(format!("out: expected shape ({m}, {n}), got {:?}", o.shape())));
+            }
+            let ys = o
+                .as_slice_mut()
+                .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+            run_on(py, threads, || core_gemm::gemm_into(&w, xs, n, layout, &opts, ys).map(|_| ()))?;
+            Ok(None)
+        }
+        None => {
+            let y = run_on(py, threads, || {
+                let mut y = vec![0f32; m * n];
+                core_gemm::gemm_into(&w, xs, n, layout, &opts, &mut y)?;
+                Ok(y)
+            })?;
+            Ok(Some(to_array2(py, y, m, n)?))
+        }
+    }
+}
+
+/// The instrumented reference: `(y (M, N) float32, counts dict)`.
+#[pyfunction]
+#[pyo3(signature = (pw, x, transposed, depth, table, mirror))]
+fn gemm_counted<'py>(
+    py: Python<'py>,
+    pw: &Packed,
+    x: PyReadonlyArray2<'py, f32>,
+    transposed: bool,
+    depth: Option<usize>,
+    table: &str,
+    mirror: bool,
+) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyDict>)> {
+    let opts = options(depth, table, "reference", mirror).map_err(to_pyerr)?;
+    let n = if transposed { x.shape()[0] } else { x.shape()[1] };
+    let layout = if transposed { XLayout::NbyK } else { XLayout::KbyN };
+    let xs = slice2(&x, "x")?;
+    let w = Arc::clone(&pw.inner);
+    let (y, c, plan) = run_quick(py, || core_gemm::gemm_counted(&w, xs, n, layout, &opts))?;
+    let p = CountParams {
+        m: plan.m as u64,
+        k: plan.k as u64,
+        n: plan.n as u64,
+        levels: plan.levels as u64,
+        depth: plan.depth() as u64,
+        group_size: plan.group_size as u64,
+        zero_term: plan.zero_term,
+        mirror: plan.mirror.is_some(),
+    };
+    Ok((to_array2(py, y, plan.m, n)?, counts_dict(py, &p, &c)?))
+}
+
+/// The resolved plan of a call, as a dict (depth, backend, slot, zero_term, ...).
+#[pyfunction]
+#[pyo3(signature = (pw, n, depth, table, backend, mirror))]
+fn plan_info<'py>(
+    py: Python<'py>,
+    pw: &Packed,
+    n: usize,
+    depth: Option<usize>,
+    table: &str,
+    backend: &str,
+    mirror: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
+    let plan = core_gemm::plan(&pw.inner, n, &opts).map_err(to_pyerr)?;
+    let kernel = match opts.backend {
+        Backend::Reference => "reference",
+        b => kernels::select(b, &plan).map_err(to_pyerr)?.backend().name(),
+    };
+    let d = PyDict::new(py);
+    d.set_item("depth", plan.depth())?;
+    d.set_item("backend", kernel)?;
+    d.set_item("table", plan.precision.name())?;
+    d.set_item("levels", plan.levels)?;
+    d.set_item("tuples_per_group", plan.tuples.per_group)?;
+    d.set_item("last_depth", plan.tuples.last_depth)?;
+    d.set_item("table_entries", plan.slot)?;
+    d.set_item("zero_term", plan.zero_term)?;
+    d.set_item("mirror", plan.mirror.is_some())?;
+    d.set_item("int_exp", plan.int_exp)?;
+    Ok(d)
+}
+
+/// Closed-form counts (spec section 2.5) as a dict.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn op_counts<'py>(
+    py: Python<'py>,
+    m: u64,
+    k: u64,
+    n: u64,
+    levels: u64,
+    depth: u64,
+    group_size: u64,
+    zero_term: bool,
+    mirror: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let p = CountParams { m, k, n, levels, depth, group_size, zero_term, mirror };
+    p.validate().map_err(to_pyerr)?;
+    counts_dict(py, &p, &formula(&p))
+}
+
+/// `argmax_d d / (1 + A_d(V)/M)` over `1..=max_depth`.
+#[pyfunction]
+fn best_depth(m: u64, levels: u64, max_depth: u64, mirror: bool) -> PyResult<u64> {
+    if m == 0 || levels < 2 || max_depth == 0 || max_depth > 64 {
+        return Err(PyValueError::new_err("best_depth: needs M >= 1, V >= 2, 1 <= max_depth <= 64"));
+    }
+    Ok(count::best_depth(m, levels, max_depth, mirror))
+}
+
+/// `R(d) = d / (1 + A_d(V)/M)`.
+#[pyfunction]
+fn model_ratio(m: u64, levels: u64, depth: u64, mirror: bool) -> PyResult<f64> {
+    if m == 0 || levels < 2 || depth == 0 || depth > 64 {
+        return Err(PyValueError::new_err("model_ratio: needs M >= 1, V >= 2, 1 <= depth <= 64"));
+    }
+    Ok(count::model_ratio(m, levels, depth, mirror))
+}
+
+/// Backends usable on this machine (compiled in and supported by the CPU), plus "reference".
+#[pyfunction]
+fn available_backends() -> Vec<&'static str> {
+    kernels::available_backends().into_iter().map(|b| b.name()).collect()
+}
+
+/// Whether `backend` implements the plan of this call (False also when it is unavailable).
+#[pyfunction]
+#[pyo3(signature = (pw, n, depth, table, backend, mirror))]
+fn backend_supports(pw: &Packed, n: usize, depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> PyResult<bool> {
+    let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
+    let Ok(plan) = core_gemm::plan(&pw.inner, n, &GemmOptions { backend: Backend::Scalar, ..opts }) else {
+        return Ok(false);
+    };
+    Ok(match opts.backend {
+        Backend::Reference => plan.precision == TablePrecision::F32,
+        b => kernels::select(b, &plan).is_ok(),
+    })
+}
+
+/// Format facts: `(levels, natural_depth, max_depth, max_byte_depth, mirror shift or None)`.
+#[pyfunction]
+#[pyo3(signature = (format, codebook=None))]
+fn format_info(format: &str, codebook: Option<Vec<f32>>) -> PyResult<(usize, usize, usize, usize, Option<f32>)> {
+    let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
+    Ok((cb.levels(), cb.natural_depth(), cb.max_depth(), cb.max_byte_depth(), cb.mirror().map(|m| m.shift)))
+}
+
+/// Codebook values of a built-in format.
+#[pyfunction]
+fn codebook_values<'py>(py: Python<'py>, format: &str) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let cb = codebook_of(format, None).map_err(to_pyerr)?;
+    Ok(Array1::from_vec(cb.values().to_vec()).into_pyarray(py))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Packed>()?;
+    m.add_function(wrap_pyfunction!(gemm, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_counted, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_info, m)?)?;
+    m.add_function(wrap_pyfunction!(op_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(best_depth, m)?)?;
+    m.add_function(wrap_pyfunction!(model_ratio, m)?)?;
+    m.add_function(wrap_pyfunction!(available_backends, m)?)?;
+    m.add_function(wrap_pyfunction!(backend_supports, m)?)?;
+    m.add_function(wrap_pyfunction!(format_info, m)?)?;
+    m.add_function(wrap_pyfunction!(codebook_values, m)?)?;
+    m.add("ROW_BLOCK", maleki_msgemm::layout::ROW_BLOCK)?;
+    m.add("FORMATS", Format::ALL.iter().map(|f| f.name()).collect::<Vec<_>>())?;
+    Ok(())
+}

@@ -1,0 +1,68 @@
+"""Shared helpers of the msgemm tests: integer test data and the backends of this machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maleki_rs import msgemm as mg
+
+#: Every backend usable here ("scalar", "reference", plus the SIMD ones the CPU supports).
+BACKENDS = mg.available_backends()
+
+#: Formats with dyadic codebooks: exact on integer data. (format, depths to test)
+EXACT_FORMATS = [
+    ("int4", (1, 2, 3)),
+    ("uint4", (2, 3)),
+    ("int3", (1, 2, 3)),
+    ("uint3", (2,)),
+    ("int2", (2, 3, 4, 5)),
+    ("uint2", (4,)),
+    ("ternary", (3, 5, 6)),
+    ("fp4", (1, 2, 3)),
+    ("codebook", (2,)),
+    ("fp8_e4m3", (1,)),
+    ("fp8_e5m2", (1,)),
+]
+
+#: A dyadic custom codebook of 12 values (symmetric: it has a mirror).
+CUSTOM = np.array([-6, -4, -3, -2, -1, -0.5, 0.5, 1, 2, 3, 4, 6], dtype=np.float32)
+
+
+def valid_codes(fmt: str, rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """Random codes of ``fmt``; fp8 codes restricted to |v| in [1/8, 16] or 0 so that sums of
+    products with |x| <= 8 stay exact in float32."""
+    cb = CUSTOM if fmt == "codebook" else mg.codebook(fmt)
+    vals = np.asarray(cb, dtype=np.float64)
+    ok = np.isfinite(vals)
+    if fmt.startswith("fp8"):
+        ok &= (vals == 0) | ((np.abs(vals) >= 0.125) & (np.abs(vals) <= 16))
+    allowed = np.flatnonzero(ok).astype(np.uint8)
+    return rng.choice(allowed, size=shape)
+
+
+def integer_weights(fmt: str, rng: np.random.Generator, m: int, k: int, g: int, *, zeros: bool,
+                    perm: bool = False) -> mg.PackedWeights:
+    """Packed weights with power-of-two scales and integer zero points (exact arithmetic)."""
+    codes = valid_codes(fmt, rng, (m, k))
+    scales = np.ldexp(1.0, rng.integers(-2, 2, size=(m, k // g))).astype(np.float32)
+    scales *= rng.choice([-1.0, 1.0], size=scales.shape).astype(np.float32)
+    z = rng.integers(-2, 4, size=(m, k // g)).astype(np.float32) if zeros else None
+    kp = rng.permutation(k).astype(np.uint32) if perm else None
+    return mg.PackedWeights.from_arrays(codes, scales, z, format=fmt,
+                                        codebook=CUSTOM if fmt == "codebook" else None, k_perm=kp)
+
+
+def integer_x(rng: np.random.Generator, k: int, n: int | None) -> np.ndarray:
+    shape = (k,) if n is None else (k, n)
+    return rng.integers(-8, 9, size=shape).astype(np.float32)
+
+
+@pytest.fixture
+def one_and_two_threads():
+    """Restores the library's thread count after a test changes it."""
+    import maleki_rs
+
+    old = maleki_rs.get_num_threads()
+    yield
+    maleki_rs.set_num_threads(old)

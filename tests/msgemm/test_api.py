@@ -1,0 +1,227 @@
+"""Oracle 5 (spec section 8.5): determinism across thread counts, input handling (dtypes,
+orders, views, out=), and validation: bad inputs give ValueError/TypeError naming the
+problem, never a Rust panic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import maleki_rs
+from maleki_rs import msgemm as mg
+
+from .conftest import BACKENDS
+
+
+@pytest.fixture(scope="module")
+def pw():
+    rng = np.random.default_rng(0)
+    return mg.quantize(rng.standard_normal((300, 512)), "int4", 128)
+
+
+def test_one_and_two_threads_give_identical_bits(pw, one_and_two_threads):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((512, 7)).astype(np.float32)
+    for table in mg.TABLES:
+        for backend in [b for b in BACKENDS if b != "reference"]:
+            maleki_rs.set_num_threads(1)
+            y1 = mg.msgemm(pw, x, table=table, backend=backend)
+            maleki_rs.set_num_threads(2)
+            y2 = mg.msgemm(pw, x, table=table, backend=backend)
+            y3 = mg.msgemm(pw, x, table=table, backend=backend, threads=3)
+            assert y1.view(np.uint32).tolist() == y2.view(np.uint32).tolist() == y3.view(np.uint32).tolist()
+
+
+def test_quantize_is_thread_independent(one_and_two_threads):
+    w = np.random.default_rng(2).standard_normal((130, 256))
+    maleki_rs.set_num_threads(1)
+    a = mg.quantize(w, "nf4", 64)
+    maleki_rs.set_num_threads(2)
+    b = mg.quantize(w, "nf4", 64)
+    np.testing.assert_array_equal(a.packed, b.packed)
+    np.testing.assert_array_equal(a.scales, b.scales)
+
+
+def test_any_float_dtype_order_and_view(pw):
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((512, 12))
+    want = mg.msgemm(pw, np.ascontiguousarray(base[:, ::3], dtype=np.float32), table="f32")
+    variants = [
+        base[:, ::3],                                   # strided view, float64
+        np.asfortranarray(base[:, ::3]).astype(np.float32),  # Fortran order (read without a copy)
+        np.asfortranarray(base[:, ::3]),                # Fortran float64
+        base[:, ::3].astype(np.float16).astype(np.float64),
+    ]
+    for x in variants[:3]:
+        np.testing.assert_array_equal(mg.msgemm(pw, x, table="f32"), want)
+    y16 = mg.msgemm(pw, base[:, ::3].astype(np.float16), table="f32")
+    np.testing.assert_array_equal(y16, mg.msgemm(pw, variants[3], table="f32"))
+    # vectors and 1-column matrices agree
+    v = base[:, 0]
+    np.testing.assert_array_equal(mg.msgemm(pw, v, table="f32"), mg.msgemm(pw, v[:, None], table="f32")[:, 0])
+    # the weights may come in any order/dtype too
+    w = rng.standard_normal((64, 128))
+    a = mg.quantize(np.asfortranarray(w), "int4", 32)
+    b = mg.quantize(w.astype(np.float32), "int4", 32)
+    np.testing.assert_array_equal(a.packed, b.packed)
+
+
+def test_out_and_linear(pw):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((512, 3)).astype(np.float32)
+    out = np.full((300, 3), np.nan, dtype=np.float32)
+    r = mg.msgemm(pw, x, out=out)
+    assert r is out
+    np.testing.assert_array_equal(out, mg.msgemm(pw, x))
+    o1 = np.empty(300, np.float32)
+    mg.msgemm(pw, x[:, 0], out=o1)
+    np.testing.assert_array_equal(o1, mg.msgemm(pw, x[:, 0]))
+    xb = rng.standard_normal((2, 5, 512))
+    y = mg.linear(xb, pw, table="f32")
+    assert y.shape == (2, 5, 300) and y.dtype == np.float32
+    np.testing.assert_allclose(y, xb @ pw.dequantize().T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(mg.linear(xb[0, 0], pw, table="f32"), y[0, 0])
+
+
+def test_properties_and_dequantize_dtype(pw):
+    assert pw.shape == (300, 512) and pw.format == "int4" and pw.group_size == 128
+    assert pw.codebook.dtype == np.float32 and pw.codebook.shape == (16,)
+    assert pw.codes.shape == (300, 512) and pw.codes.dtype == np.uint8
+    assert pw.scales.shape == (300, 4) and pw.zeros is None
+    assert pw.nbytes == 300 * 256 + 300 * 4 * 4
+    assert pw.dequantize(np.float32).dtype == np.float32
+    with pytest.raises(ValueError):
+        pw.scales[0, 0] = 1.0  # read-only views of an immutable object
+    with pytest.raises(TypeError):
+        pw.dequantize(np.int32)
+
+
+def test_auto_depth_follows_the_model():
+    rng = np.random.default_rng(5)
+    small = mg.quantize(rng.standard_normal((64, 128)), "int4", 64)
+    _, c = mg.msgemm(small, np.ones(128), count=True)
+    assert c["depth"] == 1  # R(1) = 1 > R(2) = 0.4 at M = 64
+    big = mg.quantize(rng.standard_normal((4096, 64)), "int4", 64)
+    _, c = mg.msgemm(big, np.ones(64), count=True)
+    assert c["depth"] == 2
+    t = mg.quantize(rng.standard_normal((4096, 60)), "ternary", 60)
+    _, c = mg.msgemm(t, np.ones(60), count=True)
+    assert c["depth"] == 5
+
+
+BAD_CALLS = [
+    (lambda pw: mg.msgemm(pw, np.ones(511)), ValueError, "x: expected 512"),
+    (lambda pw: mg.msgemm(pw, np.ones((512, 0))), ValueError, "non-empty"),
+    (lambda pw: mg.msgemm(pw, np.full(512, np.nan)), ValueError, "non-finite"),
+    (lambda pw: mg.msgemm(pw, np.full(512, 1e39)), ValueError, "non-finite"),
+    (lambda pw: mg.msgemm(pw, np.ones(512, dtype=np.int64)), TypeError, "floating-point"),
+    (lambda pw: mg.msgemm(pw, np.ones(512, dtype=complex)), TypeError, "floating-point"),
+    (lambda pw: mg.msgemm(pw, np.ones((512, 2, 2))), ValueError, "1-D or 2-D"),
+    (lambda pw: mg.msgemm(pw, None), TypeError, "got None"),
+    (lambda pw: mg.msgemm("w", np.ones(512)), TypeError, "PackedWeights"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), depth=0), ValueError, "depth"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), depth=5), ValueError, "depth"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), depth="deep"), ValueError, "depth"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), table="i4"), ValueError, "table"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), backend="cuda"), ValueError, "backend"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), backend="reference", table="i8"), ValueError, "f32"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), backend="scalar", count=True), ValueError, "count"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), threads=0), ValueError, "threads"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), out=np.empty(300)), TypeError, "float32"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), out=np.empty(299, np.float32)), ValueError, "out"),
+    (lambda pw: mg.msgemm(pw, np.ones((512, 2)), out=np.empty((2, 300), np.float32).T), ValueError, "C-contiguous"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), mirror="yes"), TypeError, "mirror"),
+    (lambda pw: mg.linear(np.ones((3, 500)), pw), ValueError, "last dimension"),
+    (lambda pw: mg.quantize(np.ones((4, 100)), "int4", 64), ValueError, "group_size: must divide"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "int5"), ValueError, "format"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "int4", 0), ValueError, "group_size"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "int4", 1.5), TypeError, "group_size"),
+    (lambda pw: mg.quantize(np.ones(128), "int4"), ValueError, "2-D"),
+    (lambda pw: mg.quantize(np.ones((4, 128), dtype=np.int32), "int4"), TypeError, "floating-point"),
+    (lambda pw: mg.quantize(np.full((4, 128), np.inf), "int4"), ValueError, "non-finite"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "codebook"), ValueError, "codebook"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "codebook", codebook=[1.0]), ValueError, "2 to 16"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "codebook", codebook=[1.0, 1.0]), ValueError, "distinct"),
+    (lambda pw: mg.quantize(np.ones((4, 128)), "int4", codebook=[1.0, 2.0]), ValueError, "codebook"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.full((2, 4), 16), np.ones((2, 1))), ValueError, "code 16"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.zeros((2, 4)), np.ones((2, 1))), TypeError, "integer"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.zeros((2, 4), int), np.ones((2, 3))), ValueError, "scales"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.zeros((2, 4), int), np.ones((2, 1)), np.ones((2, 2))),
+     ValueError, "zeros"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.full((1, 2), 0x7F), np.ones((1, 1)), format="fp8_e4m3"),
+     ValueError, "not a valid"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.zeros((1, 4), int), np.ones((1, 1)), k_perm=[0, 0, 1, 2]),
+     ValueError, "permutation"),
+    (lambda pw: mg.PackedWeights.from_arrays(np.zeros((1, 4), int), np.full((1, 1), np.nan)), ValueError,
+     "non-finite"),
+    (lambda pw: mg.PackedWeights(None), TypeError, "built by"),
+    (lambda pw: mg.op_counts(0, 128), ValueError, "M"),
+    (lambda pw: mg.op_counts(64, 100, group_size=64), ValueError, "group_size"),
+    (lambda pw: mg.op_counts(64, 128, format="nf4", mirror=True), ValueError, "mirror"),
+    (lambda pw: mg.best_depth(64, 1), ValueError, "format"),
+    (lambda pw: mg.msgemm(mg.quantize(np.ones((4, 64)), "nf4", 64), np.ones(64), mirror=True), ValueError,
+     "mirror"),
+]
+
+
+@pytest.mark.parametrize("call, exc, msg", BAD_CALLS)
+def test_bad_inputs_raise_clear_errors(pw, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(pw)
+
+
+def _no_panic(fn):
+    try:
+        fn()
+    except (ValueError, TypeError, OverflowError):
+        pass
+    except BaseException as exc:  # a PanicException derives from BaseException
+        raise AssertionError(f"unexpected {type(exc).__name__}: {exc}") from exc
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(-1, 70), k=st.integers(-1, 70), groups=st.integers(-1, 5), n=st.integers(-1, 4),
+    fmt=st.sampled_from(list(mg.FORMATS) + ["bogus"]), depth=st.one_of(st.integers(-2, 12), st.just("auto")),
+    table=st.sampled_from(["i8", "i16", "f32", "x"]), backend=st.sampled_from(list(mg.BACKENDS) + ["gpu"]),
+    mirror=st.booleans(), code=st.integers(-2, 300), value=st.sampled_from([0.0, 1.0, -3.5, np.nan, np.inf, 1e39]),
+)
+def test_no_input_reaches_a_panic(m, k, groups, n, fmt, depth, table, backend, mirror, code, value):
+    def build():
+        codes = np.full((max(m, 0), max(k, 0)), code)
+        scales = np.full((max(m, 0), max(groups, 0)), 1.0)
+        scales.flat[:1] = value
+        return mg.PackedWeights.from_arrays(codes, scales, format=fmt,
+                                            codebook=[-1.0, 0.5, 2.0] if fmt == "codebook" else None)
+
+    _no_panic(build)
+    try:
+        w = build()
+    except (ValueError, TypeError, OverflowError):
+        w = mg.quantize(np.ones((3, 16)), "int4", 16)
+    x = np.full((max(k, 0),) if n < 0 else (max(k, 0), n), value)
+    _no_panic(lambda: mg.msgemm(w, x, depth=depth, table=table, backend=backend, mirror=mirror))
+    _no_panic(lambda: mg.msgemm(w, x, depth=depth, mirror=mirror, count=True))
+    _no_panic(lambda: mg.quantize(np.full((max(m, 0), max(k, 0)), value), fmt, groups if groups > 0 else None))
+    _no_panic(lambda: mg.op_counts(m, k, max(n, 0), format=fmt, depth=depth, group_size=groups, mirror=mirror))
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_threads_argument_survives_fork(pw):
+    import multiprocessing as mp
+    import sys
+
+    if sys.platform != "linux":
+        pytest.skip("fork start method is Linux-only here")
+    x = np.ones(512, np.float32)
+    want = mg.msgemm(pw, x, threads=2)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as p:
+        got = p.apply_async(_child_call, (pw, x)).get(timeout=60)
+    np.testing.assert_array_equal(got, want)
+
+
+def _child_call(pw, x):
+    return mg.msgemm(pw, x, threads=2)

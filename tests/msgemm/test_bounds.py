@@ -1,0 +1,174 @@
+"""Oracle 2 (spec section 8.2): error bounds of the three table precisions on random data.
+
+- ``f32``: elementwise ``2 (K/d + d + 3) u (|s v'| @ |x|) + 2 (G + K/G + 3) u (|s z'| @ |x|)``
+  (u = 2^-24; without zero points this is the spec's ``2 (K/d + d + 3) u (|Wd| @ |x|)``).
+- ``i8``: ``sum_g |s| * ceil(G/d) * t[n, g] / 2`` (table rounding) plus the f32 bound, with
+  ``t = max|T| / 127`` recomputed here in float64.
+- ``i16``: replicated exactly: int8 activations, integer tables, an int64 reference of the
+  partial sums, and the float32 epilogue evaluated in numpy must give the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maleki_rs import msgemm as mg
+
+from .conftest import BACKENDS
+
+U = 2.0**-24
+
+
+def _parts(pw: mg.PackedWeights, mirror: bool):
+    """``(|s v'|, |s z'|, v' codebook, z' per (m, g))`` in float64, original input order."""
+    m, k = pw.shape
+    g = pw.group_size
+    shift = pw.mirror[1] if mirror else 0.0
+    cb = np.nan_to_num(pw.codebook.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0) - shift
+    codes = pw.codes
+    s = np.repeat(pw.scales.astype(np.float64), g, axis=1)
+    z = (np.zeros((m, k // g)) if pw.zeros is None else pw.zeros.astype(np.float64)) - shift
+    sv = np.abs(s * cb[codes])
+    sz = np.abs(s * np.repeat(z, g, axis=1))
+    if pw.k_perm is not None:
+        inv = np.argsort(pw.k_perm)
+        sv, sz = sv[:, inv], sz[:, inv]
+    return sv, sz, cb, z
+
+
+def _f32_bound(pw, x, depth, mirror):
+    m, k = pw.shape
+    g = pw.group_size
+    sv, sz, _, _ = _parts(pw, mirror)
+    ax = np.abs(x.astype(np.float64))
+    return 2 * (k / depth + depth + 3) * U * (sv @ ax) + 2 * (g + k / g + 3) * U * (sz @ ax)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "uint4", "nf4", "fp4", "int3", "int2", "ternary", "fp8_e4m3"])
+def test_f32_tables_within_the_elementwise_bound(fmt):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((150, 512))
+    pw = mg.quantize(w, fmt, 128)
+    x = rng.standard_normal((512, 4)).astype(np.float32)
+    ref = pw.dequantize() @ x.astype(np.float64)
+    for depth in sorted({1, pw.natural_depth}):
+        for mirror in ([False, True] if pw.mirror is not None else [False]):
+            bound = _f32_bound(pw, x, depth, mirror)
+            for backend in BACKENDS:
+                if not mg.backend_supports(pw, backend, n=4, depth=depth, table="f32", mirror=mirror):
+                    continue
+                y = mg.msgemm(pw, x, depth=depth, table="f32", backend=backend, mirror=mirror)
+                err = np.abs(y - ref)
+                assert (err <= bound).all(), (fmt, depth, mirror, backend, (err / bound).max())
+
+
+def _i8_table_scale(cb, xg, depth):
+    """``max|T| / 127`` over the tables of one (column, group) in float64."""
+    g = xg.size
+    t_max = 0.0
+    for t0 in range(0, g, depth):
+        xs = xg[t0:t0 + depth]
+        prods = np.outer(xs, cb)  # (r, V)
+        hi = prods.max(axis=1).sum()
+        lo = prods.min(axis=1).sum()
+        t_max = max(t_max, abs(hi), abs(lo))
+    return t_max / 127
+
+
+@pytest.mark.parametrize("fmt, depth, mirror", [("int4", 2, False), ("int4", 2, True), ("uint4", 2, False),
+                                                ("nf4", 2, False), ("fp4", 2, False), ("int2", 4, False),
+                                                ("ternary", 5, False), ("int4", 3, False)])
+def test_i8_tables_within_the_deterministic_bound(fmt, depth, mirror):
+    rng = np.random.default_rng(5)
+    k, g = 256, 64
+    w = rng.standard_normal((96, k))
+    pw = mg.quantize(w, fmt, g)
+    x = rng.standard_normal((k, 3)).astype(np.float32)
+    ref = pw.dequantize() @ x.astype(np.float64)
+    _, _, cb, _ = _parts(pw, mirror)
+    xp = x.astype(np.float64)
+    tuples = -(-g // depth)
+    t = np.array([[_i8_table_scale(cb, xp[gi * g:(gi + 1) * g, n], depth) for n in range(3)]
+                  for gi in range(k // g)])  # (groups, N)
+    s = np.abs(pw.scales.astype(np.float64))  # (M, groups)
+    bound = (s @ (tuples * t / 2)) * 1.001 + _f32_bound(pw, x, depth, mirror) + 1e-30
+    for backend in BACKENDS:
+        if backend == "reference" or not mg.backend_supports(pw, backend, n=3, depth=depth, table="i8", mirror=mirror):
+            continue
+        y = mg.msgemm(pw, x, depth=depth, table="i8", backend=backend, mirror=mirror)
+        err = np.abs(y - ref)
+        assert (err <= bound).all(), (backend, (err / bound).max())
+        # and the bound is not vacuous: the error is a visible fraction of it
+        assert err.max() > 0.01 * bound.max()
+
+
+def _i16_replica(pw: mg.PackedWeights, x: np.ndarray, mirror: bool) -> np.ndarray:
+    """The i16 mode computed independently: numpy int64 partial sums, float32 epilogue."""
+    f32 = np.float32
+    m, k = pw.shape
+    g = pw.group_size
+    groups = k // g
+    _, _, cb, zeff = _parts(pw, mirror)
+    e = 0
+    while not np.all(cb * 2.0**e == np.round(cb * 2.0**e)):
+        e += 1
+    cb_int = np.round(cb * 2.0**e).astype(np.int64)
+    codes = pw.codes.astype(np.int64)
+    xs = x if pw.k_perm is None else x[pw.k_perm.astype(np.int64)]
+    n = xs.shape[1]
+    zero_term = pw.zeros is not None or (mirror and pw.mirror[1] != 0)
+    y = np.zeros((m, n), dtype=f32)
+    for gi in range(groups):
+        xg = xs[gi * g:(gi + 1) * g].astype(f32)  # (G, N)
+        maxabs = np.abs(xg).max(axis=0)
+        with np.errstate(divide="ignore"):
+            rcp = np.where(maxabs > 0, f32(127) / maxabs, f32(0)).astype(f32)
+        xq = np.clip(np.rint(xg * rcp), -127, 127).astype(np.int64)
+        a = (maxabs / f32(127)).astype(f32)
+        p_int = cb_int[codes[:, gi * g:(gi + 1) * g]] @ xq  # (M, N) exact int64
+        assert np.abs(p_int).max() < 2**24
+        tscale = (a / f32(2.0**e)).astype(f32)
+        u = p_int.astype(f32)
+        if zero_term:
+            zsum = (xq.sum(axis=0).astype(f32) * f32(2.0**e)).astype(f32)
+            u = (u - (zeff[:, gi].astype(f32)[:, None] * zsum[None, :]).astype(f32)).astype(f32)
+        u = (u * tscale[None, :]).astype(f32)
+        y = (y + (pw.scales[:, gi][:, None] * u).astype(f32)).astype(f32)
+    return y
+
+
+@pytest.mark.parametrize("fmt", ["int4", "uint4", "fp4", "int3", "int2", "ternary"])
+@pytest.mark.parametrize("mirror", [False, True])
+def test_i16_mode_is_the_exact_integer_computation(fmt, mirror):
+    rng = np.random.default_rng(9)
+    k = 256
+    pw = mg.quantize(rng.standard_normal((80, k)), fmt, 64)
+    x = rng.standard_normal((k, 5)).astype(np.float32)
+    x[:64, 1] = 0.0  # an all-zero group (a = 0)
+    want = _i16_replica(pw, x, mirror)
+    for backend in BACKENDS:
+        if backend == "reference" or not mg.backend_supports(pw, backend, n=5, table="i16", mirror=mirror,
+                                                             depth=pw.natural_depth):
+            continue
+        y = mg.msgemm(pw, x, table="i16", backend=backend, mirror=mirror, depth=pw.natural_depth)
+        assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist(), backend
+
+
+def test_i16_rejects_non_dyadic_codebooks():
+    pw = mg.quantize(np.random.default_rng(0).standard_normal((8, 64)), "nf4", 64)
+    with pytest.raises(ValueError, match="i16"):
+        mg.msgemm(pw, np.ones(64), table="i16")
+
+
+def test_accuracy_of_the_precisions_on_gaussian_data():
+    """Relative L1 errors against the float64 product (figures quoted in the docs)."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((512, 2048))
+    pw = mg.quantize(w, "int4", 128)
+    x = rng.standard_normal(2048).astype(np.float32)
+    ref = pw.dequantize() @ x
+    rel = {t: np.abs(mg.msgemm(pw, x, table=t, depth=2) - ref).sum() / np.abs(ref).sum() for t in mg.TABLES}
+    assert rel["f32"] < 1e-6
+    assert rel["i16"] < 1.2e-2
+    assert rel["i8"] < 3e-2

@@ -1,0 +1,22 @@
+"""The ``maleki msgemm`` command and its part of ``maleki tour``."""
+
+from __future__ import annotations
+
+from maleki_rs import cli
+from maleki_rs.msgemm import _cli
+
+
+def test_bench_prints_counts_and_speed(capsys):
+    assert cli.main(["msgemm", "bench", "--m", "130", "--k", "256", "--n", "3", "--format", "int2",
+                     "--group-size", "64", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "equals the closed form" in out
+    assert "numpy fp32" in out and "GB/s" in out
+
+
+def test_bench_returns_figures():
+    lines = []
+    r = _cli.bench(200, 128, 1, "fp4", 32, "f32", "auto", repeat=2, out=lines.append)
+    assert r["rel_l1"] < 1e-6
+    assert r["counted"]["mac_ratio"] > 0
+    assert len(lines) == 6

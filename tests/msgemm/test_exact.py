@@ -1,0 +1,79 @@
+"""Oracle 1 (spec section 8.1): on integer data with dyadic codebooks, power-of-two scales and
+integer zero points every partial sum is exact, so ``msgemm(..., table="f32")`` must equal the
+float64 ``pw.dequantize() @ x`` bit for bit, for every format, depth, backend, group size,
+column count and ragged M (rows not a multiple of 64)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maleki_rs import msgemm as mg
+
+from .conftest import BACKENDS, EXACT_FORMATS, integer_weights, integer_x
+
+M = 70  # one full 64-row block and a ragged tail
+K = 384  # divisible by 32, 64, 128 (and by 3)
+
+
+def _cases():
+    for fmt, depths in EXACT_FORMATS:
+        for d in depths:
+            yield pytest.param(fmt, d, id=f"{fmt}-d{d}")
+
+
+@pytest.mark.parametrize("fmt, depth", list(_cases()))
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_f32_tables_reproduce_the_float64_product_exactly(fmt, depth, group_size):
+    rng = np.random.default_rng(hash((fmt, depth, group_size)) % 2**32)
+    zeros = fmt.startswith("uint") or group_size == 64  # zero points on every format somewhere
+    pw = integer_weights(fmt, rng, M, K, group_size, zeros=zeros)
+    wd = pw.dequantize()
+    has_mirror = pw.mirror is not None
+    for n in (None, 3, 17):
+        x = integer_x(rng, K, n)
+        want = wd @ x.astype(np.float64)
+        assert np.array_equal(want.astype(np.float32).astype(np.float64), want), "test data must be exact"
+        want32 = want.astype(np.float32)
+        for backend in BACKENDS:
+            for mirror in ([False, True] if has_mirror else [False]):
+                if not mg.backend_supports(pw, backend, n=1 if n is None else n, depth=depth, table="f32",
+                                           mirror=mirror):
+                    continue
+                y = mg.msgemm(pw, x, depth=depth, table="f32", backend=backend, mirror=mirror)
+                assert y.dtype == np.float32 and y.shape == want32.shape
+                np.testing.assert_array_equal(y, want32, err_msg=f"{backend} mirror={mirror} n={n}")
+
+
+@pytest.mark.parametrize("fmt", ["int4", "uint4", "fp4", "int2"])
+def test_act_order_weights_are_exact_too(fmt):
+    rng = np.random.default_rng(7)
+    pw = integer_weights(fmt, rng, 65, 256, 64, zeros=fmt == "uint4", perm=True)
+    assert pw.k_perm is not None
+    x = integer_x(rng, 256, 5)
+    want = (pw.dequantize() @ x.astype(np.float64)).astype(np.float32)
+    for backend in BACKENDS:
+        y = mg.msgemm(pw, x, depth=pw.natural_depth, table="f32", backend=backend)
+        np.testing.assert_array_equal(y, want, err_msg=backend)
+    # linear() takes (B, K) activations and returns (B, M)
+    np.testing.assert_array_equal(mg.linear(x.T, pw, table="f32"), want.T)
+
+
+def test_all_backends_agree_bitwise_in_every_precision_on_random_data():
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((200, 512)).astype(np.float32)
+    x = rng.standard_normal((512, 6)).astype(np.float32)
+    for fmt in ["int4", "uint4", "nf4", "fp4", "int2", "ternary"]:
+        pw = mg.quantize(w, fmt, 128)
+        for table in ["f32", "i16", "i8"]:
+            for mirror in ([False, True] if pw.mirror is not None else [False]):
+                try:
+                    base = mg.msgemm(pw, x, table=table, backend="scalar", mirror=mirror, depth=pw.natural_depth)
+                except ValueError as exc:  # i16 on a non-dyadic codebook
+                    assert table == "i16" and fmt == "nf4", exc
+                    continue
+                for backend in BACKENDS:
+                    if not mg.backend_supports(pw, backend, n=6, depth=pw.natural_depth, table=table, mirror=mirror):
+                        continue
+                    y = mg.msgemm(pw, x, table=table, backend=backend, mirror=mirror, depth=pw.natural_depth)
+                    assert y.view(np.uint32).tolist() == base.view(np.uint32).tolist(), (fmt, table, backend)
