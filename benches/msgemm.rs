@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use maleki_rs::common::{pool, rng};
-use maleki_rs::msgemm::gemm::{plan, transpose_permute};
+use maleki_rs::msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_rs::msgemm::kernels::{self, Backend};
 use maleki_rs::msgemm::table::TableSet;
 use maleki_rs::msgemm::{gemm_into, quantize, Depth, Format, GemmOptions, PackedWeights, QuantizeOptions, TablePrecision};
@@ -53,9 +53,9 @@ fn bench_gemv(c: &mut Criterion) {
         for backend in [Backend::Auto, Backend::Scalar] {
             let opts = GemmOptions { depth: Depth::Fixed(d), precision: TablePrecision::I8, backend, mirror: false };
             // Warm the cached tile layout.
-            gemm_into(&pw, &x, 1, &opts, &mut y).unwrap();
+            gemm_into(&pw, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap();
             group.bench_function(BenchmarkId::new(name, backend.name()), |b| {
-                b.iter(|| pool::install(|| gemm_into(&pw, black_box(&x), 1, &opts, &mut y).unwrap()))
+                b.iter(|| pool::install(|| gemm_into(&pw, black_box(&x), 1, XLayout::KbyN, &opts, &mut y).unwrap()))
             });
         }
     }
@@ -68,7 +68,7 @@ fn bench_tables(c: &mut Criterion) {
     let x = gaussian(4096, 3);
     let opts = GemmOptions { depth: Depth::Fixed(2), precision: TablePrecision::I8, backend: Backend::Auto, mirror: false };
     let p = plan(&pw, 1, &opts).unwrap();
-    let xt = transpose_permute(&pw, &x, 1);
+    let xt = transpose_permute(&pw, &x, 1, XLayout::KbyN);
     let mut group = c.benchmark_group("msgemm_tables_k4096_int4_d2_i8");
     for k in kernels::registered().into_iter().filter(|k| k.available()) {
         group.bench_function(k.backend().name(), |b| {
@@ -96,10 +96,10 @@ fn bench_batch(c: &mut Criterion) {
         let x = gaussian(k * n, 4);
         let mut y = vec![0f32; m * n];
         let opts = GemmOptions { depth: Depth::Fixed(2), precision: TablePrecision::I8, backend: Backend::Auto, mirror: false };
-        gemm_into(&pw, &x, n, &opts, &mut y).unwrap();
+        gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
         group.throughput(Throughput::Elements((m * k * n) as u64));
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter(|| pool::install(|| gemm_into(&pw, black_box(&x), n, &opts, &mut y).unwrap()))
+            b.iter(|| pool::install(|| gemm_into(&pw, black_box(&x), n, XLayout::KbyN, &opts, &mut y).unwrap()))
         });
     }
     group.finish();

@@ -4,7 +4,7 @@
 //! several N. The SIMD table builds are compared with the scalar build entry by entry.
 
 use maleki_common::rng::{below, stream};
-use maleki_msgemm::gemm::{plan as make_plan, transpose_permute};
+use maleki_msgemm::gemm::{plan as make_plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, LutKernel};
 use maleki_msgemm::table::{build_scalar, TableSet};
 use maleki_msgemm::{gemm, Codebook, Depth, Format, GemmOptions, PackedWeights, TablePrecision};
@@ -75,7 +75,7 @@ fn check(pw: &PackedWeights, depths: &[usize], what: &str) -> usize {
                             want[bad.unwrap()]
                         );
                         // The SIMD table build writes exactly the scalar entries.
-                        let xt = transpose_permute(pw, &x, n);
+                        let xt = transpose_permute(pw, &x, n, XLayout::KbyN);
                         let mut a = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
                         let mut b = a.clone();
                         if k.build_tables(&plan, &xt, &mut a) {
