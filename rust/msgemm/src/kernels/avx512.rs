@@ -40,7 +40,7 @@ pub struct Avx512;
 pub static AVX512: Avx512 = Avx512;
 
 /// Row blocks that share one table load in the integer kernels.
-const RB_TILE: usize = 4;
+const RB_TILE: usize = 8;
 
 fn cpu_ok() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -162,13 +162,7 @@ unsafe fn load_table<const NZ: usize>(p: *const u8, masks: &[u64; 4]) -> [__m512
     let mut t = [_mm512_setzero_si512(); 4];
     for (i, ti) in t.iter_mut().enumerate().take(NZ) {
         // SAFETY: masked-off bytes are not accessed; the rest lie inside the table slot.
-        *ti = unsafe {
-            if masks[i] == u64::MAX {
-                _mm512_loadu_si512(p.add(64 * i) as *const __m512i)
-            } else {
-                _mm512_maskz_loadu_epi8(masks[i], p.add(64 * i) as *const i8)
-            }
-        };
+        *ti = unsafe { _mm512_maskz_loadu_epi8(masks[i], p.add(64 * i) as *const i8) };
     }
     t
 }
@@ -340,6 +334,7 @@ unsafe fn prefetch_lines(base: *const u8, pf: Prefetch, from: usize, to: usize) 
 unsafe fn drive_int(
     job: &RowJob<'_>,
     y: &mut [f32],
+    max_tile: usize,
     mut f: impl FnMut(usize, usize, usize, usize, Prefetch, &mut [[i32; 64]; RB_TILE]),
 ) {
     let plan = job.plan;
@@ -353,7 +348,9 @@ unsafe fn drive_int(
             let epi = Epi { plan, scales: job.scales, zeros: job.zeros, tsc: tabs.tscale[gn], zs: tabs.zsum[gn] };
             let mut rb = job.row_blocks.start;
             while rb < job.row_blocks.end {
-                let nrb = (job.row_blocks.end - rb).min(RB_TILE);
+                // Tiles of 8, 4, 2 or 1 row blocks (the instantiated tile widths).
+                let left = (job.row_blocks.end - rb).min(max_tile);
+                let nrb = 1usize << left.ilog2();
                 for a in acc.iter_mut().take(nrb) {
                     a.fill(0);
                 }
@@ -370,7 +367,7 @@ unsafe fn drive_int(
                 };
                 let pf_next = next.map_or(Prefetch { offset: 0, len: 0 }, |(b, gg)| Prefetch {
                     offset: lay.slot(gg, b, 0),
-                    len: (job.row_blocks.end - b).min(RB_TILE) * geo.rb_stride,
+                    len: (job.row_blocks.end - b).min(max_tile) * geo.rb_stride,
                 });
                 f(g, n, rb, nrb, pf_next, &mut acc);
                 for (i, a) in acc.iter().enumerate().take(nrb) {
@@ -421,6 +418,13 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
         let hv = [_mm512_set1_epi8(mp.h[0] as i8), _mm512_set1_epi8(mp.h[1] as i8)];
         let cv = [_mm512_set1_epi8(mp.c[0] as i8), _mm512_set1_epi8(mp.c[1] as i8)];
         let last = per_group - 1;
+        // Pointers advance by one 64-byte slot (indices) / one table per tuple.
+        let mut rows: [*const u8; R] = std::array::from_fn(|r| ix.add(r * rb_stride));
+        let mut tp = tab;
+        // Prefetch: 2R lines of the next tile per pair of tuples (a hint: overshooting the
+        // next tile's region is harmless, hence `wrapping_add`).
+        let mut pfp = ix_base.wrapping_add(pf.offset);
+        let pf_on = pf.len > 0;
         let mut t = 0;
         while t < per_group {
             // int16 pair sums: at most 128 pairs of |127| + |127| per chunk.
@@ -428,20 +432,25 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
             let mut alo = [zero; R];
             let mut ahi = [zero; R];
             while t < end {
-                prefetch_lines(ix_base, pf, t * 64 * R, (t + 2) * 64 * R);
-                let w = usize::from(t == last);
-                let tb = load_table::<NZ>(tab.add(t * slot), masks);
+                if pf_on {
+                    for i in 0..2 * R {
+                        _mm_prefetch::<_MM_HINT_T0>(pfp.wrapping_add(64 * i) as *const i8);
+                    }
+                    pfp = pfp.wrapping_add(128 * R);
+                }
+                let w = if MIR == MIR_NONE { 0 } else { usize::from(t == last) };
+                let tb = load_table::<NZ>(tp, masks);
                 let mut e0 = [zero; R];
                 for (r, e) in e0.iter_mut().enumerate() {
-                    let idx = _mm512_loadu_si512(ix.add(r * rb_stride + t * 64) as *const __m512i);
+                    let idx = _mm512_loadu_si512(rows[r] as *const __m512i);
                     *e = lut_mirror::<NZ, MIR>(&tb, idx, hv[w], cv[w]);
                 }
                 let mut e1 = [zero; R];
                 if t + 1 < end {
-                    let w = usize::from(t + 1 == last);
-                    let tb = load_table::<NZ>(tab.add((t + 1) * slot), masks);
+                    let w = if MIR == MIR_NONE { 0 } else { usize::from(t + 1 == last) };
+                    let tb = load_table::<NZ>(tp.add(slot), masks);
                     for (r, e) in e1.iter_mut().enumerate() {
-                        let idx = _mm512_loadu_si512(ix.add(r * rb_stride + (t + 1) * 64) as *const __m512i);
+                        let idx = _mm512_loadu_si512(rows[r].add(64) as *const __m512i);
                         *e = lut_mirror::<NZ, MIR>(&tb, idx, hv[w], cv[w]);
                     }
                 }
@@ -450,8 +459,17 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                     let hi = _mm512_unpackhi_epi8(e0[r], e1[r]);
                     alo[r] = _mm512_add_epi16(alo[r], _mm512_maddubs_epi16(ones, lo));
                     ahi[r] = _mm512_add_epi16(ahi[r], _mm512_maddubs_epi16(ones, hi));
+                    rows[r] = rows[r].wrapping_add(128);
                 }
+                tp = tp.wrapping_add(2 * slot);
                 t += 2;
+            }
+            // An odd chunk end advanced one slot too far: realign to tuple `end`.
+            if t != end {
+                for row in rows.iter_mut() {
+                    *row = row.wrapping_sub(64);
+                }
+                tp = tp.wrapping_sub(slot);
             }
             t = end;
             for r in 0..R {
@@ -504,13 +522,13 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(job: &RowJob<'_>, ix: &[u8], 
     let pg = plan.tuples.per_group;
     let stride = pg * ROW_BLOCK;
     unsafe {
-        drive_int(job, y, |g, n, rb, nrb, pf, acc| {
+        drive_int(job, y, RB_TILE, |g, n, rb, nrb, pf, acc| {
             let ib = ix.as_ptr();
             let ip = ix.as_ptr().add(lay.slot(g, rb, 0));
             let tp = tab.as_ptr().add(tabs.offset(g, n, 0)) as *const u8;
             match nrb {
+                8 => i8_tile::<NZ, MIR, 8>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
                 4 => i8_tile::<NZ, MIR, 4>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
-                3 => i8_tile::<NZ, MIR, 3>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
                 2 => i8_tile::<NZ, MIR, 2>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
                 _ => i8_tile::<NZ, MIR, 1>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
             }
@@ -630,7 +648,7 @@ unsafe fn run_i16_t<const NZ: usize>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y
     let mut planes = vec![0u8; pg * 512];
     let mut cur: Option<(usize, usize)> = None;
     unsafe {
-        drive_int(job, y, |g, n, rb, nrb, pf, acc| {
+        drive_int(job, y, 4, |g, n, rb, nrb, pf, acc| {
             let ib = ix.as_ptr();
             if cur != Some((g, n)) {
                 split_planes(tab.as_ptr().add(tabs.offset(g, n, 0)), slot, pg, &mut planes);
@@ -640,7 +658,6 @@ unsafe fn run_i16_t<const NZ: usize>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y
             let pp = planes.as_ptr();
             match nrb {
                 4 => i16_tile::<NZ, 4>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
-                3 => i16_tile::<NZ, 3>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
                 2 => i16_tile::<NZ, 2>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
                 _ => i16_tile::<NZ, 1>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
             }
