@@ -855,16 +855,16 @@ unsafe fn table_entries(plan: &Plan, vals: __m512, digits: &[u32], xs: &[f32], m
         return;
     }
     let mut prod = [p0; 8];
-    for (j, &x) in xs.iter().enumerate().skip(1) {
-        prod[j] = _mm512_mul_ps(vals, _mm512_set1_ps(x));
+    for j in 1..r {
+        prod[j] = _mm512_mul_ps(vals, _mm512_set1_ps(xs[j]));
     }
     for q in 0..chunks {
         // SAFETY: `digits` holds `depth * dlen` entries and `16q + 16 <= dlen`.
         unsafe {
             let dig = |j: usize| _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i);
             let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
-            for (j, pj) in prod.iter().enumerate().take(r).skip(1) {
-                e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), *pj));
+            for j in 1..r {
+                e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
             }
             emit(q, e);
         }
