@@ -863,6 +863,8 @@ unsafe fn table_entries(plan: &Plan, vals: __m512, digits: &[u32], xs: &[f32], m
         unsafe {
             let dig = |j: usize| _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i);
             let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
+            // Index loops on purpose: iterator adaptors over vectors were not inlined here.
+            #[allow(clippy::needless_range_loop)]
             for j in 1..r {
                 e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
             }

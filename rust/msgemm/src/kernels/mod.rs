@@ -106,6 +106,7 @@ pub trait LutKernel: Sync {
 }
 
 /// The kernels compiled into this build, fastest first (the scalar kernel is always last).
+#[allow(clippy::vec_init_then_push)] // the pushes depend on the target architecture
 pub fn registered() -> Vec<&'static dyn LutKernel> {
     let mut list: Vec<&'static dyn LutKernel> = Vec::new();
     #[cfg(target_arch = "x86_64")]
