@@ -369,6 +369,19 @@ unsafe fn drive_int(
                     offset: lay.slot(gg, b, 0),
                     len: (job.row_blocks.end - b).min(max_tile) * geo.rb_stride,
                 });
+                // The next tile's scales (and zero points): short strided streams that the
+                // hardware prefetchers miss; without this the epilogue stalls on them.
+                if let Some((b, gg)) = next {
+                    let off = (gg * plan.row_blocks + b) * ROW_BLOCK;
+                    let lines = (job.row_blocks.end - b).min(max_tile) * (ROW_BLOCK * 4 / 64);
+                    for i in 0..lines {
+                        let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
+                        _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
+                        if let Some(z) = job.zeros {
+                            _mm_prefetch::<_MM_HINT_T0>(z.as_ptr().wrapping_add(off + 16 * i) as *const i8);
+                        }
+                    }
+                }
                 f(g, n, rb, nrb, pf_next, &mut acc);
                 for (i, a) in acc.iter().enumerate().take(nrb) {
                     let b = rb + i;
