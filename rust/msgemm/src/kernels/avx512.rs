@@ -444,45 +444,34 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
             let end = (t + 256).min(per_group);
             let mut alo = [zero; R];
             let mut ahi = [zero; R];
+            // Pairs of tuples; an odd last tuple is paired with zeros.
             while t < end {
+                let two = t + 1 < end;
                 if pf_on {
                     for i in 0..2 * R {
                         _mm_prefetch::<_MM_HINT_T0>(pfp.wrapping_add(64 * i) as *const i8);
                     }
                     pfp = pfp.wrapping_add(128 * R);
                 }
-                let w = if MIR == MIR_NONE { 0 } else { usize::from(t == last) };
-                let tb = load_table::<NZ>(tp, masks);
-                let mut e0 = [zero; R];
-                for (r, e) in e0.iter_mut().enumerate() {
-                    let idx = _mm512_loadu_si512(rows[r] as *const __m512i);
-                    *e = lut_mirror::<NZ, MIR>(&tb, idx, hv[w], cv[w]);
-                }
-                let mut e1 = [zero; R];
-                if t + 1 < end {
-                    let w = if MIR == MIR_NONE { 0 } else { usize::from(t + 1 == last) };
-                    let tb = load_table::<NZ>(tp.add(slot), masks);
-                    for (r, e) in e1.iter_mut().enumerate() {
-                        let idx = _mm512_loadu_si512(rows[r].add(64) as *const __m512i);
-                        *e = lut_mirror::<NZ, MIR>(&tb, idx, hv[w], cv[w]);
-                    }
-                }
+                let w0 = if MIR == MIR_NONE { 0 } else { usize::from(t == last) };
+                let w1 = if MIR == MIR_NONE { 0 } else { usize::from(t + 1 == last) };
+                let tb0 = load_table::<NZ>(tp, masks);
+                let tb1 = if two { load_table::<NZ>(tp.add(slot), masks) } else { tb0 };
                 for r in 0..R {
-                    let lo = _mm512_unpacklo_epi8(e0[r], e1[r]);
-                    let hi = _mm512_unpackhi_epi8(e0[r], e1[r]);
+                    let e0 = lut_mirror::<NZ, MIR>(&tb0, _mm512_loadu_si512(rows[r] as *const __m512i), hv[w0], cv[w0]);
+                    let e1 = if two {
+                        lut_mirror::<NZ, MIR>(&tb1, _mm512_loadu_si512(rows[r].add(64) as *const __m512i), hv[w1], cv[w1])
+                    } else {
+                        zero
+                    };
+                    let lo = _mm512_unpacklo_epi8(e0, e1);
+                    let hi = _mm512_unpackhi_epi8(e0, e1);
                     alo[r] = _mm512_add_epi16(alo[r], _mm512_maddubs_epi16(ones, lo));
                     ahi[r] = _mm512_add_epi16(ahi[r], _mm512_maddubs_epi16(ones, hi));
-                    rows[r] = rows[r].wrapping_add(128);
+                    rows[r] = rows[r].wrapping_add(if two { 128 } else { 64 });
                 }
-                tp = tp.wrapping_add(2 * slot);
-                t += 2;
-            }
-            // An odd chunk end advanced one slot too far: realign to tuple `end`.
-            if t != end {
-                for row in rows.iter_mut() {
-                    *row = row.wrapping_sub(64);
-                }
-                tp = tp.wrapping_sub(slot);
+                tp = tp.wrapping_add(if two { 2 * slot } else { slot });
+                t += if two { 2 } else { 1 };
             }
             t = end;
             for r in 0..R {
