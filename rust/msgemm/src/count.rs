@@ -66,20 +66,40 @@ pub struct CountParams {
 
 impl CountParams {
     pub fn validate(&self) -> Result<()> {
-        let pos = [("M", self.m), ("K", self.k), ("N", self.n), ("depth", self.depth), ("group_size", self.group_size)];
+        let pos = [
+            ("M", self.m),
+            ("K", self.k),
+            ("N", self.n),
+            ("depth", self.depth),
+            ("group_size", self.group_size),
+        ];
         for (name, v) in pos {
             if v == 0 {
                 return Err(Error::invalid(name, "must be positive"));
             }
         }
         if self.levels < 2 {
-            return Err(Error::invalid("levels", format!("must be >= 2, got {}", self.levels)));
+            return Err(Error::invalid(
+                "levels",
+                format!("must be >= 2, got {}", self.levels),
+            ));
         }
         if !self.k.is_multiple_of(self.group_size) {
-            return Err(Error::invalid("group_size", format!("must divide K = {}, got {}", self.k, self.group_size)));
+            return Err(Error::invalid(
+                "group_size",
+                format!("must divide K = {}, got {}", self.k, self.group_size),
+            ));
         }
-        if self.depth > 64 || self.levels.checked_pow(self.depth as u32).is_none_or(|e| e > 1 << 40) {
-            return Err(Error::invalid("depth", format!("V^d too large (V={}, d={})", self.levels, self.depth)));
+        if self.depth > 64
+            || self
+                .levels
+                .checked_pow(self.depth as u32)
+                .is_none_or(|e| e > 1 << 40)
+        {
+            return Err(Error::invalid(
+                "depth",
+                format!("V^d too large (V={}, d={})", self.levels, self.depth),
+            ));
         }
         Ok(())
     }
@@ -91,7 +111,11 @@ pub fn table_adds(levels: u64, depth: u64, mirror: bool) -> u64 {
         return 0;
     }
     let full: u64 = (2..depth).map(|j| levels.pow(j as u32)).sum();
-    let last = if mirror { levels.pow(depth as u32 - 1) * levels.div_ceil(2) } else { levels.pow(depth as u32) };
+    let last = if mirror {
+        levels.pow(depth as u32 - 1) * levels.div_ceil(2)
+    } else {
+        levels.pow(depth as u32)
+    };
     full + last
 }
 
@@ -104,7 +128,10 @@ pub fn formula(p: &CountParams) -> OpCounts {
     let mng = p.m * p.n * groups;
     OpCounts {
         table_mul: p.n * p.k * p.levels,
-        table_add: p.n * groups * ((t - 1) * table_adds(p.levels, p.depth, p.mirror) + table_adds(p.levels, r, p.mirror)),
+        table_add: p.n
+            * groups
+            * ((t - 1) * table_adds(p.levels, p.depth, p.mirror)
+                + table_adds(p.levels, r, p.mirror)),
         lookup: mng * t,
         add: (mng * t - p.m * p.n) + zp * (mng + p.n * groups * (p.group_size - 1)),
         mul: mng + zp * mng,
@@ -121,7 +148,8 @@ pub fn compare(p: &CountParams, counts: &OpCounts) -> Comparison {
         dense_add,
         dequant_mul,
         mac_ratio: dense_mul as f64 / (counts.table_add + counts.lookup) as f64,
-        op_ratio: (dense_mul + dense_add) as f64 / (counts.table_mul + counts.table_add + counts.mul + counts.add) as f64,
+        op_ratio: (dense_mul + dense_add) as f64
+            / (counts.table_mul + counts.table_add + counts.mul + counts.add) as f64,
     }
 }
 
@@ -155,7 +183,9 @@ struct Counter {
 /// `xt` is X transposed and permuted `(N, K)`; returns `y` `(M, N)` row-major.
 pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Vec<f32>, OpCounts)> {
     if plan.precision != TablePrecision::F32 {
-        return Err(Error::Unsupported("backend='reference' counts float32 tables only: use table='f32'".into()));
+        return Err(Error::Unsupported(
+            "backend='reference' counts float32 tables only: use table='f32'".into(),
+        ));
     }
     let (m, k, n, v) = (plan.m, plan.k, plan.n, plan.levels);
     let tp = plan.tuples;
@@ -182,7 +212,12 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
             tables.fill(0.0);
             for t in 0..tp.per_group {
                 let r = tp.depth_of(t);
-                build_f32_table(plan, &xg[t * tp.depth..t * tp.depth + r], &mut prod, &mut tables[t * plan.slot..]);
+                build_f32_table(
+                    plan,
+                    &xg[t * tp.depth..t * tp.depth + r],
+                    &mut prod,
+                    &mut tables[t * plan.slot..],
+                );
                 cnt.c.table_mul += (r * v) as u64;
                 cnt.c.table_add += count_level_adds(plan, r);
             }
@@ -310,11 +345,17 @@ mod tests {
     #[test]
     fn level_adds_match_the_closed_form() {
         use crate::format::{Codebook, Format};
-        for (f, dmax) in [(Format::Int4, 4), (Format::Int2, 6), (Format::Ternary, 7), (Format::Int3, 4)] {
+        for (f, dmax) in [
+            (Format::Int4, 4),
+            (Format::Int2, 6),
+            (Format::Ternary, 7),
+            (Format::Int3, 4),
+        ] {
             let cb = Codebook::new(f).unwrap();
             for mirror in [false, true] {
                 for d in 1..=dmax {
-                    let plan = Plan::new(&cb, 1, 64, 1, 64, false, d, TablePrecision::F32, mirror).unwrap();
+                    let plan = Plan::new(&cb, 1, 64, 1, 64, false, d, TablePrecision::F32, mirror)
+                        .unwrap();
                     assert_eq!(
                         count_level_adds(&plan, d),
                         table_adds(cb.levels() as u64, d as u64, mirror),

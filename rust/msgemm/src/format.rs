@@ -79,16 +79,27 @@ impl Format {
 
     /// Parses a Python-side name (`"int4"`, `"fp8_e4m3"`, ...).
     pub fn from_name(name: &str) -> Result<Format> {
-        Format::ALL.into_iter().find(|f| f.name() == name).ok_or_else(|| {
-            let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
-            Error::invalid("format", format!("unknown format {name:?}; expected one of {}", names.join(", ")))
-        })
+        Format::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+                Error::invalid(
+                    "format",
+                    format!(
+                        "unknown format {name:?}; expected one of {}",
+                        names.join(", ")
+                    ),
+                )
+            })
     }
 
     /// The canonical packing of the format.
     pub fn packing(self) -> Packing {
         match self {
-            Format::Int4 | Format::Uint4 | Format::Fp4 | Format::Nf4 | Format::Codebook => Packing::Nibble,
+            Format::Int4 | Format::Uint4 | Format::Fp4 | Format::Nf4 | Format::Codebook => {
+                Packing::Nibble
+            }
             Format::Int3 | Format::Uint3 => Packing::Int3,
             Format::Int2 | Format::Uint2 => Packing::Crumb,
             Format::Ternary => Packing::Trit5,
@@ -100,7 +111,13 @@ impl Format {
     pub fn is_integer(self) -> bool {
         matches!(
             self,
-            Format::Int4 | Format::Uint4 | Format::Int3 | Format::Uint3 | Format::Int2 | Format::Uint2 | Format::Ternary
+            Format::Int4
+                | Format::Uint4
+                | Format::Int3
+                | Format::Uint3
+                | Format::Int2
+                | Format::Uint2
+                | Format::Ternary
         )
     }
 }
@@ -320,7 +337,11 @@ fn fp8_e4m3(b: u8) -> f32 {
     if e == 15 && m == 7.0 {
         return f32::NAN;
     }
-    let mag = if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) };
+    let mag = if e == 0 {
+        m / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
     sign * mag
 }
 
@@ -329,9 +350,17 @@ fn fp8_e5m2(b: u8) -> f32 {
     let e = i32::from((b >> 2) & 31);
     let m = f32::from(b & 3);
     if e == 31 {
-        return if m == 0.0 { sign * f32::INFINITY } else { f32::NAN };
+        return if m == 0.0 {
+            sign * f32::INFINITY
+        } else {
+            f32::NAN
+        };
     }
-    let mag = if e == 0 { m / 4.0 * 2f32.powi(-14) } else { (1.0 + m / 4.0) * 2f32.powi(e - 15) };
+    let mag = if e == 0 {
+        m / 4.0 * 2f32.powi(-14)
+    } else {
+        (1.0 + m / 4.0) * 2f32.powi(e - 15)
+    };
     sign * mag
 }
 
@@ -353,12 +382,23 @@ impl Codebook {
             Format::Int2 => (0..4).map(|q| (q - 2) as f32).collect(),
             Format::Uint2 => (0..4).map(|q| q as f32).collect(),
             Format::Ternary => vec![-1.0, 0.0, 1.0],
-            Format::Fp4 => (0..16).map(|c| if c & 8 != 0 { -FP4_MAGNITUDES[c & 7] } else { FP4_MAGNITUDES[c & 7] }).collect(),
+            Format::Fp4 => (0..16)
+                .map(|c| {
+                    if c & 8 != 0 {
+                        -FP4_MAGNITUDES[c & 7]
+                    } else {
+                        FP4_MAGNITUDES[c & 7]
+                    }
+                })
+                .collect(),
             Format::Nf4 => NF4_VALUES.to_vec(),
             Format::Fp8E4m3 => (0..=255u8).map(fp8_e4m3).collect(),
             Format::Fp8E5m2 => (0..=255u8).map(fp8_e5m2).collect(),
             Format::Codebook => {
-                return Err(Error::invalid("codebook", "format 'codebook' needs the codebook values"));
+                return Err(Error::invalid(
+                    "codebook",
+                    "format 'codebook' needs the codebook values",
+                ));
             }
         };
         Ok(Codebook { format, values })
@@ -367,19 +407,31 @@ impl Codebook {
     /// A user codebook of 2..=16 finite, distinct values (packed as 4-bit codes).
     pub fn custom(values: &[f32]) -> Result<Codebook> {
         if !(2..=16).contains(&values.len()) {
-            return Err(Error::invalid("codebook", format!("needs 2 to 16 values, got {}", values.len())));
+            return Err(Error::invalid(
+                "codebook",
+                format!("needs 2 to 16 values, got {}", values.len()),
+            ));
         }
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(Error::invalid("codebook", format!("value {i} is not finite ({})", values[i])));
+            return Err(Error::invalid(
+                "codebook",
+                format!("value {i} is not finite ({})", values[i]),
+            ));
         }
         for i in 0..values.len() {
             for j in 0..i {
                 if values[i] == values[j] {
-                    return Err(Error::invalid("codebook", format!("values {j} and {i} are equal ({})", values[i])));
+                    return Err(Error::invalid(
+                        "codebook",
+                        format!("values {j} and {i} are equal ({})", values[i]),
+                    ));
                 }
             }
         }
-        Ok(Codebook { format: Format::Codebook, values: values.to_vec() })
+        Ok(Codebook {
+            format: Format::Codebook,
+            values: values.to_vec(),
+        })
     }
 
     /// A codebook for `format`, taking `values` only for `Format::Codebook`.
@@ -390,7 +442,10 @@ impl Codebook {
             (_, None) => Codebook::new(format),
             (f, Some(_)) => Err(Error::invalid(
                 "codebook",
-                format!("a codebook is only accepted with format='codebook', not {:?}", f.name()),
+                format!(
+                    "a codebook is only accepted with format='codebook', not {:?}",
+                    f.name()
+                ),
             )),
         }
     }
@@ -420,7 +475,10 @@ impl Codebook {
 
     /// The values used to build tables: invalid fp8 codes (never present in weights) read 0.
     pub fn table_values(&self) -> Vec<f32> {
-        self.values.iter().map(|&v| if v.is_finite() { v } else { 0.0 }).collect()
+        self.values
+            .iter()
+            .map(|&v| if v.is_finite() { v } else { 0.0 })
+            .collect()
     }
 
     /// The natural depth: the one whose index is the stored byte (spec section 3).
@@ -480,7 +538,11 @@ impl Codebook {
         let v: Vec<f64> = self.values.iter().map(|&x| f64::from(x)).collect();
         let n = v.len();
         let try_inv = |inv: Involution| -> Option<Mirror> {
-            let m = Mirror { involution: inv, shift: 0.0, levels: n };
+            let m = Mirror {
+                involution: inv,
+                shift: 0.0,
+                levels: n,
+            };
             if inv == Involution::SignBit && !n.is_power_of_two() {
                 return None;
             }
@@ -493,7 +555,11 @@ impl Codebook {
                 let b = v[m.code(c)] - shift;
                 a == -b && (a as f32) as f64 == a
             });
-            ok.then_some(Mirror { involution: inv, shift: shift as f32, levels: n })
+            ok.then_some(Mirror {
+                involution: inv,
+                shift: shift as f32,
+                levels: n,
+            })
         };
         try_inv(Involution::Reverse).or_else(|| try_inv(Involution::SignBit))
     }
@@ -558,8 +624,14 @@ mod tests {
         assert_eq!((m.involution, m.shift), (Involution::Reverse, 0.0));
         assert!(Codebook::new(Format::Nf4).unwrap().mirror().is_none());
         assert!(Codebook::new(Format::Fp8E4m3).unwrap().mirror().is_none());
-        assert!(Codebook::custom(&[-2.0, -1.0, 1.0, 2.0]).unwrap().mirror().is_some());
-        assert!(Codebook::custom(&[-2.0, -1.0, 1.0, 3.0]).unwrap().mirror().is_none());
+        assert!(Codebook::custom(&[-2.0, -1.0, 1.0, 2.0])
+            .unwrap()
+            .mirror()
+            .is_some());
+        assert!(Codebook::custom(&[-2.0, -1.0, 1.0, 3.0])
+            .unwrap()
+            .mirror()
+            .is_none());
     }
 
     #[test]
@@ -595,10 +667,18 @@ mod tests {
 
     #[test]
     fn pack_unpack_round_trip_every_packing() {
-        for f in [Format::Int4, Format::Int3, Format::Int2, Format::Ternary, Format::Fp8E5m2] {
+        for f in [
+            Format::Int4,
+            Format::Int3,
+            Format::Int2,
+            Format::Ternary,
+            Format::Fp8E5m2,
+        ] {
             let p = f.packing();
             for k in [1usize, 2, 3, 5, 7, 8, 9, 17, 40, 63] {
-                let codes: Vec<u8> = (0..k).map(|i| ((i * 7 + 3) % (p.max_code() as usize + 1)) as u8).collect();
+                let codes: Vec<u8> = (0..k)
+                    .map(|i| ((i * 7 + 3) % (p.max_code() as usize + 1)) as u8)
+                    .collect();
                 let mut bytes = vec![0u8; p.row_bytes(k)];
                 p.pack_row(&codes, &mut bytes);
                 let mut back = vec![0u8; k];
@@ -618,7 +698,11 @@ mod tests {
             let codes: Vec<u8> = (0..d).map(|j| ((j * 5 + 1) % v) as u8).collect();
             let mut byte = [0u8];
             cb.packing().pack_row(&codes, &mut byte);
-            let idx: usize = codes.iter().enumerate().map(|(j, &c)| c as usize * v.pow(j as u32)).sum();
+            let idx: usize = codes
+                .iter()
+                .enumerate()
+                .map(|(j, &c)| c as usize * v.pow(j as u32))
+                .sum();
             assert_eq!(byte[0] as usize, idx, "{f:?}");
         }
         // int3: the six-bit index of codes (2i, 2i+1) sits at bits 6i..6i+6.
@@ -627,7 +711,10 @@ mod tests {
         Packing::Int3.pack_row(&codes, &mut b);
         let word = u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16;
         for i in 0..4 {
-            assert_eq!((word >> (6 * i)) & 63, u32::from(codes[2 * i]) + 8 * u32::from(codes[2 * i + 1]));
+            assert_eq!(
+                (word >> (6 * i)) & 63,
+                u32::from(codes[2 * i]) + 8 * u32::from(codes[2 * i + 1])
+            );
         }
     }
 
@@ -649,7 +736,13 @@ mod tests {
         assert_eq!(e, 1);
         assert_eq!(ints[7], 12);
         let i4 = Codebook::new(Format::Int4).unwrap();
-        assert_eq!(i4.integer_values(-0.5).unwrap(), ((0..16).map(|q| 2 * q - 15).collect(), 1));
-        assert!(Codebook::new(Format::Nf4).unwrap().integer_values(0.0).is_none());
+        assert_eq!(
+            i4.integer_values(-0.5).unwrap(),
+            ((0..16).map(|q| 2 * q - 15).collect(), 1)
+        );
+        assert!(Codebook::new(Format::Nf4)
+            .unwrap()
+            .integer_values(0.0)
+            .is_none());
     }
 }

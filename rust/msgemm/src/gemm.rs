@@ -39,7 +39,12 @@ pub struct GemmOptions {
 
 impl Default for GemmOptions {
     fn default() -> Self {
-        GemmOptions { depth: Depth::Auto, precision: TablePrecision::I8, backend: Backend::Auto, mirror: false }
+        GemmOptions {
+            depth: Depth::Auto,
+            precision: TablePrecision::I8,
+            backend: Backend::Auto,
+            mirror: false,
+        }
     }
 }
 
@@ -105,9 +110,9 @@ pub fn resolve_depth(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result
                     .copied()
                     .filter(|&d| {
                         plan_for(pw, n, d, opts).is_ok_and(|p| {
-                            kernels::registered()
-                                .into_iter()
-                                .any(|k| k.backend() != Backend::Scalar && k.available() && k.supports(&p))
+                            kernels::registered().into_iter().any(|k| {
+                                k.backend() != Backend::Scalar && k.available() && k.supports(&p)
+                            })
                         })
                     })
                     .collect();
@@ -132,7 +137,10 @@ pub fn resolve_depth(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result
                     if opts.backend != Backend::Reference {
                         kernels::select(opts.backend, &p)?;
                     }
-                    Err(Error::Unsupported(format!("no depth of backend '{}' fits this call", opts.backend.name())))
+                    Err(Error::Unsupported(format!(
+                        "no depth of backend '{}' fits this call",
+                        opts.backend.name()
+                    )))
                 }
             }
         }
@@ -145,7 +153,13 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
     plan_for(pw, n, d, opts)
 }
 
-fn check_inputs(pw: &PackedWeights, x: &[f32], n: usize, layout: XLayout, y_len: Option<usize>) -> Result<()> {
+fn check_inputs(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    y_len: Option<usize>,
+) -> Result<()> {
     if n == 0 {
         return Err(Error::invalid("x", "must have at least one column"));
     }
@@ -158,7 +172,11 @@ fn check_inputs(pw: &PackedWeights, x: &[f32], n: usize, layout: XLayout, y_len:
     }
     if let Some(len) = y_len {
         if len != pw.m() * n {
-            return Err(Error::shape("out", format!("({}, {n})", pw.m()), format!("{len} values")));
+            return Err(Error::shape(
+                "out",
+                format!("({}, {n})", pw.m()),
+                format!("{len} values"),
+            ));
         }
     }
     if let Some(i) = x.iter().position(|v| !v.is_finite()) {
@@ -172,17 +190,24 @@ fn check_inputs(pw: &PackedWeights, x: &[f32], n: usize, layout: XLayout, y_len:
 
 /// X to `(N, K)` row-major in packed column order (no copy when X already is, e.g. N = 1 or
 /// [`XLayout::NbyK`], without a permutation).
-pub fn transpose_permute<'a>(pw: &PackedWeights, x: &'a [f32], n: usize, layout: XLayout) -> Cow<'a, [f32]> {
+pub fn transpose_permute<'a>(
+    pw: &PackedWeights,
+    x: &'a [f32],
+    n: usize,
+    layout: XLayout,
+) -> Cow<'a, [f32]> {
     let k = pw.k();
     match (n, layout, pw.k_perm()) {
         (1, _, None) | (_, XLayout::NbyK, None) => Cow::Borrowed(x),
         (_, XLayout::NbyK, Some(perm)) => {
             let mut xt = vec![0f32; n * k];
-            xt.par_chunks_mut(k).zip(x.par_chunks(k)).for_each(|(row, src)| {
-                for (o, &p) in row.iter_mut().zip(perm) {
-                    *o = src[p as usize];
-                }
-            });
+            xt.par_chunks_mut(k)
+                .zip(x.par_chunks(k))
+                .for_each(|(row, src)| {
+                    for (o, &p) in row.iter_mut().zip(perm) {
+                        *o = src[p as usize];
+                    }
+                });
             Cow::Owned(xt)
         }
         (_, XLayout::KbyN, perm) => {
@@ -226,13 +251,21 @@ fn blocks_per_task(plan: &Plan) -> usize {
 }
 
 /// Runs the plan with `kernel` into `y` (`(M, N)` row-major, overwritten).
-pub fn run_plan(pw: &PackedWeights, plan: &Plan, kernel: &dyn LutKernel, xt: &[f32], y: &mut [f32]) -> Result<()> {
+pub fn run_plan(
+    pw: &PackedWeights,
+    plan: &Plan,
+    kernel: &dyn LutKernel,
+    xt: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
     let layout = pw.layout(plan.depth())?;
     let scales = pw.tiled_scales();
     let zeros: Option<&[f32]> = if plan.zero_term {
         Some(match plan.mirror {
             Some(mi) => pw.tiled_mirror_zeros(mi.shift),
-            None => pw.tiled_zeros().expect("zero_term without mirror means zero points"),
+            None => pw
+                .tiled_zeros()
+                .expect("zero_term without mirror means zero points"),
         })
     } else {
         None
@@ -246,19 +279,35 @@ pub fn run_plan(pw: &PackedWeights, plan: &Plan, kernel: &dyn LutKernel, xt: &[f
             table::build_scalar(plan, xt, &mut set);
         }
         let set = &set;
-        y.par_chunks_mut(rows_per_task * plan.n).enumerate().for_each(|(i, ychunk)| {
-            let rb0 = i * per_task;
-            let rb1 = (rb0 + per_task).min(plan.row_blocks);
-            let job = RowJob { plan, layout, scales, zeros, tables: set, row_blocks: rb0..rb1 };
-            kernel.accumulate(&job, ychunk);
-        });
+        y.par_chunks_mut(rows_per_task * plan.n)
+            .enumerate()
+            .for_each(|(i, ychunk)| {
+                let rb0 = i * per_task;
+                let rb1 = (rb0 + per_task).min(plan.row_blocks);
+                let job = RowJob {
+                    plan,
+                    layout,
+                    scales,
+                    zeros,
+                    tables: set,
+                    row_blocks: rb0..rb1,
+                };
+                kernel.accumulate(&job, ychunk);
+            });
     }
     Ok(())
 }
 
 /// `y = Wd @ X` for float32 X with `n` columns laid out as `layout`; `y` `(M, N)` row-major is
 /// overwritten. Returns the plan used (depth, precision, ...).
-pub fn gemm_into(pw: &PackedWeights, x: &[f32], n: usize, layout: XLayout, opts: &GemmOptions, y: &mut [f32]) -> Result<Plan> {
+pub fn gemm_into(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Plan> {
     check_inputs(pw, x, n, layout, Some(y.len()))?;
     let plan = plan(pw, n, opts)?;
     let xt = transpose_permute(pw, x, n, layout);
@@ -288,7 +337,10 @@ pub fn gemm_counted(
     opts: &GemmOptions,
 ) -> Result<(Vec<f32>, OpCounts, Plan)> {
     if opts.backend != Backend::Reference {
-        return Err(Error::invalid("count", "count=True needs backend='reference'"));
+        return Err(Error::invalid(
+            "count",
+            "count=True needs backend='reference'",
+        ));
     }
     check_inputs(pw, x, n, layout, None)?;
     let plan = plan(pw, n, opts)?;

@@ -15,7 +15,10 @@ fn uint_format(bits: u32) -> Result<Format> {
         2 => Ok(Format::Uint2),
         3 => Ok(Format::Uint3),
         4 => Ok(Format::Uint4),
-        _ => Err(Error::invalid("bits", format!("must be 2, 3 or 4, got {bits}"))),
+        _ => Err(Error::invalid(
+            "bits",
+            format!("must be 2, 3 or 4, got {bits}"),
+        )),
     }
 }
 
@@ -33,26 +36,43 @@ fn stream_bits(words: &[i32], pos: usize, bits: u32) -> u8 {
 /// Returns `(group_size, k_perm or None when g_idx is the plain k / G)`.
 fn groups_from_gidx(g_idx: &[i32], k: usize, groups: usize) -> Result<(usize, Option<Vec<u32>>)> {
     if g_idx.len() != k {
-        return Err(Error::shape("g_idx", format!("({k},)"), format!("({},)", g_idx.len())));
+        return Err(Error::shape(
+            "g_idx",
+            format!("({k},)"),
+            format!("({},)", g_idx.len()),
+        ));
     }
     if groups == 0 || !k.is_multiple_of(groups) {
-        return Err(Error::invalid("g_idx", format!("{groups} groups do not divide K = {k}")));
+        return Err(Error::invalid(
+            "g_idx",
+            format!("{groups} groups do not divide K = {k}"),
+        ));
     }
     let g = k / groups;
     let mut count = vec![0usize; groups];
     for (i, &gi) in g_idx.iter().enumerate() {
         if gi < 0 || gi as usize >= groups {
-            return Err(Error::invalid("g_idx", format!("entry {i} = {gi} is not a group index in 0..{groups}")));
+            return Err(Error::invalid(
+                "g_idx",
+                format!("entry {i} = {gi} is not a group index in 0..{groups}"),
+            ));
         }
         count[gi as usize] += 1;
     }
     if let Some(bad) = count.iter().position(|&c| c != g) {
         return Err(Error::invalid(
             "g_idx",
-            format!("group {bad} has {} members; every group needs K / groups = {g}", count[bad]),
+            format!(
+                "group {bad} has {} members; every group needs K / groups = {g}",
+                count[bad]
+            ),
         ));
     }
-    if g_idx.iter().enumerate().all(|(i, &gi)| gi as usize == i / g) {
+    if g_idx
+        .iter()
+        .enumerate()
+        .all(|(i, &gi)| gi as usize == i / g)
+    {
         return Ok((g, None));
     }
     let mut perm: Vec<u32> = (0..k as u32).collect();
@@ -87,19 +107,34 @@ pub fn from_gptq(
         return Err(Error::invalid("qweight", "must be non-empty"));
     }
     if !(k * b).is_multiple_of(32) || !(m * b).is_multiple_of(32) {
-        return Err(Error::invalid("qweight", format!("K*bits and M*bits must be multiples of 32 (K={k}, M={m})")));
+        return Err(Error::invalid(
+            "qweight",
+            format!("K*bits and M*bits must be multiples of 32 (K={k}, M={m})"),
+        ));
     }
     let kw = k * b / 32;
     if qweight.len() != kw * m {
-        return Err(Error::shape("qweight", format!("({kw}, {m})"), format!("{} values", qweight.len())));
+        return Err(Error::shape(
+            "qweight",
+            format!("({kw}, {m})"),
+            format!("{} values", qweight.len()),
+        ));
     }
     if scales.is_empty() || !scales.len().is_multiple_of(m) {
-        return Err(Error::shape("scales", format!("(groups, {m})"), format!("{} values", scales.len())));
+        return Err(Error::shape(
+            "scales",
+            format!("(groups, {m})"),
+            format!("{} values", scales.len()),
+        ));
     }
     let groups = scales.len() / m;
     let mw = m * b / 32;
     if qzeros.len() != groups * mw {
-        return Err(Error::shape("qzeros", format!("({groups}, {mw})"), format!("{} values", qzeros.len())));
+        return Err(Error::shape(
+            "qzeros",
+            format!("({groups}, {mw})"),
+            format!("{} values", qzeros.len()),
+        ));
     }
     let (g, perm) = match g_idx {
         Some(gi) => groups_from_gidx(gi, k, groups)?,
@@ -108,7 +143,10 @@ pub fn from_gptq(
             if g == 0 || !k.is_multiple_of(g) || k / g != groups {
                 return Err(Error::invalid(
                     "group_size",
-                    format!("K = {k} with {groups} groups of scales needs group_size = {}, got {g}", k / groups),
+                    format!(
+                        "K = {k} with {groups} groups of scales needs group_size = {}, got {g}",
+                        k / groups
+                    ),
                 ));
             }
             (g, None)
@@ -132,10 +170,20 @@ pub fn from_gptq(
         let zrow = &qzeros[gi * mw..(gi + 1) * mw];
         for row in 0..m {
             s[row * groups + gi] = scales[gi * m + row];
-            z[row * groups + gi] = (i32::from(stream_bits(zrow, row * b, bits)) + zero_offset) as f32;
+            z[row * groups + gi] =
+                (i32::from(stream_bits(zrow, row * b, bits)) + zero_offset) as f32;
         }
     }
-    PackedWeights::from_codes(Codebook::new(format)?, m, k, g, &codes, s, Some(z), perm.map(|p| p.to_vec()))
+    PackedWeights::from_codes(
+        Codebook::new(format)?,
+        m,
+        k,
+        g,
+        &codes,
+        s,
+        Some(z),
+        perm.map(|p| p.to_vec()),
+    )
 }
 
 /// AWQ's nibble order inside an int32 (GEMM layout): nibble `i` holds feature `8c + ORDER[i]`.
@@ -143,26 +191,54 @@ pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// Loads AutoAWQ GEMM tensors (4 bits): `qweight` `(K, M/8)` int32 packed along M in
 /// [`AWQ_ORDER`], `qzeros` `(groups, M/8)` likewise, `scales` `(groups, M)`.
-pub fn from_awq(qweight: &[i32], qzeros: &[i32], scales: &[f32], m: usize, k: usize, group_size: usize) -> Result<PackedWeights> {
+pub fn from_awq(
+    qweight: &[i32],
+    qzeros: &[i32],
+    scales: &[f32],
+    m: usize,
+    k: usize,
+    group_size: usize,
+) -> Result<PackedWeights> {
     if m == 0 || k == 0 || !m.is_multiple_of(8) {
-        return Err(Error::invalid("qweight", format!("M must be a positive multiple of 8, got M={m}, K={k}")));
+        return Err(Error::invalid(
+            "qweight",
+            format!("M must be a positive multiple of 8, got M={m}, K={k}"),
+        ));
     }
     if group_size == 0 || !k.is_multiple_of(group_size) {
-        return Err(Error::invalid("group_size", format!("must divide K = {k}, got {group_size}")));
+        return Err(Error::invalid(
+            "group_size",
+            format!("must divide K = {k}, got {group_size}"),
+        ));
     }
     let groups = k / group_size;
     let mw = m / 8;
     if qweight.len() != k * mw {
-        return Err(Error::shape("qweight", format!("({k}, {mw})"), format!("{} values", qweight.len())));
+        return Err(Error::shape(
+            "qweight",
+            format!("({k}, {mw})"),
+            format!("{} values", qweight.len()),
+        ));
     }
     if qzeros.len() != groups * mw {
-        return Err(Error::shape("qzeros", format!("({groups}, {mw})"), format!("{} values", qzeros.len())));
+        return Err(Error::shape(
+            "qzeros",
+            format!("({groups}, {mw})"),
+            format!("{} values", qzeros.len()),
+        ));
     }
     if scales.len() != groups * m {
-        return Err(Error::shape("scales", format!("({groups}, {m})"), format!("{} values", scales.len())));
+        return Err(Error::shape(
+            "scales",
+            format!("({groups}, {m})"),
+            format!("{} values", scales.len()),
+        ));
     }
     let unpack = |word: i32, feature: usize| -> u8 {
-        let i = AWQ_ORDER.iter().position(|&o| o == feature % 8).expect("order covers 0..8");
+        let i = AWQ_ORDER
+            .iter()
+            .position(|&o| o == feature % 8)
+            .expect("order covers 0..8");
         ((word as u32 >> (4 * i)) & 15) as u8
     };
     let mut codes = vec![0u8; m * k];
@@ -179,7 +255,16 @@ pub fn from_awq(qweight: &[i32], qzeros: &[i32], scales: &[f32], m: usize, k: us
             z[row * groups + gi] = f32::from(unpack(qzeros[gi * mw + row / 8], row));
         }
     }
-    PackedWeights::from_codes(Codebook::new(Format::Uint4)?, m, k, group_size, &codes, s, Some(z), None)
+    PackedWeights::from_codes(
+        Codebook::new(Format::Uint4)?,
+        m,
+        k,
+        group_size,
+        &codes,
+        s,
+        Some(z),
+        None,
+    )
 }
 
 /// Zero points of a MatMulNBits node.
@@ -206,21 +291,38 @@ pub fn from_matmulnbits(
     block_size: usize,
 ) -> Result<PackedWeights> {
     if bits != 2 && bits != 4 {
-        return Err(Error::invalid("bits", format!("MatMulNBits loader supports 2 and 4 bits, got {bits}")));
+        return Err(Error::invalid(
+            "bits",
+            format!("MatMulNBits loader supports 2 and 4 bits, got {bits}"),
+        ));
     }
     if block_size < 16 || !block_size.is_power_of_two() {
-        return Err(Error::invalid("block_size", format!("must be a power of two >= 16, got {block_size}")));
+        return Err(Error::invalid(
+            "block_size",
+            format!("must be a power of two >= 16, got {block_size}"),
+        ));
     }
     if m == 0 || k == 0 || !k.is_multiple_of(block_size) {
-        return Err(Error::invalid("K", format!("must be a positive multiple of block_size = {block_size}, got {k}")));
+        return Err(Error::invalid(
+            "K",
+            format!("must be a positive multiple of block_size = {block_size}, got {k}"),
+        ));
     }
     let kb = k / block_size;
     let blob = block_size * bits as usize / 8;
     if b.len() != m * kb * blob {
-        return Err(Error::shape("B", format!("({m}, {kb}, {blob})"), format!("{} bytes", b.len())));
+        return Err(Error::shape(
+            "B",
+            format!("({m}, {kb}, {blob})"),
+            format!("{} bytes", b.len()),
+        ));
     }
     if scales.len() != m * kb {
-        return Err(Error::shape("scales", format!("({})", m * kb), format!("({})", scales.len())));
+        return Err(Error::shape(
+            "scales",
+            format!("({})", m * kb),
+            format!("({})", scales.len()),
+        ));
     }
     let format = match (bits, &zeros) {
         (4, NBitsZeros::Default) => Format::Int4,
@@ -232,14 +334,22 @@ pub fn from_matmulnbits(
         NBitsZeros::Default => None,
         NBitsZeros::Float(zf) => {
             if zf.len() != m * kb {
-                return Err(Error::shape("zero_points", format!("({})", m * kb), format!("({})", zf.len())));
+                return Err(Error::shape(
+                    "zero_points",
+                    format!("({})", m * kb),
+                    format!("({})", zf.len()),
+                ));
             }
             Some(zf.to_vec())
         }
         NBitsZeros::Packed(zp) => {
             let per_row = (kb * bits as usize).div_ceil(8);
             if zp.len() != m * per_row {
-                return Err(Error::shape("zero_points", format!("({})", m * per_row), format!("({})", zp.len())));
+                return Err(Error::shape(
+                    "zero_points",
+                    format!("({})", m * per_row),
+                    format!("({})", zp.len()),
+                ));
             }
             let per_byte = 8 / bits as usize;
             let mask = (1u8 << bits) - 1;
@@ -255,7 +365,16 @@ pub fn from_matmulnbits(
         }
     };
     // The row's blobs are exactly the canonical packing of its K codes (low bits first).
-    PackedWeights::from_packed(Codebook::new(format)?, m, k, block_size, b.to_vec(), scales.to_vec(), z, None)
+    PackedWeights::from_packed(
+        Codebook::new(format)?,
+        m,
+        k,
+        block_size,
+        b.to_vec(),
+        scales.to_vec(),
+        z,
+        None,
+    )
 }
 
 /// Exports `int4`/`uint4`/`int2`/`uint2` weights with integer zero points in `[0, 2^b)` to the
@@ -276,11 +395,15 @@ pub fn to_matmulnbits(pw: &PackedWeights) -> Result<NBitsTensors> {
         }
     };
     if pw.k_perm().is_some() {
-        return Err(Error::Unsupported("act-order weights (k_perm) have no MatMulNBits form".into()));
+        return Err(Error::Unsupported(
+            "act-order weights (k_perm) have no MatMulNBits form".into(),
+        ));
     }
     let g = pw.group_size();
     if g < 16 || !g.is_power_of_two() {
-        return Err(Error::Unsupported(format!("MatMulNBits needs a power-of-two block size >= 16, got {g}")));
+        return Err(Error::Unsupported(format!(
+            "MatMulNBits needs a power-of-two block size >= 16, got {g}"
+        )));
     }
     let (m, groups) = (pw.m(), pw.groups());
     let top = (1u32 << bits) as f32;
@@ -297,14 +420,17 @@ pub fn to_matmulnbits(pw: &PackedWeights) -> Result<NBitsTensors> {
         None => None,
         Some(zc) => {
             if let Some(bad) = zc.iter().find(|&&z| z != z.round() || z < 0.0 || z >= top) {
-                return Err(Error::Unsupported(format!("zero point {bad} is not an integer code in [0, {top})")));
+                return Err(Error::Unsupported(format!(
+                    "zero point {bad} is not an integer code in [0, {top})"
+                )));
             }
             let per_byte = 8 / bits as usize;
             let per_row = (groups * bits as usize).div_ceil(8);
             let mut out = vec![0u8; m * per_row];
             for row in 0..m {
                 for blk in 0..groups {
-                    out[row * per_row + blk / per_byte] |= (zc[row * groups + blk] as u8) << (bits as usize * (blk % per_byte));
+                    out[row * per_row + blk / per_byte] |=
+                        (zc[row * groups + blk] as u8) << (bits as usize * (blk % per_byte));
                 }
             }
             Some(out)

@@ -29,7 +29,11 @@ pub struct Tuples {
 impl Tuples {
     pub fn new(group_size: usize, depth: usize) -> Tuples {
         let per_group = group_size.div_ceil(depth);
-        Tuples { depth, per_group, last_depth: group_size - (per_group - 1) * depth }
+        Tuples {
+            depth,
+            per_group,
+            last_depth: group_size - (per_group - 1) * depth,
+        }
     }
 
     /// Depth of tuple `t` of a group.
@@ -70,7 +74,14 @@ impl TileLayout {
     }
 
     /// Builds the layout from unpacked codes `(M, K)` row-major (`K = groups * G`).
-    pub fn build(codes: &[u8], m: usize, k: usize, group_size: usize, levels: usize, depth: usize) -> TileLayout {
+    pub fn build(
+        codes: &[u8],
+        m: usize,
+        k: usize,
+        group_size: usize,
+        levels: usize,
+        depth: usize,
+    ) -> TileLayout {
         let groups = k / group_size;
         let row_blocks = m.div_ceil(ROW_BLOCK);
         let tuples = Tuples::new(group_size, depth);
@@ -101,18 +112,27 @@ impl TileLayout {
         };
         let data = if wide {
             let mut v = vec![0u16; groups * slot_len];
-            v.par_chunks_mut(slot_len.max(1)).enumerate().for_each(|(g, out)| {
-                fill(g, &mut |i, idx| out[i] = idx as u16);
-            });
+            v.par_chunks_mut(slot_len.max(1))
+                .enumerate()
+                .for_each(|(g, out)| {
+                    fill(g, &mut |i, idx| out[i] = idx as u16);
+                });
             IndexData::U16(v)
         } else {
             let mut v = vec![0u8; groups * slot_len];
-            v.par_chunks_mut(slot_len.max(1)).enumerate().for_each(|(g, out)| {
-                fill(g, &mut |i, idx| out[i] = idx as u8);
-            });
+            v.par_chunks_mut(slot_len.max(1))
+                .enumerate()
+                .for_each(|(g, out)| {
+                    fill(g, &mut |i, idx| out[i] = idx as u8);
+                });
             IndexData::U8(v)
         };
-        TileLayout { tuples, groups, row_blocks, data }
+        TileLayout {
+            tuples,
+            groups,
+            row_blocks,
+            data,
+        }
     }
 
     /// The index of `(g, row, t)` (for tests and the scalar kernel's tails).
@@ -152,7 +172,14 @@ mod tests {
                 assert!(t.last_depth >= 1 && t.last_depth <= d);
             }
         }
-        assert_eq!(Tuples::new(128, 3), Tuples { depth: 3, per_group: 43, last_depth: 2 });
+        assert_eq!(
+            Tuples::new(128, 3),
+            Tuples {
+                depth: 3,
+                per_group: 43,
+                last_depth: 2
+            }
+        );
     }
 
     #[test]
@@ -167,7 +194,9 @@ mod tests {
                     for t in 0..lay.tuples.per_group {
                         let k0 = grp * g + t * d;
                         let r = lay.tuples.depth_of(t);
-                        let want: usize = (0..r).map(|j| codes[row * k + k0 + j] as usize * v.pow(j as u32)).sum();
+                        let want: usize = (0..r)
+                            .map(|j| codes[row * k + k0 + j] as usize * v.pow(j as u32))
+                            .sum();
                         assert_eq!(lay.index(grp, row, t), want);
                     }
                 }

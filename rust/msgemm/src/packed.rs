@@ -52,7 +52,10 @@ impl Clone for PackedWeights {
 
 fn check_dims(m: usize, k: usize, group_size: usize) -> Result<()> {
     if m == 0 || k == 0 {
-        return Err(Error::invalid("w", format!("the weight matrix must be non-empty, got shape ({m}, {k})")));
+        return Err(Error::invalid(
+            "w",
+            format!("the weight matrix must be non-empty, got shape ({m}, {k})"),
+        ));
     }
     if group_size == 0 || !k.is_multiple_of(group_size) {
         return Err(Error::invalid(
@@ -61,19 +64,31 @@ fn check_dims(m: usize, k: usize, group_size: usize) -> Result<()> {
         ));
     }
     if m > u32::MAX as usize || k > u32::MAX as usize {
-        return Err(Error::invalid("w", format!("shape ({m}, {k}) is too large")));
+        return Err(Error::invalid(
+            "w",
+            format!("shape ({m}, {k}) is too large"),
+        ));
     }
     Ok(())
 }
 
 fn check_per_group(name: &str, vals: &[f32], m: usize, groups: usize) -> Result<()> {
     if vals.len() != m * groups {
-        return Err(Error::shape(name, format!("({m}, {groups})"), format!("{} values", vals.len())));
+        return Err(Error::shape(
+            name,
+            format!("({m}, {groups})"),
+            format!("{} values", vals.len()),
+        ));
     }
     if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
         return Err(Error::invalid(
             name,
-            format!("contains a non-finite value ({}) at index ({}, {})", vals[i], i / groups, i % groups),
+            format!(
+                "contains a non-finite value ({}) at index ({}, {})",
+                vals[i],
+                i / groups,
+                i % groups
+            ),
         ));
     }
     Ok(())
@@ -81,7 +96,11 @@ fn check_per_group(name: &str, vals: &[f32], m: usize, groups: usize) -> Result<
 
 fn check_perm(perm: &[u32], k: usize) -> Result<()> {
     if perm.len() != k {
-        return Err(Error::shape("k_perm", format!("({k},)"), format!("({},)", perm.len())));
+        return Err(Error::shape(
+            "k_perm",
+            format!("({k},)"),
+            format!("({},)", perm.len()),
+        ));
     }
     let mut seen = vec![false; k];
     for &p in perm {
@@ -113,7 +132,11 @@ impl PackedWeights {
     ) -> Result<PackedWeights> {
         check_dims(m, k, group_size)?;
         if codes.len() != m * k {
-            return Err(Error::shape("codes", format!("({m}, {k})"), format!("{} codes", codes.len())));
+            return Err(Error::shape(
+                "codes",
+                format!("({m}, {k})"),
+                format!("{} codes", codes.len()),
+            ));
         }
         if let Some(i) = codes.iter().position(|&c| !codebook.valid_code(c)) {
             return Err(Error::invalid(
@@ -125,7 +148,11 @@ impl PackedWeights {
                     i % k,
                     codebook.format().name(),
                     codebook.levels(),
-                    if codebook.levels() == 256 { ", finite values only" } else { "" }
+                    if codebook.levels() == 256 {
+                        ", finite values only"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -154,22 +181,34 @@ impl PackedWeights {
         check_dims(m, k, group_size)?;
         let rb = codebook.packing().row_bytes(k);
         if packed.len() != m * rb {
-            return Err(Error::shape("packed", format!("({m}, {rb})"), format!("{} bytes", packed.len())));
+            return Err(Error::shape(
+                "packed",
+                format!("({m}, {rb})"),
+                format!("{} bytes", packed.len()),
+            ));
         }
         let pw = Self::assemble(codebook, m, k, group_size, packed, scales, zeros, k_perm)?;
         // Validate the codes (invalid trits, fp8 NaN encodings, codes >= V of small codebooks).
-        let bad = pw.packed.par_chunks(rb).enumerate().find_map_first(|(row, bytes)| {
-            let mut codes = vec![0u8; k];
-            pw.codebook.packing().unpack_row(bytes, &mut codes);
-            let trit_ok = pw.codebook.packing() != crate::format::Packing::Trit5 || bytes.iter().all(|&b| b < 243);
-            codes
-                .iter()
-                .position(|&c| !pw.codebook.valid_code(c))
-                .map(|i| (row, i))
-                .or((!trit_ok).then_some((row, 0)))
-        });
+        let bad = pw
+            .packed
+            .par_chunks(rb)
+            .enumerate()
+            .find_map_first(|(row, bytes)| {
+                let mut codes = vec![0u8; k];
+                pw.codebook.packing().unpack_row(bytes, &mut codes);
+                let trit_ok = pw.codebook.packing() != crate::format::Packing::Trit5
+                    || bytes.iter().all(|&b| b < 243);
+                codes
+                    .iter()
+                    .position(|&c| !pw.codebook.valid_code(c))
+                    .map(|i| (row, i))
+                    .or((!trit_ok).then_some((row, 0)))
+            });
         if let Some((row, col)) = bad {
-            return Err(Error::invalid("packed", format!("row {row} holds an invalid code near column {col}")));
+            return Err(Error::invalid(
+                "packed",
+                format!("row {row} holds an invalid code near column {col}"),
+            ));
         }
         Ok(pw)
     }
@@ -273,10 +312,15 @@ impl PackedWeights {
         let mut out = vec![0f64; self.m * k];
         out.par_chunks_mut(k).enumerate().for_each(|(row, o)| {
             let mut codes = vec![0u8; k];
-            self.codebook.packing().unpack_row(&self.packed[row * rb..(row + 1) * rb], &mut codes);
+            self.codebook
+                .packing()
+                .unpack_row(&self.packed[row * rb..(row + 1) * rb], &mut codes);
             for (j, &c) in codes.iter().enumerate() {
                 let s = f64::from(self.scales[row * groups + j / g]);
-                let z = self.zeros.as_ref().map_or(0.0, |z| f64::from(z[row * groups + j / g]));
+                let z = self
+                    .zeros
+                    .as_ref()
+                    .map_or(0.0, |z| f64::from(z[row * groups + j / g]));
                 let dst = self.k_perm.as_ref().map_or(j, |p| p[j] as usize);
                 o[dst] = s * (f64::from(vals[c as usize]) - z);
             }
@@ -288,19 +332,31 @@ impl PackedWeights {
     pub fn layout(&self, depth: usize) -> Result<&TileLayout> {
         self.codebook.check_depth(depth)?;
         Ok(self.layouts[depth].get_or_init(|| {
-            TileLayout::build(&self.codes(), self.m, self.k, self.group_size, self.codebook.levels(), depth)
+            TileLayout::build(
+                &self.codes(),
+                self.m,
+                self.k,
+                self.group_size,
+                self.codebook.levels(),
+                depth,
+            )
         }))
     }
 
     /// Scales tiled `[g][row_block][64]`.
     pub fn tiled_scales(&self) -> &[f32] {
-        self.tiled_scales.get_or_init(|| tile_per_group(&self.scales, self.m, self.groups()))
+        self.tiled_scales
+            .get_or_init(|| tile_per_group(&self.scales, self.m, self.groups()))
     }
 
     /// Zero points tiled `[g][row_block][64]` (value units of the plain codebook).
     pub fn tiled_zeros(&self) -> Option<&[f32]> {
         self.tiled_zeros
-            .get_or_init(|| self.zeros.as_ref().map(|z| tile_per_group(z, self.m, self.groups())))
+            .get_or_init(|| {
+                self.zeros
+                    .as_ref()
+                    .map(|z| tile_per_group(z, self.m, self.groups()))
+            })
             .as_deref()
     }
 
@@ -354,9 +410,24 @@ mod tests {
     fn bad_inputs_are_errors() {
         let cb = || Codebook::new(Format::Int4).unwrap();
         assert!(PackedWeights::from_codes(cb(), 1, 4, 3, &[0; 4], vec![1.0], None, None).is_err());
-        assert!(PackedWeights::from_codes(cb(), 1, 4, 4, &[16, 0, 0, 0], vec![1.0], None, None).is_err());
-        assert!(PackedWeights::from_codes(cb(), 1, 4, 4, &[0; 4], vec![f32::NAN], None, None).is_err());
-        assert!(PackedWeights::from_codes(cb(), 1, 4, 4, &[0; 4], vec![1.0], None, Some(vec![0, 0, 1, 2])).is_err());
+        assert!(
+            PackedWeights::from_codes(cb(), 1, 4, 4, &[16, 0, 0, 0], vec![1.0], None, None)
+                .is_err()
+        );
+        assert!(
+            PackedWeights::from_codes(cb(), 1, 4, 4, &[0; 4], vec![f32::NAN], None, None).is_err()
+        );
+        assert!(PackedWeights::from_codes(
+            cb(),
+            1,
+            4,
+            4,
+            &[0; 4],
+            vec![1.0],
+            None,
+            Some(vec![0, 0, 1, 2])
+        )
+        .is_err());
         let e4 = Codebook::new(Format::Fp8E4m3).unwrap();
         assert!(PackedWeights::from_codes(e4, 1, 2, 2, &[0x7f, 0], vec![1.0], None, None).is_err());
         let t = Codebook::new(Format::Ternary).unwrap();

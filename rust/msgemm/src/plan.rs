@@ -32,7 +32,10 @@ impl TablePrecision {
             "f32" => Ok(TablePrecision::F32),
             "i16" => Ok(TablePrecision::I16),
             "i8" => Ok(TablePrecision::I8),
-            _ => Err(Error::invalid("table", format!("must be one of 'i8', 'i16', 'f32'; got {name:?}"))),
+            _ => Err(Error::invalid(
+                "table",
+                format!("must be one of 'i8', 'i16', 'f32'; got {name:?}"),
+            )),
         }
     }
 }
@@ -118,7 +121,11 @@ impl Plan {
                     codebook.format().name()
                 ))
             })?;
-            let vmax = ints.iter().map(|v| v.unsigned_abs() as u64).max().unwrap_or(0);
+            let vmax = ints
+                .iter()
+                .map(|v| v.unsigned_abs() as u64)
+                .max()
+                .unwrap_or(0);
             if depth as u64 * vmax * 127 > i16::MAX as u64 {
                 return Err(Error::Unsupported(format!(
                     "table='i16': depth {depth} with integer codebook magnitude {vmax} overflows int16 entries \
@@ -136,7 +143,9 @@ impl Plan {
             (None, 0)
         };
         if precision == TablePrecision::I8 && (tuples.per_group as u64) * 127 > i32::MAX as u64 {
-            return Err(Error::Unsupported("table='i8': group too long for int32 partial sums".into()));
+            return Err(Error::Unsupported(
+                "table='i8': group too long for int32 partial sums".into(),
+            ));
         }
         Ok(Plan {
             m,

@@ -25,7 +25,12 @@ pub struct QuantizeOptions {
 
 impl QuantizeOptions {
     pub fn new(format: Format) -> Self {
-        QuantizeOptions { format, group_size: Some(128), symmetric: None, codebook: None }
+        QuantizeOptions {
+            format,
+            group_size: Some(128),
+            symmetric: None,
+            codebook: None,
+        }
     }
 }
 
@@ -71,14 +76,19 @@ fn resolve(opts: &QuantizeOptions) -> Result<(Format, Scheme)> {
     if let Some(bits) = int_bits(f) {
         return Ok(match (signed, sym) {
             (true, None | Some(true)) => (f, Scheme::Symmetric { bits }),
-            (true, Some(false)) | (false, None | Some(false)) => (unsigned_of(bits), Scheme::MinMax { bits }),
+            (true, Some(false)) | (false, None | Some(false)) => {
+                (unsigned_of(bits), Scheme::MinMax { bits })
+            }
             (false, Some(true)) => (f, Scheme::UnsignedSymmetric { bits }),
         });
     }
     if sym == Some(false) {
         return Err(Error::invalid(
             "symmetric",
-            format!("format {} has no zero points; symmetric=False applies to int*/uint* formats", f.name()),
+            format!(
+                "format {} has no zero points; symmetric=False applies to int*/uint* formats",
+                f.name()
+            ),
         ));
     }
     Ok(match f {
@@ -104,7 +114,11 @@ impl Levels {
             .filter(|(_, v)| v.is_finite())
             .map(|(c, &v)| (f64::from(v), c as u8))
             .collect();
-        sorted.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        sorted.sort_by(|a, b| {
+            a.0.partial_cmp(&b.0)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.1.cmp(&b.1))
+        });
         // +0 and -0 (fp formats) are one level: keep the smaller code.
         sorted.dedup_by(|b, a| a.0 == b.0);
         Levels { sorted }
@@ -147,7 +161,13 @@ pub fn mx_scale(maxabs: f64) -> f32 {
     }
     let e = maxabs.log2().floor() as i32;
     // log2 may round across an integer for values just below a power of two: fix up exactly.
-    let e = if 2f64.powi(e) > maxabs { e - 1 } else if 2f64.powi(e + 1) <= maxabs { e + 1 } else { e };
+    let e = if 2f64.powi(e) > maxabs {
+        e - 1
+    } else if 2f64.powi(e + 1) <= maxabs {
+        e + 1
+    } else {
+        e
+    };
     2f32.powi((e - 2).clamp(-127, 127))
 }
 
@@ -166,7 +186,11 @@ fn quantize_group<T: Copy + Into<f64>>(
             let qmax = half - 1;
             let s = (maxabs / f64::from(qmax)) as f32;
             for (c, &x) in codes.iter_mut().zip(w) {
-                let q = if s == 0.0 { 0 } else { round(x.into() / f64::from(s)).clamp(-f64::from(half), f64::from(qmax)) as i32 };
+                let q = if s == 0.0 {
+                    0
+                } else {
+                    round(x.into() / f64::from(s)).clamp(-f64::from(half), f64::from(qmax)) as i32
+                };
                 *c = (q + half) as u8;
             }
             let z = matches!(scheme, Scheme::UnsignedSymmetric { .. }).then_some(half as f32);
@@ -191,7 +215,11 @@ fn quantize_group<T: Copy + Into<f64>>(
         Scheme::Ternary => {
             let s = maxabs as f32;
             for (c, &x) in codes.iter_mut().zip(w) {
-                let t = if s == 0.0 { 0.0 } else { round(x.into() / f64::from(s)).clamp(-1.0, 1.0) };
+                let t = if s == 0.0 {
+                    0.0
+                } else {
+                    round(x.into() / f64::from(s)).clamp(-1.0, 1.0)
+                };
                 *c = (t + 1.0) as u8;
             }
             (s, None)
@@ -200,7 +228,11 @@ fn quantize_group<T: Copy + Into<f64>>(
             let vmax = levels.max_abs();
             let s = (maxabs / vmax) as f32;
             for (c, &x) in codes.iter_mut().zip(w) {
-                *c = if s == 0.0 { levels.nearest(0.0) } else { levels.nearest(x.into() / f64::from(s)) };
+                *c = if s == 0.0 {
+                    levels.nearest(0.0)
+                } else {
+                    levels.nearest(x.into() / f64::from(s))
+                };
             }
             debug_assert!(codes.iter().all(|&c| cb.valid_code(c)));
             (s, None)
@@ -218,15 +250,34 @@ fn quantize_group<T: Copy + Into<f64>>(
 /// Quantizes `w` `(M, K)` row-major (float32 or float64 values) to packed weights.
 ///
 /// Runs in parallel over rows on the current rayon pool; results do not depend on it.
-pub fn quantize<T: Copy + Into<f64> + Sync>(w: &[T], m: usize, k: usize, opts: &QuantizeOptions) -> Result<PackedWeights> {
+pub fn quantize<T: Copy + Into<f64> + Sync>(
+    w: &[T],
+    m: usize,
+    k: usize,
+    opts: &QuantizeOptions,
+) -> Result<PackedWeights> {
     if m == 0 || k == 0 {
-        return Err(Error::invalid("w", format!("must be a non-empty 2-D array, got shape ({m}, {k})")));
+        return Err(Error::invalid(
+            "w",
+            format!("must be a non-empty 2-D array, got shape ({m}, {k})"),
+        ));
     }
     if w.len() != m * k {
-        return Err(Error::shape("w", format!("({m}, {k})"), format!("{} values", w.len())));
+        return Err(Error::shape(
+            "w",
+            format!("({m}, {k})"),
+            format!("{} values", w.len()),
+        ));
     }
     if let Some(i) = w.iter().position(|&x| !x.into().is_finite()) {
-        return Err(Error::invalid("w", format!("contains a non-finite value at index ({}, {})", i / k, i % k)));
+        return Err(Error::invalid(
+            "w",
+            format!(
+                "contains a non-finite value at index ({}, {})",
+                i / k,
+                i % k
+            ),
+        ));
     }
     let g = opts.group_size.unwrap_or(k);
     if g == 0 || !k.is_multiple_of(g) {
@@ -250,7 +301,13 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(w: &[T], m: usize, k: usize, opts: &
         .for_each(|(row, ((c, s), z))| {
             for gi in 0..groups {
                 let range = row * k + gi * g..row * k + (gi + 1) * g;
-                let (sc, zp) = quantize_group(&w[range], scheme, &levels, &cb, &mut c[gi * g..(gi + 1) * g]);
+                let (sc, zp) = quantize_group(
+                    &w[range],
+                    scheme,
+                    &levels,
+                    &cb,
+                    &mut c[gi * g..(gi + 1) * g],
+                );
                 s[gi] = sc;
                 z[gi] = zp.unwrap_or(0.0);
             }
@@ -266,8 +323,20 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(w: &[T], m: usize, k: usize, opts: &
             ),
         ));
     }
-    let has_zeros = matches!(scheme, Scheme::MinMax { .. } | Scheme::UnsignedSymmetric { .. });
-    PackedWeights::from_codes(cb, m, k, g, &codes, scales, has_zeros.then_some(zeros), None)
+    let has_zeros = matches!(
+        scheme,
+        Scheme::MinMax { .. } | Scheme::UnsignedSymmetric { .. }
+    );
+    PackedWeights::from_codes(
+        cb,
+        m,
+        k,
+        g,
+        &codes,
+        scales,
+        has_zeros.then_some(zeros),
+        None,
+    )
 }
 
 #[cfg(test)]
@@ -275,24 +344,40 @@ mod tests {
     use super::*;
 
     fn data(m: usize, k: usize) -> Vec<f64> {
-        (0..m * k).map(|i| ((i * 7919 % 1000) as f64 / 500.0 - 1.0) * (1.0 + (i % 5) as f64)).collect()
+        (0..m * k)
+            .map(|i| ((i * 7919 % 1000) as f64 / 500.0 - 1.0) * (1.0 + (i % 5) as f64))
+            .collect()
     }
 
     #[test]
     fn rtn_error_is_at_most_half_a_step() {
         let (m, k) = (8, 64);
         let w = data(m, k);
-        for f in [Format::Int4, Format::Int3, Format::Int2, Format::Uint4, Format::Ternary] {
+        for f in [
+            Format::Int4,
+            Format::Int3,
+            Format::Int2,
+            Format::Uint4,
+            Format::Ternary,
+        ] {
             for sym in [None, Some(false)] {
                 if f == Format::Ternary && sym == Some(false) {
                     continue;
                 }
-                let opts = QuantizeOptions { format: f, group_size: Some(32), symmetric: sym, codebook: None };
+                let opts = QuantizeOptions {
+                    format: f,
+                    group_size: Some(32),
+                    symmetric: sym,
+                    codebook: None,
+                };
                 let pw = quantize(&w, m, k, &opts).unwrap();
                 let wd = pw.dequantize();
                 for i in 0..m * k {
                     let s = f64::from(pw.scales()[(i / k) * 2 + (i % k) / 32]);
-                    assert!((wd[i] - w[i]).abs() <= s / 2.0 * (1.0 + 1e-12), "{f:?} {sym:?} i={i}");
+                    assert!(
+                        (wd[i] - w[i]).abs() <= s / 2.0 * (1.0 + 1e-12),
+                        "{f:?} {sym:?} i={i}"
+                    );
                 }
             }
         }

@@ -150,7 +150,10 @@ pub fn build_f32_table(plan: &Plan, xs: &[f32], prod: &mut [f32], out: &mut [f32
 /// The integer counterpart of [`build_f32_table`] (`i16` mode): same order, exact in i32.
 #[inline]
 pub fn build_int_table(plan: &Plan, xq: &[i32], prod: &mut [i32], out: &mut [i32]) {
-    let ints = plan.int_values.as_deref().expect("i16 plan has integer values");
+    let ints = plan
+        .int_values
+        .as_deref()
+        .expect("i16 plan has integer values");
     let v = plan.levels;
     let r = xq.len();
     for (j, &x) in xq.iter().enumerate() {
@@ -250,7 +253,12 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
             for t in 0..tp.per_group {
                 let r = tp.depth_of(t);
                 let k0 = t * tp.depth;
-                build_f32_table(plan, &xg[k0..k0 + r], &mut prod, &mut out[t * slot..(t + 1) * slot]);
+                build_f32_table(
+                    plan,
+                    &xg[k0..k0 + r],
+                    &mut prod,
+                    &mut out[t * slot..(t + 1) * slot],
+                );
             }
             let zsum = if plan.zero_term { seq_sum(xg) } else { 0.0 };
             (1.0, zsum)
@@ -261,10 +269,19 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
             for t in 0..tp.per_group {
                 let r = tp.depth_of(t);
                 let k0 = t * tp.depth;
-                build_f32_table(plan, &xg[k0..k0 + r], &mut prod, &mut f[t * slot..(t + 1) * slot]);
+                build_f32_table(
+                    plan,
+                    &xg[k0..k0 + r],
+                    &mut prod,
+                    &mut f[t * slot..(t + 1) * slot],
+                );
             }
             let tsc = quantize_tables_i8(&f, out);
-            let zsum = if plan.zero_term && tsc != 0.0 { seq_sum(xg) / tsc } else { 0.0 };
+            let zsum = if plan.zero_term && tsc != 0.0 {
+                seq_sum(xg) / tsc
+            } else {
+                0.0
+            };
             (tsc, zsum)
         }
         BlockOut::I16(out) => {
@@ -283,7 +300,11 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
             }
             let scale = 2f32.powi(plan.int_exp);
             let tsc = a / scale;
-            let zsum = if plan.zero_term { xq.iter().sum::<i32>() as f32 * scale } else { 0.0 };
+            let zsum = if plan.zero_term {
+                xq.iter().sum::<i32>() as f32 * scale
+            } else {
+                0.0
+            };
             (tsc, zsum)
         }
     }
@@ -313,7 +334,11 @@ pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .enumerate()
             .map(|(i, out)| {
                 let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-                build_block(plan, &xt[n * k + g * g_size..n * k + (g + 1) * g_size], BlockOut::F32(out))
+                build_block(
+                    plan,
+                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
+                    BlockOut::F32(out),
+                )
             })
             .collect(),
         TableData::I16(d) => d
@@ -321,7 +346,11 @@ pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .enumerate()
             .map(|(i, out)| {
                 let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-                build_block(plan, &xt[n * k + g * g_size..n * k + (g + 1) * g_size], BlockOut::I16(out))
+                build_block(
+                    plan,
+                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
+                    BlockOut::I16(out),
+                )
             })
             .collect(),
         TableData::I8(d) => d
@@ -329,7 +358,11 @@ pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .enumerate()
             .map(|(i, out)| {
                 let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-                build_block(plan, &xt[n * k + g * g_size..n * k + (g + 1) * g_size], BlockOut::I8(out))
+                build_block(
+                    plan,
+                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
+                    BlockOut::I8(out),
+                )
             })
             .collect(),
     };
@@ -345,12 +378,29 @@ mod tests {
     use crate::format::{Codebook, Format};
 
     fn plan(f: Format, d: usize, g: usize, prec: TablePrecision, mirror: bool) -> Plan {
-        Plan::new(&Codebook::new(f).unwrap(), 5, g, 1, g, false, d, prec, mirror).unwrap()
+        Plan::new(
+            &Codebook::new(f).unwrap(),
+            5,
+            g,
+            1,
+            g,
+            false,
+            d,
+            prec,
+            mirror,
+        )
+        .unwrap()
     }
 
     #[test]
     fn tables_hold_the_tuple_sums() {
-        for (f, d) in [(Format::Int4, 1), (Format::Int4, 2), (Format::Int4, 3), (Format::Int2, 4), (Format::Ternary, 5)] {
+        for (f, d) in [
+            (Format::Int4, 1),
+            (Format::Int4, 2),
+            (Format::Int4, 3),
+            (Format::Int2, 4),
+            (Format::Ternary, 5),
+        ] {
             for mirror in [false, true] {
                 let p = plan(f, d, 30, TablePrecision::F32, mirror);
                 let v = p.levels;
@@ -386,7 +436,11 @@ mod tests {
         for idx in 0..256 {
             // v' = v + 0.5: T'[idx] = T[idx] + 0.5 * (x0 + x1)
             let want = t_full[idx] + 0.5 * (xs[0] + xs[1]);
-            let got = if idx < 128 { t_mir[idx] } else { -t_mir[mi.index(idx, 2)] };
+            let got = if idx < 128 {
+                t_mir[idx]
+            } else {
+                -t_mir[mi.index(idx, 2)]
+            };
             assert_eq!(got, want, "idx {idx}");
         }
     }

@@ -5,16 +5,29 @@
 use maleki_common::rng::{stream, uniform01};
 use maleki_msgemm::gemm::{self, XLayout};
 use maleki_msgemm::kernels::{self, Backend};
-use maleki_msgemm::{quantize, Depth, Format, GemmOptions, PackedWeights, QuantizeOptions, TablePrecision};
+use maleki_msgemm::{
+    quantize, Depth, Format, GemmOptions, PackedWeights, QuantizeOptions, TablePrecision,
+};
 
 fn gaussianish(n: usize, seed: u64) -> Vec<f32> {
     let mut r = stream(seed, 0);
-    (0..n).map(|_| ((uniform01(&mut r) + uniform01(&mut r) + uniform01(&mut r)) * 2.0 - 3.0) as f32).collect()
+    (0..n)
+        .map(|_| ((uniform01(&mut r) + uniform01(&mut r) + uniform01(&mut r)) * 2.0 - 3.0) as f32)
+        .collect()
 }
 
 fn weights(f: Format, m: usize, k: usize, g: usize, seed: u64) -> PackedWeights {
     let w = gaussianish(m * k, seed);
-    quantize(&w, m, k, &QuantizeOptions { group_size: Some(g), ..QuantizeOptions::new(f) }).unwrap()
+    quantize(
+        &w,
+        m,
+        k,
+        &QuantizeOptions {
+            group_size: Some(g),
+            ..QuantizeOptions::new(f)
+        },
+    )
+    .unwrap()
 }
 
 const FORMATS: [Format; 9] = [
@@ -51,24 +64,58 @@ fn registered_kernels_match_the_scalar_oracle_bitwise() {
                         if mirror && cb.mirror().is_none() {
                             continue;
                         }
-                        let base = GemmOptions { depth: Depth::Fixed(d), precision, backend: Backend::Scalar, mirror };
+                        let base = GemmOptions {
+                            depth: Depth::Fixed(d),
+                            precision,
+                            backend: Backend::Scalar,
+                            mirror,
+                        };
                         let Ok(want) = gemm::gemm(&pw, &x, n, &base) else {
                             continue; // e.g. i16 on nf4: unsupported for every backend
                         };
                         let plan = gemm::plan(&pw, n, &base).unwrap();
                         for kernel in kernels::registered() {
-                            if kernel.backend() == Backend::Scalar || !kernel.available() || !kernel.supports(&plan) {
+                            if kernel.backend() == Backend::Scalar
+                                || !kernel.available()
+                                || !kernel.supports(&plan)
+                            {
                                 continue;
                             }
-                            let got = gemm::gemm(&pw, &x, n, &GemmOptions { backend: kernel.backend(), ..base }).unwrap();
-                            assert_eq!(bits(&got), bits(&want), "{f:?} g={g} d={d} {precision:?} mirror={mirror} {:?}", kernel.backend());
+                            let got = gemm::gemm(
+                                &pw,
+                                &x,
+                                n,
+                                &GemmOptions {
+                                    backend: kernel.backend(),
+                                    ..base
+                                },
+                            )
+                            .unwrap();
+                            assert_eq!(
+                                bits(&got),
+                                bits(&want),
+                                "{f:?} g={g} d={d} {precision:?} mirror={mirror} {:?}",
+                                kernel.backend()
+                            );
                             compared += 1;
                         }
                         if precision == TablePrecision::F32 {
-                            let (r, _, _) =
-                                gemm::gemm_counted(&pw, &x, n, XLayout::KbyN, &GemmOptions { backend: Backend::Reference, ..base })
-                                    .unwrap();
-                            assert_eq!(bits(&r), bits(&want), "reference vs scalar {f:?} d={d} mirror={mirror}");
+                            let (r, _, _) = gemm::gemm_counted(
+                                &pw,
+                                &x,
+                                n,
+                                XLayout::KbyN,
+                                &GemmOptions {
+                                    backend: Backend::Reference,
+                                    ..base
+                                },
+                            )
+                            .unwrap();
+                            assert_eq!(
+                                bits(&r),
+                                bits(&want),
+                                "reference vs scalar {f:?} d={d} mirror={mirror}"
+                            );
                         }
                     }
                 }
@@ -83,9 +130,15 @@ fn results_do_not_depend_on_the_thread_count() {
     let pw = weights(Format::Uint4, 333, 512, 128, 7);
     let x = gaussianish(512 * 9, 8);
     for precision in [TablePrecision::F32, TablePrecision::I16, TablePrecision::I8] {
-        let opts = GemmOptions { precision, ..Default::default() };
+        let opts = GemmOptions {
+            precision,
+            ..Default::default()
+        };
         let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             pool.install(|| gemm::gemm(&pw, &x, 9, &opts).unwrap())
         };
         let one = run(1);
@@ -118,7 +171,11 @@ fn table_sets_split_over_groups_and_columns_give_the_same_bits() {
     let pw = weights(Format::Int4, 70, 4096, 32, 5);
     let n = 64;
     let x = gaussianish(4096 * n, 6);
-    let opts = GemmOptions { precision: TablePrecision::F32, depth: Depth::Fixed(3), ..Default::default() };
+    let opts = GemmOptions {
+        precision: TablePrecision::F32,
+        depth: Depth::Fixed(3),
+        ..Default::default()
+    };
     let plan = gemm::plan(&pw, n, &opts).unwrap();
     assert!(maleki_msgemm::table::block_bytes(&plan) * n * plan.groups > gemm::TABLE_BUDGET);
     let y = gemm::gemm(&pw, &x, n, &opts).unwrap();

@@ -4,9 +4,18 @@
 use maleki_common::rng::{below, stream};
 use maleki_msgemm::count::{compare, formula, CountParams};
 use maleki_msgemm::kernels::{self, Backend};
-use maleki_msgemm::{gemm, gemm_counted, Codebook, Depth, Format, GemmOptions, PackedWeights, TablePrecision};
+use maleki_msgemm::{
+    gemm, gemm_counted, Codebook, Depth, Format, GemmOptions, PackedWeights, TablePrecision,
+};
 
-fn random_weights(f: Format, m: usize, k: usize, g: usize, zeros: bool, seed: u64) -> PackedWeights {
+fn random_weights(
+    f: Format,
+    m: usize,
+    k: usize,
+    g: usize,
+    zeros: bool,
+    seed: u64,
+) -> PackedWeights {
     let cb = Codebook::new(f).unwrap();
     let mut r = stream(seed, 0);
     let codes: Vec<u8> = (0..m * k)
@@ -19,8 +28,14 @@ fn random_weights(f: Format, m: usize, k: usize, g: usize, zeros: bool, seed: u6
         .collect();
     let groups = k / g;
     // Power-of-two scales and integer zero points keep every partial sum exact.
-    let scales: Vec<f32> = (0..m * groups).map(|_| 2f32.powi(below(&mut r, 4) as i32 - 2)).collect();
-    let z = zeros.then(|| (0..m * groups).map(|_| below(&mut r, 5) as f32 - 1.0).collect());
+    let scales: Vec<f32> = (0..m * groups)
+        .map(|_| 2f32.powi(below(&mut r, 4) as i32 - 2))
+        .collect();
+    let z = zeros.then(|| {
+        (0..m * groups)
+            .map(|_| below(&mut r, 5) as f32 - 1.0)
+            .collect()
+    });
     PackedWeights::from_codes(cb, m, k, g, &codes, scales, z, None).unwrap()
 }
 
@@ -73,16 +88,32 @@ fn f32_tables_are_exact_on_integer_data_for_every_format_depth_and_kernel() {
                         };
                         let base = opts;
                         for k_impl in kernels::registered() {
-                            let opts = GemmOptions { backend: k_impl.backend(), ..base };
+                            let opts = GemmOptions {
+                                backend: k_impl.backend(),
+                                ..base
+                            };
                             let plan = maleki_msgemm::gemm::plan(&pw, n, &opts).unwrap();
                             if !k_impl.available() || !k_impl.supports(&plan) {
                                 continue;
                             }
                             let y = gemm(&pw, &x, n, &opts).unwrap();
-                            assert_eq!(y, want, "{f:?} zeros={zeros} n={n} d={d} mirror={mirror} {:?}", opts.backend);
+                            assert_eq!(
+                                y, want,
+                                "{f:?} zeros={zeros} n={n} d={d} mirror={mirror} {:?}",
+                                opts.backend
+                            );
                         }
-                        let (y, counts, plan) =
-                            gemm_counted(&pw, &x, n, maleki_msgemm::XLayout::KbyN, &GemmOptions { backend: Backend::Reference, ..base }).unwrap();
+                        let (y, counts, plan) = gemm_counted(
+                            &pw,
+                            &x,
+                            n,
+                            maleki_msgemm::XLayout::KbyN,
+                            &GemmOptions {
+                                backend: Backend::Reference,
+                                ..base
+                            },
+                        )
+                        .unwrap();
                         assert_eq!(y, want, "reference {f:?} d={d}");
                         let p = CountParams {
                             m: m as u64,
@@ -94,7 +125,11 @@ fn f32_tables_are_exact_on_integer_data_for_every_format_depth_and_kernel() {
                             zero_term: plan.zero_term,
                             mirror,
                         };
-                        assert_eq!(counts, formula(&p), "{f:?} d={d} mirror={mirror} zeros={zeros}");
+                        assert_eq!(
+                            counts,
+                            formula(&p),
+                            "{f:?} d={d} mirror={mirror} zeros={zeros}"
+                        );
                         assert!(compare(&p, &counts).mac_ratio > 0.0);
                     }
                 }
@@ -107,8 +142,21 @@ fn f32_tables_are_exact_on_integer_data_for_every_format_depth_and_kernel() {
 fn auto_depth_and_default_options_run() {
     let pw = random_weights(Format::Int4, 130, 256, 128, false, 5);
     let x = int_x(256, 2, 6);
-    let y = gemm(&pw, &x, 2, &GemmOptions { precision: TablePrecision::F32, ..Default::default() }).unwrap();
+    let y = gemm(
+        &pw,
+        &x,
+        2,
+        &GemmOptions {
+            precision: TablePrecision::F32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(y, reference(&pw, &x, 2));
     let p = maleki_msgemm::gemm::plan(&pw, 1, &GemmOptions::default()).unwrap();
-    assert_eq!(p.depth(), 1, "M=130 is too small for depth 2 to pay (R(1)=1 > R(2)=0.67)");
+    assert_eq!(
+        p.depth(),
+        1,
+        "M=130 is too small for depth 2 to pay (R(1)=1 > R(2)=0.67)"
+    );
 }

@@ -38,7 +38,13 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 5] = [Backend::Auto, Backend::Avx512, Backend::Avx2, Backend::Scalar, Backend::Reference];
+    pub const ALL: [Backend; 5] = [
+        Backend::Auto,
+        Backend::Avx512,
+        Backend::Avx2,
+        Backend::Scalar,
+        Backend::Reference,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -126,17 +132,29 @@ pub fn registered() -> Vec<&'static dyn LutKernel> {
 pub fn select(backend: Backend, plan: &Plan) -> Result<&'static dyn LutKernel> {
     let kernels = registered();
     match backend {
-        Backend::Reference => Err(Error::invalid("backend", "'reference' runs through the counting path")),
+        Backend::Reference => Err(Error::invalid(
+            "backend",
+            "'reference' runs through the counting path",
+        )),
         Backend::Auto => Ok(kernels
             .into_iter()
             .find(|k| k.available() && k.supports(plan))
             .unwrap_or(&scalar::SCALAR)),
         b => {
-            let k = kernels.into_iter().find(|k| k.backend() == b).ok_or_else(|| {
-                Error::Unsupported(format!("backend '{}' is not built into this version of maleki_rs", b.name()))
-            })?;
+            let k = kernels
+                .into_iter()
+                .find(|k| k.backend() == b)
+                .ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "backend '{}' is not built into this version of maleki_rs",
+                        b.name()
+                    ))
+                })?;
             if !k.available() {
-                return Err(Error::Unsupported(format!("backend '{}' needs CPU instructions this machine lacks", b.name())));
+                return Err(Error::Unsupported(format!(
+                    "backend '{}' needs CPU instructions this machine lacks",
+                    b.name()
+                )));
             }
             if !k.supports(plan) {
                 return Err(Error::Unsupported(format!(
@@ -156,7 +174,11 @@ pub fn select(backend: Backend, plan: &Plan) -> Result<&'static dyn LutKernel> {
 /// Backends usable on this machine (compiled in and supported by the CPU), by name, plus
 /// `"reference"`.
 pub fn available_backends() -> Vec<Backend> {
-    let mut out: Vec<Backend> = registered().into_iter().filter(|k| k.available()).map(|k| k.backend()).collect();
+    let mut out: Vec<Backend> = registered()
+        .into_iter()
+        .filter(|k| k.available())
+        .map(|k| k.backend())
+        .collect();
     out.push(Backend::Reference);
     out
 }

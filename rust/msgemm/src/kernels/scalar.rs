@@ -160,29 +160,58 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
             let zeros = job.zeros.map(|z| &z[sz..sz + ROW_BLOCK]);
             for n in tabs.cols.clone() {
                 acc.fill(E::zero());
-                for t in 0..tp.per_group {
-                    let slot = &ix[lay.slot(g, rb, t)..lay.slot(g, rb, t) + ROW_BLOCK];
-                    let table = &tab[tabs.offset(g, n, t)..tabs.offset(g, n, t) + tabs.slot];
-                    match plan.mirror {
-                        None => match table.first_chunk::<256>() {
-                            // Byte indices into a 256-entry table: no bounds checks needed.
-                            Some(t256) if I::RANGE == 256 => {
-                                for (a, i) in acc.iter_mut().zip(slot) {
-                                    *a = E::add(*a, t256[i.get() & 255]);
-                                }
+                if plan.mirror.is_none() && I::RANGE == 256 && tabs.slot >= 256 {
+                    // Byte indices into >= 256-entry tables: one row at a time with its sum in a
+                    // register, tuples in ascending order (the same order as below).
+                    let i0 = lay.slot(g, rb, 0);
+                    let idx = &ix[i0..i0 + tp.per_group * ROW_BLOCK];
+                    let t0 = tabs.offset(g, n, 0);
+                    let block = &tab[t0..t0 + tp.per_group * tabs.slot];
+                    for (lane, a) in acc.iter_mut().enumerate().take(rows) {
+                        let mut sum = E::zero();
+                        for (tt, ii) in block
+                            .chunks_exact(tabs.slot)
+                            .zip(idx.chunks_exact(ROW_BLOCK))
+                        {
+                            if let Some(t256) = tt.first_chunk::<256>() {
+                                sum = E::add(sum, t256[ii[lane].get() & 255]);
                             }
-                            _ => {
-                                for (a, i) in acc.iter_mut().zip(slot) {
-                                    *a = E::add(*a, table[i.get()]);
+                        }
+                        *a = sum;
+                    }
+                } else {
+                    for t in 0..tp.per_group {
+                        let slot = &ix[lay.slot(g, rb, t)..lay.slot(g, rb, t) + ROW_BLOCK];
+                        let table = &tab[tabs.offset(g, n, t)..tabs.offset(g, n, t) + tabs.slot];
+                        match plan.mirror {
+                            None => match table.first_chunk::<256>() {
+                                // Byte indices into a 256-entry table: no bounds checks needed.
+                                Some(t256) if I::RANGE == 256 => {
+                                    for (a, i) in acc.iter_mut().zip(slot) {
+                                        *a = E::add(*a, t256[i.get() & 255]);
+                                    }
                                 }
-                            }
-                        },
-                        Some(mi) => {
-                            let r = tp.depth_of(t);
-                            let h = if t + 1 == tp.per_group { half_last } else { half_d };
-                            for (a, i) in acc.iter_mut().zip(slot) {
-                                let i = i.get();
-                                *a = if i < h { E::add(*a, table[i]) } else { E::sub(*a, table[mi.index(i, r)]) };
+                                _ => {
+                                    for (a, i) in acc.iter_mut().zip(slot) {
+                                        *a = E::add(*a, table[i.get()]);
+                                    }
+                                }
+                            },
+                            Some(mi) => {
+                                let r = tp.depth_of(t);
+                                let h = if t + 1 == tp.per_group {
+                                    half_last
+                                } else {
+                                    half_d
+                                };
+                                for (a, i) in acc.iter_mut().zip(slot) {
+                                    let i = i.get();
+                                    *a = if i < h {
+                                        E::add(*a, table[i])
+                                    } else {
+                                        E::sub(*a, table[mi.index(i, r)])
+                                    };
+                                }
                             }
                         }
                     }
