@@ -25,8 +25,14 @@ fn weights(cb: &Codebook, m: usize, k: usize, g: usize, zeros: bool, seed: u64) 
         })
         .collect();
     let groups = k / g;
-    let scales: Vec<f32> = (0..m * groups).map(|_| uniform(&mut r, 0.01, 0.2)).collect();
-    let z = zeros.then(|| (0..m * groups).map(|_| uniform(&mut r, -2.0, 9.0)).collect());
+    let scales: Vec<f32> = (0..m * groups)
+        .map(|_| uniform(&mut r, 0.01, 0.2))
+        .collect();
+    let z = zeros.then(|| {
+        (0..m * groups)
+            .map(|_| uniform(&mut r, -2.0, 9.0))
+            .collect()
+    });
     PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap()
 }
 
@@ -45,7 +51,10 @@ fn activations(k: usize, n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn simd_kernels() -> Vec<&'static dyn LutKernel> {
-    kernels::registered().into_iter().filter(|k| k.backend() != Backend::Scalar && k.available()).collect()
+    kernels::registered()
+        .into_iter()
+        .filter(|k| k.backend() != Backend::Scalar && k.available())
+        .collect()
 }
 
 /// Compares every available SIMD kernel with the scalar one for one weight matrix.
@@ -56,16 +65,29 @@ fn check(pw: &PackedWeights, depths: &[usize], what: &str) -> usize {
         for &d in depths {
             for precision in [TablePrecision::I8, TablePrecision::I16, TablePrecision::F32] {
                 for mirror in [false, true] {
-                    let base = GemmOptions { depth: Depth::Fixed(d), precision, backend: Backend::Scalar, mirror };
-                    let Ok(plan) = make_plan(pw, n, &base) else { continue };
+                    let base = GemmOptions {
+                        depth: Depth::Fixed(d),
+                        precision,
+                        backend: Backend::Scalar,
+                        mirror,
+                    };
+                    let Ok(plan) = make_plan(pw, n, &base) else {
+                        continue;
+                    };
                     let want = gemm(pw, &x, n, &base).unwrap();
                     for k in simd_kernels() {
                         if !k.supports(&plan) {
                             continue;
                         }
-                        let opts = GemmOptions { backend: k.backend(), ..base };
+                        let opts = GemmOptions {
+                            backend: k.backend(),
+                            ..base
+                        };
                         let got = gemm(pw, &x, n, &opts).unwrap();
-                        let bad = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+                        let bad = got
+                            .iter()
+                            .zip(&want)
+                            .position(|(a, b)| a.to_bits() != b.to_bits());
                         assert!(
                             bad.is_none(),
                             "{what} {:?} n={n} d={d} {precision:?} mirror={mirror}: first mismatch at {:?}: {} vs {}",
@@ -107,15 +129,26 @@ fn simd_equals_scalar_bitwise_on_every_format() {
         (Codebook::new(Format::Ternary).unwrap(), vec![1, 2, 3, 4, 5]),
         (Codebook::new(Format::Fp4).unwrap(), vec![1, 2]),
         (Codebook::new(Format::Nf4).unwrap(), vec![1, 2]),
-        (Codebook::custom(&[-1.5, -0.25, 0.5, 2.0, 3.25]).unwrap(), vec![1, 2, 3]),
+        (
+            Codebook::custom(&[-1.5, -0.25, 0.5, 2.0, 3.25]).unwrap(),
+            vec![1, 2, 3],
+        ),
         (Codebook::new(Format::Fp8E4m3).unwrap(), vec![1]),
     ];
     let mut ran = 0;
     for (i, (cb, depths)) in cases.iter().enumerate() {
-        for (m, k, g) in [(70usize, 128usize, 32usize), (200, 192, 64), (129, 256, 128)] {
+        for (m, k, g) in [
+            (70usize, 128usize, 32usize),
+            (200, 192, 64),
+            (129, 256, 128),
+        ] {
             for zeros in [false, true] {
                 let pw = weights(cb, m, k, g, zeros, (i * 10 + m) as u64);
-                ran += check(&pw, depths, &format!("{} m={m} g={g} zeros={zeros}", cb.format().name()));
+                ran += check(
+                    &pw,
+                    depths,
+                    &format!("{} m={m} g={g} zeros={zeros}", cb.format().name()),
+                );
             }
         }
     }
@@ -147,17 +180,38 @@ fn extreme_activations_fall_back_consistently() {
     // Tiny (subnormal) and huge activations: the i8 build must still match the scalar one.
     for scale in [1e-39f32, 1e-30, 1e30, 3e37] {
         let x: Vec<f32> = activations(64, 1, 9).iter().map(|v| v * scale).collect();
-        for (precision, d) in [(TablePrecision::I8, 1), (TablePrecision::I8, 2), (TablePrecision::F32, 2)] {
-            let base = GemmOptions { depth: Depth::Fixed(d), precision, backend: Backend::Scalar, mirror: false };
+        for (precision, d) in [
+            (TablePrecision::I8, 1),
+            (TablePrecision::I8, 2),
+            (TablePrecision::F32, 2),
+        ] {
+            let base = GemmOptions {
+                depth: Depth::Fixed(d),
+                precision,
+                backend: Backend::Scalar,
+                mirror: false,
+            };
             let want = gemm(&pw, &x, 1, &base).unwrap();
             let plan = make_plan(&pw, 1, &base).unwrap();
             for k in simd_kernels() {
                 if !k.supports(&plan) {
                     continue;
                 }
-                let got = gemm(&pw, &x, 1, &GemmOptions { backend: k.backend(), ..base }).unwrap();
+                let got = gemm(
+                    &pw,
+                    &x,
+                    1,
+                    &GemmOptions {
+                        backend: k.backend(),
+                        ..base
+                    },
+                )
+                .unwrap();
                 for (a, b) in got.iter().zip(&want) {
-                    assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "scale {scale}: {a} vs {b}");
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "scale {scale}: {a} vs {b}"
+                    );
                 }
             }
         }

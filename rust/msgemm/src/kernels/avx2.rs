@@ -75,15 +75,26 @@ struct Mir {
 fn mirror_consts(plan: &Plan) -> Mir {
     let tp = plan.tuples;
     match plan.mirror {
-        None => Mir { kind: 0, h: [0; 2], c: [0; 2] },
+        None => Mir {
+            kind: 0,
+            h: [0; 2],
+            c: [0; 2],
+        },
         Some(mi) => {
             let cst = |r: usize| match mi.involution {
                 Involution::SignBit => mi.index(0, r) as i32,
                 Involution::Reverse => plan.levels.pow(r as u32) as i32 - 1,
             };
             Mir {
-                kind: if mi.involution == Involution::SignBit { 1 } else { 2 },
-                h: [plan.used_entries(tp.depth) as i32, plan.used_entries(tp.last_depth) as i32],
+                kind: if mi.involution == Involution::SignBit {
+                    1
+                } else {
+                    2
+                },
+                h: [
+                    plan.used_entries(tp.depth) as i32,
+                    plan.used_entries(tp.last_depth) as i32,
+                ],
                 c: [cst(tp.depth), cst(tp.last_depth)],
             }
         }
@@ -109,8 +120,14 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
         let row_first = job.row_blocks.start * ROW_BLOCK;
         let ones = _mm256_set1_epi8(1);
         let zero = _mm256_setzero_si256();
-        let hv = [_mm256_set1_epi8(mir.h[0] as i8 - 1), _mm256_set1_epi8(mir.h[1] as i8 - 1)];
-        let cv = [_mm256_set1_epi8(mir.c[0] as i8), _mm256_set1_epi8(mir.c[1] as i8)];
+        let hv = [
+            _mm256_set1_epi8(mir.h[0] as i8 - 1),
+            _mm256_set1_epi8(mir.h[1] as i8 - 1),
+        ];
+        let cv = [
+            _mm256_set1_epi8(mir.c[0] as i8),
+            _mm256_set1_epi8(mir.c[1] as i8),
+        ];
         let mut words = [0i16; 16];
         let mut acc = [0i32; ROW_BLOCK];
         for g in tabs.groups.clone() {
@@ -138,8 +155,11 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                             0 => _mm256_shuffle_epi8(tb, idx),
                             k => {
                                 let m = _mm256_cmpgt_epi8(idx, hv[w]);
-                                let mapped =
-                                    if k == 1 { _mm256_xor_si256(idx, cv[w]) } else { _mm256_sub_epi8(cv[w], idx) };
+                                let mapped = if k == 1 {
+                                    _mm256_xor_si256(idx, cv[w])
+                                } else {
+                                    _mm256_sub_epi8(cv[w], idx)
+                                };
                                 let e = _mm256_shuffle_epi8(tb, _mm256_blendv_epi8(idx, mapped, m));
                                 _mm256_sign_epi8(e, _mm256_or_si256(m, ones))
                             }
@@ -153,8 +173,14 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                             while t < end {
                                 let e0 = look(t, h);
                                 let e1 = if t + 1 < end { look(t + 1, h) } else { zero };
-                                alo = _mm256_add_epi16(alo, _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(e0, e1)));
-                                ahi = _mm256_add_epi16(ahi, _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(e0, e1)));
+                                alo = _mm256_add_epi16(
+                                    alo,
+                                    _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(e0, e1)),
+                                );
+                                ahi = _mm256_add_epi16(
+                                    ahi,
+                                    _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(e0, e1)),
+                                );
                                 t += 2;
                             }
                             t = end;
@@ -189,7 +215,10 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
         let pg = plan.tuples.per_group;
         let mir = mirror_consts(plan);
         let row_first = job.row_blocks.start * ROW_BLOCK;
-        let hv = [_mm256_set1_epi32(mir.h[0] - 1), _mm256_set1_epi32(mir.h[1] - 1)];
+        let hv = [
+            _mm256_set1_epi32(mir.h[0] - 1),
+            _mm256_set1_epi32(mir.h[1] - 1),
+        ];
         let cv = [_mm256_set1_epi32(mir.c[0]), _mm256_set1_epi32(mir.c[1])];
         let sign = _mm256_set1_epi32(i32::MIN);
         let mut p = [0f32; ROW_BLOCK];
@@ -204,7 +233,11 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
                     for t in 0..pg {
                         let w = usize::from(t + 1 == pg);
                         let mut buf = [0f32; 8];
-                        std::ptr::copy_nonoverlapping(tp.add(t * plan.slot), buf.as_mut_ptr(), plan.slot);
+                        std::ptr::copy_nonoverlapping(
+                            tp.add(t * plan.slot),
+                            buf.as_mut_ptr(),
+                            plan.slot,
+                        );
                         let tb = _mm256_loadu_ps(buf.as_ptr());
                         for (q, a) in acc.iter_mut().enumerate() {
                             let bytes = _mm_loadl_epi64(ip.add(t * 64 + 8 * q) as *const __m128i);
@@ -213,9 +246,15 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
                                 0 => _mm256_permutevar8x32_ps(tb, idx),
                                 k => {
                                     let m = _mm256_cmpgt_epi32(idx, hv[w]);
-                                    let mapped =
-                                        if k == 1 { _mm256_xor_si256(idx, cv[w]) } else { _mm256_sub_epi32(cv[w], idx) };
-                                    let e = _mm256_permutevar8x32_ps(tb, _mm256_blendv_epi8(idx, mapped, m));
+                                    let mapped = if k == 1 {
+                                        _mm256_xor_si256(idx, cv[w])
+                                    } else {
+                                        _mm256_sub_epi32(cv[w], idx)
+                                    };
+                                    let e = _mm256_permutevar8x32_ps(
+                                        tb,
+                                        _mm256_blendv_epi8(idx, mapped, m),
+                                    );
                                     _mm256_xor_ps(e, _mm256_castsi256_ps(_mm256_and_si256(m, sign)))
                                 }
                             };

@@ -27,11 +27,11 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
+use crate::format::Involution;
 use crate::kernels::{Backend, LutKernel, RowJob};
 use crate::layout::{IndexData, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, BlockOut, TableData, TableSet};
-use crate::format::Involution;
 
 /// The AVX-512 kernel.
 pub struct Avx512;
@@ -50,7 +50,9 @@ fn cpu_ok() -> bool {
 
 /// True when every table of the plan fits a byte index (`V^d <= 256`).
 pub(crate) fn byte_indices(plan: &Plan) -> bool {
-    (plan.levels as u64).checked_pow(plan.depth() as u32).is_some_and(|e| e <= 256)
+    (plan.levels as u64)
+        .checked_pow(plan.depth() as u32)
+        .is_some_and(|e| e <= 256)
 }
 
 impl LutKernel for Avx512 {
@@ -111,7 +113,11 @@ impl MirParams {
     fn new(plan: &Plan) -> MirParams {
         let tp = plan.tuples;
         match plan.mirror {
-            None => MirParams { kind: MIR_NONE, h: [0; 2], c: [0; 2] },
+            None => MirParams {
+                kind: MIR_NONE,
+                h: [0; 2],
+                c: [0; 2],
+            },
             Some(mi) => {
                 let cst = |r: usize| -> u32 {
                     match mi.involution {
@@ -125,7 +131,10 @@ impl MirParams {
                 };
                 MirParams {
                     kind,
-                    h: [plan.used_entries(tp.depth) as u32, plan.used_entries(tp.last_depth) as u32],
+                    h: [
+                        plan.used_entries(tp.depth) as u32,
+                        plan.used_entries(tp.last_depth) as u32,
+                    ],
                     c: [cst(tp.depth), cst(tp.last_depth)],
                 }
             }
@@ -186,7 +195,12 @@ unsafe fn lut<const NZ: usize>(t: &[__m512i; 4], idx: __m512i) -> __m512i {
 /// `-T[mirror(idx)]`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn lut_mirror<const NZ: usize, const MIR: u8>(t: &[__m512i; 4], idx: __m512i, h: __m512i, c: __m512i) -> __m512i {
+unsafe fn lut_mirror<const NZ: usize, const MIR: u8>(
+    t: &[__m512i; 4],
+    idx: __m512i,
+    h: __m512i,
+    c: __m512i,
+) -> __m512i {
     unsafe {
         if MIR == MIR_NONE {
             return lut::<NZ>(t, idx);
@@ -211,7 +225,11 @@ fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
     for q in 0..64usize {
         let lane = q / 16;
         let j = q % 16;
-        let src = if j < 8 { 8 * lane + j } else { 32 + 8 * lane + (j - 8) };
+        let src = if j < 8 {
+            8 * lane + j
+        } else {
+            32 + 8 * lane + (j - 8)
+        };
         if q < 32 {
             a[q] = src as i16;
         } else {
@@ -225,12 +243,25 @@ fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
 /// (`scale` multiplies them first: 1 or 256 for the high byte plane).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn flush16(lo: __m512i, hi: __m512i, perm: &(__m512i, __m512i), shift8: bool, acc32: &mut [i32; 64]) {
+unsafe fn flush16(
+    lo: __m512i,
+    hi: __m512i,
+    perm: &(__m512i, __m512i),
+    shift8: bool,
+    acc32: &mut [i32; 64],
+) {
     unsafe {
-        let nat = [_mm512_permutex2var_epi16(lo, perm.0, hi), _mm512_permutex2var_epi16(lo, perm.1, hi)];
+        let nat = [
+            _mm512_permutex2var_epi16(lo, perm.0, hi),
+            _mm512_permutex2var_epi16(lo, perm.1, hi),
+        ];
         for (h, v) in nat.iter().enumerate() {
             for q in 0..2 {
-                let half = if q == 0 { _mm512_castsi512_si256(*v) } else { _mm512_extracti64x4_epi64::<1>(*v) };
+                let half = if q == 0 {
+                    _mm512_castsi512_si256(*v)
+                } else {
+                    _mm512_extracti64x4_epi64::<1>(*v)
+                };
                 let mut w = _mm512_cvtepi16_epi32(half);
                 if shift8 {
                     w = _mm512_slli_epi32::<8>(w);
@@ -257,7 +288,15 @@ struct Epi<'a> {
 /// Applies the epilogue of one (row block, group, column) with partial sums `p` (row order).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn epilogue(e: &Epi<'_>, p: &[f32; 64], sz: usize, rows: usize, y: &mut [f32], y0: usize, n: usize) {
+unsafe fn epilogue(
+    e: &Epi<'_>,
+    p: &[f32; 64],
+    sz: usize,
+    rows: usize,
+    y: &mut [f32],
+    y0: usize,
+    n: usize,
+) {
     unsafe {
         let plan = e.plan;
         let tsc = _mm512_set1_ps(e.tsc);
@@ -278,7 +317,11 @@ unsafe fn epilogue(e: &Epi<'_>, p: &[f32; 64], sz: usize, rows: usize, y: &mut [
             let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.as_ptr().add(sz + 16 * q)), u);
             let yo = y0 + 16 * q * plan.n + n;
             if plan.n == 1 {
-                let m: __mmask16 = if lanes == 16 { 0xffff } else { (1u16 << lanes) - 1 };
+                let m: __mmask16 = if lanes == 16 {
+                    0xffff
+                } else {
+                    (1u16 << lanes) - 1
+                };
                 let yp = y.as_mut_ptr().add(yo);
                 let yv = _mm512_maskz_loadu_ps(m, yp);
                 _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
@@ -302,7 +345,10 @@ struct JobGeo {
 
 impl JobGeo {
     fn new(job: &RowJob<'_>) -> JobGeo {
-        JobGeo { row_first: job.row_blocks.start * ROW_BLOCK, rb_stride: job.plan.tuples.per_group * ROW_BLOCK }
+        JobGeo {
+            row_first: job.row_blocks.start * ROW_BLOCK,
+            rb_stride: job.plan.tuples.per_group * ROW_BLOCK,
+        }
     }
 }
 
@@ -345,7 +391,13 @@ unsafe fn drive_int(
     for g in tabs.groups.clone() {
         for n in tabs.cols.clone() {
             let gn = tabs.gn(g, n);
-            let epi = Epi { plan, scales: job.scales, zeros: job.zeros, tsc: tabs.tscale[gn], zs: tabs.zsum[gn] };
+            let epi = Epi {
+                plan,
+                scales: job.scales,
+                zeros: job.zeros,
+                tsc: tabs.tscale[gn],
+                zs: tabs.zsum[gn],
+            };
             let mut rb = job.row_blocks.start;
             while rb < job.row_blocks.end {
                 // Tiles of 8, 4, 2 or 1 row blocks (the instantiated tile widths).
@@ -378,7 +430,9 @@ unsafe fn drive_int(
                         let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
                         _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
                         if let Some(z) = job.zeros {
-                            _mm_prefetch::<_MM_HINT_T0>(z.as_ptr().wrapping_add(off + 16 * i) as *const i8);
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                z.as_ptr().wrapping_add(off + 16 * i) as *const i8
+                            );
                         }
                     }
                 }
@@ -428,8 +482,14 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
     unsafe {
         let ones = _mm512_set1_epi8(1);
         let zero = _mm512_setzero_si512();
-        let hv = [_mm512_set1_epi8(mp.h[0] as i8), _mm512_set1_epi8(mp.h[1] as i8)];
-        let cv = [_mm512_set1_epi8(mp.c[0] as i8), _mm512_set1_epi8(mp.c[1] as i8)];
+        let hv = [
+            _mm512_set1_epi8(mp.h[0] as i8),
+            _mm512_set1_epi8(mp.h[1] as i8),
+        ];
+        let cv = [
+            _mm512_set1_epi8(mp.c[0] as i8),
+            _mm512_set1_epi8(mp.c[1] as i8),
+        ];
         let last = per_group - 1;
         // Pointers advance by one 64-byte slot (indices) / one table per tuple.
         let mut rows: [*const u8; R] = std::array::from_fn(|r| ix.add(r * rb_stride));
@@ -453,14 +513,36 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                     }
                     pfp = pfp.wrapping_add(128 * R);
                 }
-                let w0 = if MIR == MIR_NONE { 0 } else { usize::from(t == last) };
-                let w1 = if MIR == MIR_NONE { 0 } else { usize::from(t + 1 == last) };
+                let w0 = if MIR == MIR_NONE {
+                    0
+                } else {
+                    usize::from(t == last)
+                };
+                let w1 = if MIR == MIR_NONE {
+                    0
+                } else {
+                    usize::from(t + 1 == last)
+                };
                 let tb0 = load_table::<NZ>(tp, masks);
-                let tb1 = if two { load_table::<NZ>(tp.add(slot), masks) } else { tb0 };
+                let tb1 = if two {
+                    load_table::<NZ>(tp.add(slot), masks)
+                } else {
+                    tb0
+                };
                 for r in 0..R {
-                    let e0 = lut_mirror::<NZ, MIR>(&tb0, _mm512_loadu_si512(rows[r] as *const __m512i), hv[w0], cv[w0]);
+                    let e0 = lut_mirror::<NZ, MIR>(
+                        &tb0,
+                        _mm512_loadu_si512(rows[r] as *const __m512i),
+                        hv[w0],
+                        cv[w0],
+                    );
                     let e1 = if two {
-                        lut_mirror::<NZ, MIR>(&tb1, _mm512_loadu_si512(rows[r].add(64) as *const __m512i), hv[w1], cv[w1])
+                        lut_mirror::<NZ, MIR>(
+                            &tb1,
+                            _mm512_loadu_si512(rows[r].add(64) as *const __m512i),
+                            hv[w1],
+                            cv[w1],
+                        )
                     } else {
                         zero
                     };
@@ -485,7 +567,12 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
 fn perm_vectors() -> (__m512i, __m512i) {
     let (a, b) = unpermute_indices();
     // SAFETY: plain unaligned loads of 64-byte arrays (AVX-512F is checked by the caller).
-    unsafe { (_mm512_loadu_si512(a.as_ptr() as *const __m512i), _mm512_loadu_si512(b.as_ptr() as *const __m512i)) }
+    unsafe {
+        (
+            _mm512_loadu_si512(a.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(b.as_ptr() as *const __m512i),
+        )
+    }
 }
 
 macro_rules! dispatch_nz_mir {
@@ -514,7 +601,13 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32], mp: &MirParams) {
+unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[i8],
+    y: &mut [f32],
+    mp: &MirParams,
+) {
     let plan = job.plan;
     let tabs = job.tables;
     let lay = job.layout;
@@ -529,10 +622,18 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(job: &RowJob<'_>, ix: &[u8], 
             let ip = ix.as_ptr().add(lay.slot(g, rb, 0));
             let tp = tab.as_ptr().add(tabs.offset(g, n, 0)) as *const u8;
             match nrb {
-                8 => i8_tile::<NZ, MIR, 8>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
-                4 => i8_tile::<NZ, MIR, 4>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
-                2 => i8_tile::<NZ, MIR, 2>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
-                _ => i8_tile::<NZ, MIR, 1>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc),
+                8 => {
+                    i8_tile::<NZ, MIR, 8>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+                4 => {
+                    i8_tile::<NZ, MIR, 4>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+                2 => {
+                    i8_tile::<NZ, MIR, 2>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+                _ => {
+                    i8_tile::<NZ, MIR, 1>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
             }
         });
     }
@@ -600,7 +701,8 @@ unsafe fn i16_tile<const NZ: usize, const R: usize>(
                     let tl = load_table::<NZ>(planes.add(tt * 512), masks);
                     let th = load_table::<NZ>(planes.add(tt * 512 + 256), masks);
                     for r in 0..R {
-                        let idx = _mm512_loadu_si512(ix.add(r * rb_stride + tt * 64) as *const __m512i);
+                        let idx =
+                            _mm512_loadu_si512(ix.add(r * rb_stride + tt * 64) as *const __m512i);
                         el[r][k] = lut::<NZ>(&tl, idx);
                         eh[r][k] = lut::<NZ>(&th, idx);
                     }
@@ -653,7 +755,12 @@ unsafe fn run_i16_t<const NZ: usize>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y
         drive_int(job, y, 4, |g, n, rb, nrb, pf, acc| {
             let ib = ix.as_ptr();
             if cur != Some((g, n)) {
-                split_planes(tab.as_ptr().add(tabs.offset(g, n, 0)), slot, pg, &mut planes);
+                split_planes(
+                    tab.as_ptr().add(tabs.offset(g, n, 0)),
+                    slot,
+                    pg,
+                    &mut planes,
+                );
                 cur = Some((g, n));
             }
             let ip = ix.as_ptr().add(lay.slot(g, rb, 0));
@@ -701,24 +808,52 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32], mp: &MirParams) {
+unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[f32],
+    y: &mut [f32],
+    mp: &MirParams,
+) {
     let plan = job.plan;
     let tabs = job.tables;
     let lay = job.layout;
     let slot = plan.slot;
     let pg = plan.tuples.per_group;
     let geo = JobGeo::new(job);
-    let m0: __mmask16 = if slot >= 16 { 0xffff } else { (1u16 << slot) - 1 };
-    let m1: __mmask16 = if slot >= 32 { 0xffff } else if slot > 16 { (1u16 << (slot - 16)) - 1 } else { 0 };
+    let m0: __mmask16 = if slot >= 16 {
+        0xffff
+    } else {
+        (1u16 << slot) - 1
+    };
+    let m1: __mmask16 = if slot >= 32 {
+        0xffff
+    } else if slot > 16 {
+        (1u16 << (slot - 16)) - 1
+    } else {
+        0
+    };
     unsafe {
         let sign = _mm512_set1_epi32(i32::MIN);
-        let hv = [_mm512_set1_epi32(mp.h[0] as i32), _mm512_set1_epi32(mp.h[1] as i32)];
-        let cv = [_mm512_set1_epi32(mp.c[0] as i32), _mm512_set1_epi32(mp.c[1] as i32)];
+        let hv = [
+            _mm512_set1_epi32(mp.h[0] as i32),
+            _mm512_set1_epi32(mp.h[1] as i32),
+        ];
+        let cv = [
+            _mm512_set1_epi32(mp.c[0] as i32),
+            _mm512_set1_epi32(mp.c[1] as i32),
+        ];
         let mut pf = [0f32; 64];
         for g in tabs.groups.clone() {
             for n in tabs.cols.clone() {
                 let gn = tabs.gn(g, n);
-                let epi = Epi { plan, scales: job.scales, zeros: job.zeros, tsc: tabs.tscale[gn], zs: tabs.zsum[gn] };
+                let epi = Epi {
+                    plan,
+                    scales: job.scales,
+                    zeros: job.zeros,
+                    tsc: tabs.tscale[gn],
+                    zs: tabs.zsum[gn],
+                };
                 let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
                 for b in job.row_blocks.clone() {
                     let ip = ix.as_ptr().add(lay.slot(g, b, 0));
@@ -728,7 +863,10 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(job: &RowJob<'_>, ix: &[u8], 
                         let tt = tp.add(t * slot);
                         let (t0, t1) = match KIND {
                             F32_PERM1 => (_mm512_maskz_loadu_ps(m0, tt), _mm512_setzero_ps()),
-                            F32_PERM2 => (_mm512_maskz_loadu_ps(m0, tt), _mm512_maskz_loadu_ps(m1, tt.add(16))),
+                            F32_PERM2 => (
+                                _mm512_maskz_loadu_ps(m0, tt),
+                                _mm512_maskz_loadu_ps(m1, tt.add(16)),
+                            ),
                             _ => (_mm512_setzero_ps(), _mm512_setzero_ps()),
                         };
                         for (q, a) in acc.iter_mut().enumerate() {
@@ -837,7 +975,13 @@ fn digit_vectors(plan: &Plan) -> Vec<u32> {
 /// `vpermps` picks each digit's product.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn table_entries(plan: &Plan, vals: __m512, digits: &[u32], xs: &[f32], mut emit: impl FnMut(usize, __m512)) {
+unsafe fn table_entries(
+    plan: &Plan,
+    vals: __m512,
+    digits: &[u32],
+    xs: &[f32],
+    mut emit: impl FnMut(usize, __m512),
+) {
     let r = xs.len();
     let used = plan.used_entries(r);
     let chunks = used.div_ceil(64) * 4;
@@ -852,7 +996,10 @@ unsafe fn table_entries(plan: &Plan, vals: __m512, digits: &[u32], xs: &[f32], m
     if plan.levels == 16 && r == 2 {
         // Entry 16c + i = p0[i] + p1[c]: one broadcast add per 16 entries.
         for q in 0..chunks {
-            emit(q, _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[q] * xs[1])));
+            emit(
+                q,
+                _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[q] * xs[1])),
+            );
         }
         return;
     }
@@ -863,7 +1010,9 @@ unsafe fn table_entries(plan: &Plan, vals: __m512, digits: &[u32], xs: &[f32], m
     for q in 0..chunks {
         // SAFETY: `digits` holds `depth * dlen` entries and `16q + 16 <= dlen`.
         unsafe {
-            let dig = |j: usize| _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i);
+            let dig = |j: usize| {
+                _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i)
+            };
             let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
             // Index loops on purpose: iterator adaptors over vectors were not inlined here.
             #[allow(clippy::needless_range_loop)]
@@ -900,7 +1049,14 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
             })
         };
     }
-    (1.0, if plan.zero_term { table::seq_sum(xg) } else { 0.0 })
+    (
+        1.0,
+        if plan.zero_term {
+            table::seq_sum(xg)
+        } else {
+            0.0
+        },
+    )
 }
 
 /// `max |T|` over the f32 tables of one group, in closed form: `fl(a + b)` and `fl(v * x)` are
@@ -910,7 +1066,10 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
 fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
     let tv = &plan.table_values;
     let ext = |vals: &[f32]| {
-        vals.iter().fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), &v| (a.max(v), b.min(v)))
+        vals.iter()
+            .fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), &v| {
+                (a.max(v), b.min(v))
+            })
     };
     let all = ext(tv);
     let half = match plan.mirror {
@@ -926,7 +1085,11 @@ fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
         for j in 0..r {
             let x = xg[k0 + j];
             let (vmax, vmin) = if j + 1 == r { half } else { all };
-            let (pmax, pmin) = if x >= 0.0 { (vmax * x, vmin * x) } else { (vmin * x, vmax * x) };
+            let (pmax, pmin) = if x >= 0.0 {
+                (vmax * x, vmin * x)
+            } else {
+                (vmin * x, vmax * x)
+            };
             if j == 0 {
                 hi = pmax;
                 lo = pmin;
@@ -975,7 +1138,8 @@ unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]
                 let x1 = xg[k0 + 1];
                 for quad in 0..4 {
                     let e = |c: usize| {
-                        let row = _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[4 * quad + c] * x1));
+                        let row =
+                            _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[4 * quad + c] * x1));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
                     let a = _mm512_packs_epi32(e(0), e(1));
@@ -1004,6 +1168,10 @@ unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]
             })
         };
     }
-    let zsum = if plan.zero_term { table::seq_sum(xg) / tsc } else { 0.0 };
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg) / tsc
+    } else {
+        0.0
+    };
     (tsc, zsum)
 }

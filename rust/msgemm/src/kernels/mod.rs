@@ -16,11 +16,11 @@ use crate::layout::TileLayout;
 use crate::plan::Plan;
 use crate::table::TableSet;
 
-pub mod scalar;
-#[cfg(target_arch = "x86_64")]
-pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+pub mod scalar;
 
 /// Which kernel runs a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
