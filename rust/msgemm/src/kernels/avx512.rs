@@ -494,7 +494,8 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
         // Pointers advance by one 64-byte slot (indices) / one table per tuple.
         let mut rows: [*const u8; R] = std::array::from_fn(|r| ix.add(r * rb_stride));
         let mut tp = tab;
-        // Prefetch: 2R lines of the next tile per pair of tuples (a hint: overshooting the
+        // Prefetch into L2 (T1: more misses in flight than L1 allows; measured faster warm and
+        // cold than T0): 2R lines of the next tile per pair of tuples (a hint: overshooting the
         // next tile's region is harmless, hence `wrapping_add`).
         let mut pfp = ix_base.wrapping_add(pf.offset);
         let pf_on = pf.len > 0;
@@ -509,7 +510,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                 let two = t + 1 < end;
                 if pf_on {
                     for i in 0..2 * R {
-                        _mm_prefetch::<_MM_HINT_T0>(pfp.wrapping_add(64 * i) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(pfp.wrapping_add(64 * i) as *const i8);
                     }
                     pfp = pfp.wrapping_add(128 * R);
                 }
