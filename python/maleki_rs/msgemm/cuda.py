@@ -22,6 +22,7 @@ data with power-of-two scales the result equals the float64 reference bit for bi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +132,27 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
     )
 
 
-def _xt(pwd: DeviceWeights, x: Any) -> tuple[Any, bool]:
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: int) -> int:
+    cp = require()
+    return int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+
+
+def _kernel(name: str, smem: int = 0) -> Any:
+    """A kernel of ``msgemm.cu`` (cached per device), with its dynamic shared memory set."""
+    cp = require()
+    return _kernel_cached(name, smem, cp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_cached(name: str, smem: int, device: int) -> Any:
+    k = get_function(_SRC, name)
+    if smem > 48 * 1024:
+        k.max_dynamic_shared_size_bytes = smem
+    return k
+
+
+def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
     """X as a (N, K) float32 C-contiguous device array in packed column order; vector flag."""
     cp = require()
     xa = cp.asarray(x)
@@ -144,7 +165,7 @@ def _xt(pwd: DeviceWeights, x: Any) -> tuple[Any, bool]:
     xt = xa.reshape(1, k) if vector else xa.T
     if xt.shape[0] == 0 or xt.shape[0] > MAX_COLUMNS:
         raise ValueError(f"x: the GPU kernels take 1 to {MAX_COLUMNS} columns, got {xt.shape[0]}")
-    if not bool(cp.isfinite(xt).all()):
+    if check and not bool(cp.isfinite(xt).all()):
         raise ValueError("x: contains NaN or infinity")
     if pwd.k_perm is not None:
         xt = xt[:, pwd.k_perm]
@@ -159,7 +180,7 @@ def _splits(pwd: DeviceWeights, sm_count: int) -> int:
     return max(1, min(groups, want))
 
 
-def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None) -> Any:
+def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True) -> Any:
     """``Wd @ x`` through look-up tables on the device.
 
     Parameters
@@ -169,6 +190,8 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None) -> Any
     x : array_like (numpy or cupy), shape (K,) or (K, N), N <= 8, float dtype
     splits : int, optional
         Number of K splits (blocks along K); default: about 4 blocks per SM.
+    check : bool
+        Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
 
     Returns
     -------
@@ -177,24 +200,23 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None) -> Any
     cp = require()
     if not isinstance(pwd, DeviceWeights):
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
-    xt, vector = _xt(pwd, x)
+    xt, vector = _xt(pwd, x, check)
     n = xt.shape[0]
     m, k = pwd.shape
     g, d, v, slot, tpg = pwd.group_size, pwd.depth, pwd.levels, pwd.slot, pwd.tuples_per_group
     groups = k // g
     tables = cp.empty((k // d) * n * slot, cp.float32)
     total = tables.size
-    get_function(_SRC, "msgemm_tables")(
+    _kernel("msgemm_tables")(
         (min(-(-total // 256), 65535),), (256,),
         (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), tables),
     )
     sums = cp.zeros(n * groups, cp.float32)
     if pwd.zeros is not None:
-        get_function(_SRC, "msgemm_group_sums")(
+        _kernel("msgemm_group_sums")(
             (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
         )
-    dev = cp.cuda.Device()
-    sm = dev.attributes["MultiProcessorCount"]
+    sm = _sm_count(cp.cuda.Device().id)
     s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=groups)
     per = -(-groups // s)
     s = -(-groups // per)
@@ -203,8 +225,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None) -> Any
     smem = tpg * nc * slot * 4
     if smem > _SMEM_BUDGET:
         raise ValueError(f"group_size/depth: one group's tables ({smem} bytes) exceed the shared-memory budget")
-    kern = get_function(_SRC, "msgemm_gemv_lut")
-    kern.max_dynamic_shared_size_bytes = smem
+    kern = _kernel("msgemm_gemv_lut", smem)
     partial = cp.empty((s, n, m), cp.float32)
     zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)  # a null pointer
     kern(
@@ -214,13 +235,13 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None) -> Any
         shared_mem=smem,
     )
     y = cp.empty((m, n), cp.float32)
-    get_function(_SRC, "msgemm_reduce_splits")(
+    _kernel("msgemm_reduce_splits")(
         (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y)
     )
     return y.reshape(m) if vector else y
 
 
-def dequant_gemv_cuda(pwd: DeviceWeights, x: Any) -> Any:
+def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
     """The dense comparator: dequantize in registers (``__shfl_sync`` codebook) and FMA.
 
     4-bit formats only (``pwd.packed`` present). Same shapes as :func:`msgemm_cuda`.
@@ -228,13 +249,13 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any) -> Any:
     cp = require()
     if pwd.packed is None:
         raise ValueError("dequant_gemv_cuda: needs 4-bit codes with K and G multiples of 8")
-    xt, vector = _xt(pwd, x)
+    xt, vector = _xt(pwd, x, check)
     n = xt.shape[0]
     m, k = pwd.shape
     y = cp.empty((m, n), cp.float32)
     zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)
     warps = 8
-    get_function(_SRC, "dequant_gemv_shfl")(
+    _kernel("dequant_gemv_shfl")(
         (-(-m // warps),), (32 * warps,),
         (pwd.packed, pwd.values, pwd.scales, zeros, xt, np.int64(m), np.int64(k), np.int32(n),
          np.int32(pwd.group_size), y),
