@@ -108,6 +108,45 @@ fn pair_row(hi: bool, w: usize) -> usize {
     16 * (w / 8) + usize::from(hi) * 8 + w % 8
 }
 
+/// The 16-byte table of tuple `t` (`slot <= 16` entries) broadcast to both lanes; a load past
+/// the slot reads the next slot's bytes, which no index selects; near the buffer end the
+/// table is copied first.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn table16(tp: *const i8, t: usize, slot: usize, tab_end: usize) -> __m256i {
+    unsafe {
+        let o = t * slot;
+        let v = if o + 16 <= tab_end {
+            _mm_loadu_si128(tp.add(o) as *const __m128i)
+        } else {
+            let mut buf = [0i8; 16];
+            std::ptr::copy_nonoverlapping(tp.add(o), buf.as_mut_ptr(), slot);
+            _mm_loadu_si128(buf.as_ptr() as *const __m128i)
+        };
+        _mm256_broadcastsi128_si256(v)
+    }
+}
+
+/// 32 lookups with the mirror applied (`kind` 0 none, 1 xor, 2 reverse): `T[idx]` for
+/// `idx < h`, else `-T[mirror(idx)]` (`hm1 = h - 1`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn look(tb: __m256i, idx: __m256i, kind: u8, hm1: __m256i, c: __m256i, ones: __m256i) -> __m256i {
+    match kind {
+        0 => _mm256_shuffle_epi8(tb, idx),
+        k => {
+            let m = _mm256_cmpgt_epi8(idx, hm1);
+            let mapped = if k == 1 {
+                _mm256_xor_si256(idx, c)
+            } else {
+                _mm256_sub_epi8(c, idx)
+            };
+            let e = _mm256_shuffle_epi8(tb, _mm256_blendv_epi8(idx, mapped, m));
+            _mm256_sign_epi8(e, _mm256_or_si256(m, ones))
+        }
+    }
+}
+
 #[target_feature(enable = "avx2")]
 unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
     // SAFETY: pointers stay inside the layout / table slices (offsets from the plan).
@@ -135,56 +174,50 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                 let gn = tabs.gn(g, n);
                 let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
                 let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
+                // Bytes readable from `tp` (16-byte table loads must stay inside the buffer).
+                let tab_end = tab.len() - tabs.offset(g, n, 0);
                 for b in job.row_blocks.clone() {
                     let ip = ix.as_ptr().add(lay.slot(g, b, 0));
                     acc.fill(0);
-                    // One 16-byte table per tuple, broadcast to both lanes (slot <= 16: a 16-byte
-                    // read may run past the slot into the next one, never past the buffer end
-                    // except for the last tuple, which is copied).
-                    let table = |t: usize| -> __m256i {
-                        let mut buf = [0i8; 16];
-                        let s = plan.slot;
-                        std::ptr::copy_nonoverlapping(tp.add(t * s), buf.as_mut_ptr(), s);
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(buf.as_ptr() as *const __m128i))
-                    };
-                    let look = |t: usize, h: usize| -> __m256i {
-                        let w = usize::from(t + 1 == pg);
-                        let idx = _mm256_loadu_si256(ip.add(t * 64 + 32 * h) as *const __m256i);
-                        let tb = table(t);
-                        match mir.kind {
-                            0 => _mm256_shuffle_epi8(tb, idx),
-                            k => {
-                                let m = _mm256_cmpgt_epi8(idx, hv[w]);
-                                let mapped = if k == 1 {
-                                    _mm256_xor_si256(idx, cv[w])
+                    let mut t = 0;
+                    while t < pg {
+                        let end = (t + 256).min(pg);
+                        // Pair sums of the two 32-row halves: [half][lo, hi].
+                        let mut a = [[zero; 2]; 2];
+                        while t < end {
+                            let two = t + 1 < end;
+                            let tb0 = table16(tp, t, plan.slot, tab_end);
+                            let tb1 = if two {
+                                table16(tp, t + 1, plan.slot, tab_end)
+                            } else {
+                                zero
+                            };
+                            let (w0, w1) = (usize::from(t + 1 == pg), usize::from(t + 2 == pg));
+                            for (h, ah) in a.iter_mut().enumerate() {
+                                let i0 =
+                                    _mm256_loadu_si256(ip.add(t * 64 + 32 * h) as *const __m256i);
+                                let e0 = look(tb0, i0, mir.kind, hv[w0], cv[w0], ones);
+                                let e1 = if two {
+                                    let i1 = _mm256_loadu_si256(
+                                        ip.add((t + 1) * 64 + 32 * h) as *const __m256i
+                                    );
+                                    look(tb1, i1, mir.kind, hv[w1], cv[w1], ones)
                                 } else {
-                                    _mm256_sub_epi8(cv[w], idx)
+                                    zero
                                 };
-                                let e = _mm256_shuffle_epi8(tb, _mm256_blendv_epi8(idx, mapped, m));
-                                _mm256_sign_epi8(e, _mm256_or_si256(m, ones))
-                            }
-                        }
-                    };
-                    for h in 0..2 {
-                        let mut t = 0;
-                        while t < pg {
-                            let end = (t + 256).min(pg);
-                            let (mut alo, mut ahi) = (zero, zero);
-                            while t < end {
-                                let e0 = look(t, h);
-                                let e1 = if t + 1 < end { look(t + 1, h) } else { zero };
-                                alo = _mm256_add_epi16(
-                                    alo,
+                                ah[0] = _mm256_add_epi16(
+                                    ah[0],
                                     _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(e0, e1)),
                                 );
-                                ahi = _mm256_add_epi16(
-                                    ahi,
+                                ah[1] = _mm256_add_epi16(
+                                    ah[1],
                                     _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(e0, e1)),
                                 );
-                                t += 2;
                             }
-                            t = end;
-                            for (hi, v) in [(false, alo), (true, ahi)] {
+                            t += if two { 2 } else { 1 };
+                        }
+                        for (h, ah) in a.iter().enumerate() {
+                            for (hi, v) in [(false, ah[0]), (true, ah[1])] {
                                 _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, v);
                                 for (w, &x) in words.iter().enumerate() {
                                     acc[32 * h + pair_row(hi, w)] += i32::from(x);
