@@ -1,6 +1,7 @@
 //! AVX-512 BW + VBMI kernels (spec section 5): byte tables held in zmm registers.
 //!
-//! Supported plans: byte indices (`V^d <= 256`), every table precision.
+//! Supported plans: byte indices (`V^d <= 256`); `i8`; `i16` without mirror; `f32` tables of
+//! at most 32 entries.
 //!
 //! - `i8` tables: the table of a tuple (up to 256 bytes) sits in 1, 2 or 4 zmm registers;
 //!   64 lookups (one per row of a 64-row block) are one `vpermb` (<= 64 entries), one
@@ -9,12 +10,14 @@
 //!   masked `vpsubb`. The int8 entries of two tuples are interleaved (`vpunpck[lh]bw`) and
 //!   summed pairwise into int16 with `vpmaddubsw` against ones, so one instruction widens and
 //!   adds 64 lookups; int16 partial sums are spilled to int32 every 256 tuples (exact).
-//!   Four row blocks share each table load.
+//!   Up to eight row blocks share each table load.
 //! - `i16` tables: low and high byte planes (one `vpmovwb` each), looked up like `i8`; the
 //!   low bytes are summed unsigned, the high bytes signed, and recombined `256*hi + lo` in
 //!   int32 (exact). Mirrored `i16` plans are left to the scalar kernel.
-//! - `f32` tables: 16 rows per lookup; `vpermps` (<= 16 entries), `vpermt2ps` (<= 32) or a
-//!   gather; sequential float adds per row (one row per lane), as the contract requires.
+//! - `f32` tables of at most 32 entries (depth 1, int2 / ternary depth 2, ...): 16 rows per
+//!   lookup with `vpermps` (<= 16 entries) or `vpermt2ps` (<= 32); sequential float adds per
+//!   row (one row per lane), as the contract requires. Larger f32 tables would need gathers,
+//!   which measured slower than the scalar kernel: those plans are left to it.
 //!
 //! The epilogue follows `KERNELS.md` exactly (separate multiplies and adds, no FMA), so the
 //! results are bitwise identical to the scalar kernel. The table build (`i8` and `f32`) is
@@ -65,7 +68,14 @@ impl LutKernel for Avx512 {
     }
 
     fn supports(&self, plan: &Plan) -> bool {
-        byte_indices(plan) && !(plan.precision == TablePrecision::I16 && plan.mirror.is_some())
+        byte_indices(plan)
+            && match plan.precision {
+                TablePrecision::I8 => true,
+                TablePrecision::I16 => plan.mirror.is_none(),
+                // Tables of <= 32 floats live in two registers (vpermps / vpermt2ps); larger
+                // ones would need gathers, which measured slower than the scalar kernel.
+                TablePrecision::F32 => plan.slot <= 32,
+            }
     }
 
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
@@ -781,28 +791,24 @@ unsafe fn run_i16_t<const NZ: usize>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y
 
 const F32_PERM1: u8 = 0; // <= 16 entries: vpermps
 const F32_PERM2: u8 = 1; // <= 32 entries: vpermt2ps
-const F32_GATHER: u8 = 2;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
     let plan = job.plan;
     let mp = MirParams::new(plan);
-    let kind = match plan.slot {
-        0..=16 => F32_PERM1,
-        17..=32 => F32_PERM2,
-        _ => F32_GATHER,
+    let kind = if plan.slot <= 16 {
+        F32_PERM1
+    } else {
+        F32_PERM2
     };
     unsafe {
         match (kind, mp.kind) {
             (F32_PERM1, MIR_NONE) => run_f32_t::<F32_PERM1, MIR_NONE>(job, ix, tab, y, &mp),
             (F32_PERM1, MIR_XOR) => run_f32_t::<F32_PERM1, MIR_XOR>(job, ix, tab, y, &mp),
             (F32_PERM1, _) => run_f32_t::<F32_PERM1, MIR_REV>(job, ix, tab, y, &mp),
-            (F32_PERM2, MIR_NONE) => run_f32_t::<F32_PERM2, MIR_NONE>(job, ix, tab, y, &mp),
-            (F32_PERM2, MIR_XOR) => run_f32_t::<F32_PERM2, MIR_XOR>(job, ix, tab, y, &mp),
-            (F32_PERM2, _) => run_f32_t::<F32_PERM2, MIR_REV>(job, ix, tab, y, &mp),
-            (_, MIR_NONE) => run_f32_t::<F32_GATHER, MIR_NONE>(job, ix, tab, y, &mp),
-            (_, MIR_XOR) => run_f32_t::<F32_GATHER, MIR_XOR>(job, ix, tab, y, &mp),
-            (_, _) => run_f32_t::<F32_GATHER, MIR_REV>(job, ix, tab, y, &mp),
+            (_, MIR_NONE) => run_f32_t::<F32_PERM2, MIR_NONE>(job, ix, tab, y, &mp),
+            (_, MIR_XOR) => run_f32_t::<F32_PERM2, MIR_XOR>(job, ix, tab, y, &mp),
+            (_, _) => run_f32_t::<F32_PERM2, MIR_REV>(job, ix, tab, y, &mp),
         }
     }
 }
@@ -862,13 +868,11 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
                     for t in 0..pg {
                         let w = usize::from(t + 1 == pg);
                         let tt = tp.add(t * slot);
-                        let (t0, t1) = match KIND {
-                            F32_PERM1 => (_mm512_maskz_loadu_ps(m0, tt), _mm512_setzero_ps()),
-                            F32_PERM2 => (
-                                _mm512_maskz_loadu_ps(m0, tt),
-                                _mm512_maskz_loadu_ps(m1, tt.add(16)),
-                            ),
-                            _ => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+                        let t0 = _mm512_maskz_loadu_ps(m0, tt);
+                        let t1 = if KIND == F32_PERM1 {
+                            _mm512_setzero_ps()
+                        } else {
+                            _mm512_maskz_loadu_ps(m1, tt.add(16))
                         };
                         for (q, a) in acc.iter_mut().enumerate() {
                             let bytes = _mm_loadu_si128(ip.add(t * 64 + 16 * q) as *const __m128i);
@@ -884,10 +888,10 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
                                     (_mm512_mask_sub_epi32(idx, m, cv[w], idx), m)
                                 }
                             };
-                            let mut e = match KIND {
-                                F32_PERM1 => _mm512_permutexvar_ps(idx2, t0),
-                                F32_PERM2 => _mm512_permutex2var_ps(t0, idx2, t1),
-                                _ => _mm512_i32gather_ps::<4>(idx2, tt),
+                            let mut e = if KIND == F32_PERM1 {
+                                _mm512_permutexvar_ps(idx2, t0)
+                            } else {
+                                _mm512_permutex2var_ps(t0, idx2, t1)
                             };
                             if MIR != MIR_NONE {
                                 let ei = _mm512_castps_si512(e);
