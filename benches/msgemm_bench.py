@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,30 @@ def ort_run(sess, x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
+def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int = 2) -> dict[str, dict[str, float]]:
+    """Times several functions in blocks (``repeat`` timings of ``number`` calls each), in turn,
+    for ``rounds`` rounds; returns ``{name: {"min", "median"}}`` seconds per call.
+
+    Blocks rather than alternation: the thread pools of numpy, ONNX Runtime and ours spin for a
+    while after each call, and on 2 vCPUs a pool spinning next to another one's run distorts
+    both. A short pause before each block lets the previous pool park.
+    """
+    import statistics
+    import time
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            time.sleep(0.05)
+            f()
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                for _ in range(number):
+                    f()
+                times[k].append((time.perf_counter() - t0) / number)
+    return {k: {"min": min(v), "median": statistics.median(v)} for k, v in times.items()}
+
+
 def fmt_ms(t: dict[str, float]) -> str:
     return f"{t['min'] * 1e3:.3f} / {t['median'] * 1e3:.3f}"
 
@@ -157,18 +182,22 @@ def main() -> None:
         y_ref = wd.astype(np.float64) @ x.astype(np.float64)
         y = mg.msgemm(pw, x)
         err = float(np.abs(y - y_ref).sum() / np.abs(y_ref).sum())
-        t_ours = _report.timeit(lambda: mg.msgemm(pw, x), repeat=rep, number=5)
-        t_a0 = _report.timeit(lambda: wd @ x, repeat=rep, number=2)
+        sessions = {level: (ort_session(pw, ort_bits, level, th) if ort_bits else None) for level in (0, 4)}
+        fns = {"ours": lambda: mg.msgemm(pw, x), "a0": lambda: wd @ x}
+        for level, sess in sessions.items():
+            if sess is not None:
+                fns[f"ort{level}"] = lambda s=sess: ort_run(s, x)
+        tt = timeit_rounds(fns, repeat=max(3, rep // 2), number=3)
+        t_ours, t_a0 = tt["ours"], tt["a0"]
         t_a1 = _report.timeit(lambda: pw.dequantize(np.float32) @ x, repeat=max(3, rep // 5))
         ort_cells = []
-        for level in (0, 4):
-            sess = ort_session(pw, ort_bits, level, th) if ort_bits else None
+        for level, sess in sessions.items():
             if sess is None:
                 ort_cells.append("—")
                 continue
             yo = ort_run(sess, x).ravel()
             o_err = float(np.abs(yo - y_ref).sum() / np.abs(y_ref).sum())
-            t = _report.timeit(lambda s=sess: ort_run(s, x), repeat=rep, number=5)
+            t = tt[f"ort{level}"]
             ort_cells.append(f"{fmt_ms(t)} (rel L1 {o_err:.1e}; ours {t['min'] / t_ours['min']:.2f}x faster)")
             headline[f"{name} ort{level}"] = t["min"]
         per_weight = t_ours["min"] / (m * k)
@@ -253,16 +282,20 @@ def main() -> None:
     brows = []
     for n in [1, 4, 16, 64] if not args.quick else [4, 16]:
         xb = rng.standard_normal((k, n), dtype=np.float32)
-        t_ours = _report.timeit(lambda: mg.msgemm(pw, xb), repeat=max(5, rep // 3), number=2)
-        t_a0 = _report.timeit(lambda: wd @ xb, repeat=max(5, rep // 3))
+        sessions = {level: ort_session(pw, 4, level, th) for level in (0, 4)}
+        fns = {"ours": lambda: mg.msgemm(pw, xb), "a0": lambda: wd @ xb}
+        for level, sess in sessions.items():
+            if sess is not None:
+                fns[f"ort{level}"] = lambda s=sess: ort_run(s, xb)
+        tt = timeit_rounds(fns, repeat=max(3, rep // 5))
+        t_ours, t_a0 = tt["ours"], tt["a0"]
         t_a1 = _report.timeit(lambda: pw.dequantize(np.float32) @ xb, repeat=max(3, rep // 5))
         cells = []
-        for level in (0, 4):
-            sess = ort_session(pw, 4, level, th)
+        for level, sess in sessions.items():
             if sess is None:
                 cells.append("—")
                 continue
-            t = _report.timeit(lambda s=sess: ort_run(s, xb), repeat=max(5, rep // 3))
+            t = tt[f"ort{level}"]
             cells.append(f"{fmt_ms(t)} ({t['min'] / t_ours['min']:.2f}x)")
         brows.append([n, fmt_ms(t_ours), fmt_ms(t_a0), f"{t_a0['min'] / t_ours['min']:.2f}x", fmt_ms(t_a1), f"{t_a1['min'] / t_ours['min']:.2f}x", *cells])
         print("batch", brows[-1], flush=True)
@@ -297,8 +330,9 @@ def main() -> None:
         "Notes: A1 is dominated by `PackedWeights.dequantize` (evaluated in float64, then cast); its "
         "GEMM part alone is A0. ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
         "or fp4, hence the dashes. Ours uses `i8` tables (rel. L1 errors above); `table='f32'` is the "
-        "exact-to-float32 mode. This 2-vCPU VM is shared: medians vary by 2x between runs, and the "
-        "second vCPU often adds little; minima are the most stable figures.",
+        "exact-to-float32 mode. This 2-vCPU VM is shared with other jobs: ours and the anchors are timed "
+        "in blocks, in two rounds; medians still vary by 2x between runs and the second vCPU often "
+        "adds little; minima are the most stable figures.",
     ]
     text = "\n".join(body)
     print(text)
