@@ -327,14 +327,14 @@ unsafe fn epilogue(
             let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.as_ptr().add(sz + 16 * q)), u);
             let yo = y0 + 16 * q * plan.n + n;
             if plan.n == 1 {
-                let m: __mmask16 = if lanes == 16 {
-                    0xffff
-                } else {
-                    (1u16 << lanes) - 1
-                };
                 let yp = y.as_mut_ptr().add(yo);
-                let yv = _mm512_maskz_loadu_ps(m, yp);
-                _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
+                if lanes == 16 {
+                    _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
+                } else {
+                    let m: __mmask16 = (1u16 << lanes) - 1;
+                    let yv = _mm512_maskz_loadu_ps(m, yp);
+                    _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
+                }
             } else {
                 let mut tmp = [0f32; 16];
                 _mm512_storeu_ps(tmp.as_mut_ptr(), su);
@@ -998,21 +998,13 @@ unsafe fn table_entries(
         }
         return;
     }
-    if plan.levels == 16 && r == 2 {
-        // Entry 16c + i = p0[i] + p1[c]: one broadcast add per 16 entries.
-        for q in 0..chunks {
-            emit(
-                q,
-                _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[q] * xs[1])),
-            );
-        }
-        return;
-    }
     let mut prod = [p0; 8];
     for j in 1..r {
         prod[j] = _mm512_mul_ps(vals, _mm512_set1_ps(xs[j]));
     }
-    for q in 0..chunks {
+    // Entries `16q .. 16q + 16` over the first `nd` digits, left to right (`vpermps` picks
+    // each digit's product).
+    let partial = |q: usize, nd: usize| -> __m512 {
         // SAFETY: `digits` holds `depth * dlen` entries and `16q + 16 <= dlen`.
         unsafe {
             let dig = |j: usize| {
@@ -1021,11 +1013,37 @@ unsafe fn table_entries(
             let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
             // Index loops on purpose: iterator adaptors over vectors were not inlined here.
             #[allow(clippy::needless_range_loop)]
-            for j in 1..r {
+            for j in 1..nd {
                 e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
             }
-            emit(q, e);
+            e
         }
+    };
+    let lower = plan.levels.pow(r as u32 - 1);
+    if lower % 16 == 0 {
+        // The last digit is constant over each 16-entry chunk: entry `c * lower + i` =
+        // (sum over the first r-1 digits at i) + v'[c] x_{r-1}, so the first r-1 digits are
+        // built once (`lower / 16` vectors) and each chunk is one broadcast add.
+        let nb = lower / 16;
+        let mut base = [p0; 16];
+        #[allow(clippy::needless_range_loop)]
+        for q in 0..nb {
+            base[q] = partial(q, r - 1);
+        }
+        let xl = xs[r - 1];
+        for q in 0..chunks {
+            let c = q / nb;
+            let last = if c < plan.levels {
+                plan.table_values[c] * xl
+            } else {
+                0.0
+            };
+            emit(q, _mm512_add_ps(base[q % nb], _mm512_set1_ps(last)));
+        }
+        return;
+    }
+    for q in 0..chunks {
+        emit(q, partial(q, r));
     }
 }
 
