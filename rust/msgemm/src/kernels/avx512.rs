@@ -1020,7 +1020,7 @@ unsafe fn table_entries(
         }
     };
     let lower = plan.levels.pow(r as u32 - 1);
-    if lower % 16 == 0 {
+    if lower.is_multiple_of(16) {
         // The last digit is constant over each 16-entry chunk: entry `c * lower + i` =
         // (sum over the first r-1 digits at i) + v'[c] x_{r-1}, so the first r-1 digits are
         // built once (`lower / 16` vectors) and each chunk is one broadcast add.
