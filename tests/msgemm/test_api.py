@@ -26,6 +26,8 @@ def test_one_and_two_threads_give_identical_bits(pw, one_and_two_threads):
     x = rng.standard_normal((512, 7)).astype(np.float32)
     for table in mg.TABLES:
         for backend in [b for b in BACKENDS if b != "reference"]:
+            if not mg.backend_supports(pw, backend, n=7, table=table):
+                continue  # a SIMD kernel need not implement every precision (KERNELS.md)
             maleki_rs.set_num_threads(1)
             y1 = mg.msgemm(pw, x, table=table, backend=backend)
             maleki_rs.set_num_threads(2)

@@ -16,6 +16,10 @@ use crate::layout::TileLayout;
 use crate::plan::Plan;
 use crate::table::TableSet;
 
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 pub mod scalar;
 
 /// Which kernel runs a call.
@@ -108,8 +112,14 @@ pub trait LutKernel: Sync {
 }
 
 /// The kernels compiled into this build, fastest first (the scalar kernel is always last).
+#[allow(clippy::vec_init_then_push)] // the pushes depend on the target architecture
 pub fn registered() -> Vec<&'static dyn LutKernel> {
-    let list: Vec<&'static dyn LutKernel> = vec![&scalar::SCALAR];
+    let mut list: Vec<&'static dyn LutKernel> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    list.push(&avx512::AVX512);
+    #[cfg(target_arch = "x86_64")]
+    list.push(&avx2::AVX2);
+    list.push(&scalar::SCALAR);
     list
 }
 

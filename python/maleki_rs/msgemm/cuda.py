@@ -1,0 +1,263 @@
+"""msGeMM on an NVIDIA GPU with CuPy (spec section 6): look-up-table GEMV for N <= 8 columns.
+
+Import-guarded: importing this module never needs CuPy; the functions raise
+:class:`maleki_rs.exceptions.GPUUnavailableError` without a usable device. Kernels live in
+``cuda/msgemm/msgemm.cu`` and are compiled at first use with NVRTC (sm_90 is what CI checks).
+
+Usage::
+
+    from maleki_rs import msgemm as mg
+    from maleki_rs.msgemm import cuda as mgc
+
+    pw = mg.quantize(w, "int4", group_size=128)
+    pwd = mgc.to_device(pw)             # or pw_on_device = mgc.to_device(pw, depth=2)
+    y = mgc.msgemm_cuda(pwd, x)         # cupy array, ~ pw.dequantize() @ x
+    y_dense = mgc.dequant_gemv_cuda(pwd, x)   # dense dequantize+FMA comparator (4-bit formats)
+
+Arithmetic: float32 tables built exactly as the host scalar build (no FMA contraction),
+float32 sums per group, ``y += s * (P - z * S)`` per group; the K dimension is split across
+thread blocks and the partial results are added in a fixed order (deterministic). On integer
+data with power-of-two scales the result equals the float64 reference bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._gpu import require
+from .._gpu.loader import get_function
+from .._util.validate import check_int
+from ._api import PackedWeights
+
+__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "MAX_COLUMNS"]
+
+_SRC = "msgemm/msgemm.cu"
+#: Most columns of X one call takes (decode and small batches).
+MAX_COLUMNS = 8
+_ROWS = 256
+_SMEM_BUDGET = 200 * 1024  # dynamic shared memory per block (H100/H200 allow up to 227 KiB)
+
+
+@dataclass
+class DeviceWeights:
+    """Weights on the device, laid out for the kernels (see ``cuda/msgemm/msgemm.cu``).
+
+    Attributes
+    ----------
+    shape : (M, K)
+    group_size, depth, levels : int
+    idx4 : cupy.ndarray, shape ((K/d)/4, M), uint32
+        Table indices of 4 consecutive tuples per word, row = lane.
+    values : cupy.ndarray, shape (V,), float32
+        Codebook (non-finite fp8 codes read 0).
+    scales : cupy.ndarray, shape (M, K/G), float32
+    zeros : cupy.ndarray (M, K/G) float32 or None
+    k_perm : cupy.ndarray (K,) int64 or None
+        Act-order permutation: packed column j is input ``k_perm[j]``.
+    packed : cupy.ndarray (M, K/2) uint8 or None
+        Canonical 4-bit packing, for the dense comparator (4-bit formats only).
+    nbytes : int
+        Bytes of the packed weights on the host (codes + scales + zero points).
+    """
+
+    shape: tuple[int, int]
+    group_size: int
+    depth: int
+    levels: int
+    idx4: Any
+    values: Any
+    scales: Any
+    zeros: Any
+    k_perm: Any
+    packed: Any
+    nbytes: int
+
+    @property
+    def slot(self) -> int:
+        return self.levels**self.depth
+
+    @property
+    def tuples_per_group(self) -> int:
+        return self.group_size // self.depth
+
+
+def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
+    """Copies ``pw`` to the current CUDA device in the kernels' layout.
+
+    Parameters
+    ----------
+    pw : PackedWeights
+    depth : int, optional
+        Table depth ``d`` (default: the format's natural depth). Needs ``V^d <= 256``, ``d``
+        dividing the group size and ``(G / d) % 4 == 0``.
+    """
+    if not isinstance(pw, PackedWeights):
+        raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
+    m, k = pw.shape
+    g = pw.group_size
+    v = pw.levels
+    d = pw.natural_depth if depth is None else check_int(depth, "depth", min=1, max=8)
+    if v**d > 256:
+        raise ValueError(f"depth: the GPU kernels need V^d <= 256 (byte indices); V={v}, d={d} gives {v**d}")
+    if g % d or (g // d) % 4:
+        raise ValueError(f"depth: the GPU kernels need d | G and (G/d) % 4 == 0; G={g}, d={d}")
+    cp = require()
+    codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
+    idx = np.zeros((m, k // d), np.uint16)
+    for j in reversed(range(d)):
+        idx = idx * v + codes[:, :, j]
+    idx8 = np.ascontiguousarray(idx.astype(np.uint8))
+    idx4 = np.ascontiguousarray(idx8.view("<u4").T)  # ((K/d)/4, M)
+    values = np.nan_to_num(np.asarray(pw.codebook, np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    values = np.concatenate([values, np.zeros(max(0, 16 - v), np.float32)])  # shfl reads 16 lanes
+    packed = None
+    if pw.bits_per_weight == 4 and k % 8 == 0 and g % 8 == 0:
+        packed = cp.asarray(np.ascontiguousarray(pw.packed))
+    return DeviceWeights(
+        shape=(m, k),
+        group_size=g,
+        depth=d,
+        levels=v,
+        idx4=cp.asarray(idx4),
+        values=cp.asarray(values),
+        scales=cp.asarray(np.ascontiguousarray(pw.scales, dtype=np.float32)),
+        zeros=None if pw.zeros is None else cp.asarray(np.ascontiguousarray(pw.zeros, dtype=np.float32)),
+        k_perm=None if pw.k_perm is None else cp.asarray(np.asarray(pw.k_perm, dtype=np.int64)),
+        packed=packed,
+        nbytes=pw.nbytes,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: int) -> int:
+    cp = require()
+    return int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+
+
+def _kernel(name: str, smem: int = 0) -> Any:
+    """A kernel of ``msgemm.cu`` (cached per device), with its dynamic shared memory set."""
+    cp = require()
+    return _kernel_cached(name, smem, cp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_cached(name: str, smem: int, device: int) -> Any:
+    k = get_function(_SRC, name)
+    if smem > 48 * 1024:
+        k.max_dynamic_shared_size_bytes = smem
+    return k
+
+
+def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
+    """X as a (N, K) float32 C-contiguous device array in packed column order; vector flag."""
+    cp = require()
+    xa = cp.asarray(x)
+    if xa.dtype.kind != "f":
+        raise TypeError(f"x: expected a float array, got dtype {xa.dtype}")
+    k = pwd.shape[1]
+    if xa.ndim not in (1, 2) or xa.shape[0] != k:
+        raise ValueError(f"x: expected shape ({k},) or ({k}, N), got {xa.shape}")
+    vector = xa.ndim == 1
+    xt = xa.reshape(1, k) if vector else xa.T
+    if xt.shape[0] == 0 or xt.shape[0] > MAX_COLUMNS:
+        raise ValueError(f"x: the GPU kernels take 1 to {MAX_COLUMNS} columns, got {xt.shape[0]}")
+    if check and not bool(cp.isfinite(xt).all()):
+        raise ValueError("x: contains NaN or infinity")
+    if pwd.k_perm is not None:
+        xt = xt[:, pwd.k_perm]
+    return cp.ascontiguousarray(xt, dtype=cp.float32), vector
+
+
+def _splits(pwd: DeviceWeights, sm_count: int) -> int:
+    m = pwd.shape[0]
+    groups = pwd.shape[1] // pwd.group_size
+    tiles = -(-m // _ROWS)
+    want = -(-4 * sm_count // tiles)  # about 4 blocks per SM
+    return max(1, min(groups, want))
+
+
+def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True) -> Any:
+    """``Wd @ x`` through look-up tables on the device.
+
+    Parameters
+    ----------
+    pwd : DeviceWeights
+        From :func:`to_device`.
+    x : array_like (numpy or cupy), shape (K,) or (K, N), N <= 8, float dtype
+    splits : int, optional
+        Number of K splits (blocks along K); default: about 4 blocks per SM.
+    check : bool
+        Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
+
+    Returns
+    -------
+    cupy.ndarray, float32, shape (M,) or (M, N)
+    """
+    cp = require()
+    if not isinstance(pwd, DeviceWeights):
+        raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
+    xt, vector = _xt(pwd, x, check)
+    n = xt.shape[0]
+    m, k = pwd.shape
+    g, d, v, slot, tpg = pwd.group_size, pwd.depth, pwd.levels, pwd.slot, pwd.tuples_per_group
+    groups = k // g
+    tables = cp.empty((k // d) * n * slot, cp.float32)
+    total = tables.size
+    _kernel("msgemm_tables")(
+        (min(-(-total // 256), 65535),), (256,),
+        (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), tables),
+    )
+    sums = cp.zeros(n * groups, cp.float32)
+    if pwd.zeros is not None:
+        _kernel("msgemm_group_sums")(
+            (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
+        )
+    sm = _sm_count(cp.cuda.Device().id)
+    s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=groups)
+    per = -(-groups // s)
+    s = -(-groups // per)
+    per_col = tpg * slot * 4
+    nc = max(1, min(n, _SMEM_BUDGET // per_col))
+    smem = tpg * nc * slot * 4
+    if smem > _SMEM_BUDGET:
+        raise ValueError(f"group_size/depth: one group's tables ({smem} bytes) exceed the shared-memory budget")
+    kern = _kernel("msgemm_gemv_lut", smem)
+    partial = cp.empty((s, n, m), cp.float32)
+    zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)  # a null pointer
+    kern(
+        (-(-m // _ROWS), s), (_ROWS,),
+        (pwd.idx4, tables, pwd.scales, zeros, sums, np.int64(m), np.int32(n), np.int32(groups), np.int32(tpg),
+         np.int32(slot), np.int32(per), np.int32(nc), partial),
+        shared_mem=smem,
+    )
+    y = cp.empty((m, n), cp.float32)
+    _kernel("msgemm_reduce_splits")(
+        (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y)
+    )
+    return y.reshape(m) if vector else y
+
+
+def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
+    """The dense comparator: dequantize in registers (``__shfl_sync`` codebook) and FMA.
+
+    4-bit formats only (``pwd.packed`` present). Same shapes as :func:`msgemm_cuda`.
+    """
+    cp = require()
+    if pwd.packed is None:
+        raise ValueError("dequant_gemv_cuda: needs 4-bit codes with K and G multiples of 8")
+    xt, vector = _xt(pwd, x, check)
+    n = xt.shape[0]
+    m, k = pwd.shape
+    y = cp.empty((m, n), cp.float32)
+    zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)
+    warps = 8
+    _kernel("dequant_gemv_shfl")(
+        (-(-m // warps),), (32 * warps,),
+        (pwd.packed, pwd.values, pwd.scales, zeros, xt, np.int64(m), np.int64(k), np.int32(n),
+         np.int32(pwd.group_size), y),
+    )
+    return y.reshape(m) if vector else y

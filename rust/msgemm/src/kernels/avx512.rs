@@ -1,0 +1,1200 @@
+//! AVX-512 BW + VBMI kernels (spec section 5): byte tables held in zmm registers.
+//!
+//! Supported plans: byte indices (`V^d <= 256`); `i8`; `i16` without mirror; `f32` tables of
+//! at most 32 entries.
+//!
+//! - `i8` tables: the table of a tuple (up to 256 bytes) sits in 1, 2 or 4 zmm registers;
+//!   64 lookups (one per row of a 64-row block) are one `vpermb` (<= 64 entries), one
+//!   `vpermi2b` (<= 128) or two `vpermi2b` plus a blend on the index MSB (<= 256). Mirrored
+//!   tables (`used < slot`) map the index with one masked xor/sub and negate the entry with a
+//!   masked `vpsubb`. The int8 entries of two tuples are interleaved (`vpunpck[lh]bw`) and
+//!   summed pairwise into int16 with `vpmaddubsw` against ones, so one instruction widens and
+//!   adds 64 lookups; int16 partial sums are spilled to int32 every 256 tuples (exact).
+//!   Up to eight row blocks share each table load.
+//! - `i16` tables: low and high byte planes (one `vpmovwb` each), looked up like `i8`; the
+//!   low bytes are summed unsigned, the high bytes signed, and recombined `256*hi + lo` in
+//!   int32 (exact). Mirrored `i16` plans are left to the scalar kernel.
+//! - `f32` tables of at most 32 entries (depth 1, int2 / ternary depth 2, ...): 16 rows per
+//!   lookup with `vpermps` (<= 16 entries) or `vpermt2ps` (<= 32); sequential float adds per
+//!   row (one row per lane), as the contract requires. Larger f32 tables would need gathers,
+//!   which measured slower than the scalar kernel: those plans are left to it.
+//!
+//! The epilogue follows `KERNELS.md` exactly (separate multiplies and adds, no FMA), so the
+//! results are bitwise identical to the scalar kernel. The table build (`i8` and `f32`) is
+//! vectorised too: the level-by-level build of `table.rs` with masked vector adds, and for
+//! `i8` the block's `max |T|` is computed in closed form from the per-digit extreme products
+//! (float rounding is monotonic, so the largest entry is the left-to-right sum of the largest
+//! products), which makes the build a single pass.
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use crate::format::Involution;
+use crate::kernels::{Backend, LutKernel, RowJob};
+use crate::layout::{IndexData, ROW_BLOCK};
+use crate::plan::{Plan, TablePrecision};
+use crate::table::{self, BlockOut, TableData, TableSet};
+
+/// The AVX-512 kernel.
+pub struct Avx512;
+
+/// The registered instance.
+pub static AVX512: Avx512 = Avx512;
+
+/// Row blocks that share one table load in the integer kernels.
+const RB_TILE: usize = 8;
+
+fn cpu_ok() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vbmi")
+}
+
+/// True when every table of the plan fits a byte index (`V^d <= 256`).
+pub(crate) fn byte_indices(plan: &Plan) -> bool {
+    (plan.levels as u64)
+        .checked_pow(plan.depth() as u32)
+        .is_some_and(|e| e <= 256)
+}
+
+impl LutKernel for Avx512 {
+    fn backend(&self) -> Backend {
+        Backend::Avx512
+    }
+
+    fn available(&self) -> bool {
+        cpu_ok()
+    }
+
+    fn supports(&self, plan: &Plan) -> bool {
+        byte_indices(plan)
+            && match plan.precision {
+                TablePrecision::I8 => true,
+                TablePrecision::I16 => plan.mirror.is_none(),
+                // Tables of <= 32 floats live in two registers (vpermps / vpermt2ps); larger
+                // ones would need gathers, which measured slower than the scalar kernel.
+                TablePrecision::F32 => plan.slot <= 32,
+            }
+    }
+
+    fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
+        let IndexData::U8(ix) = &job.layout.data else {
+            unreachable!("supports() admits byte indices only")
+        };
+        // SAFETY: `accumulate` is only called when `available()` (the CPU has the features).
+        unsafe {
+            match &job.tables.data {
+                TableData::I8(t) => run_i8(job, ix, t, y),
+                TableData::I16(t) => run_i16(job, ix, t, y),
+                TableData::F32(t) => run_f32(job, ix, t, y),
+            }
+        }
+    }
+
+    fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet) -> bool {
+        if plan.levels > 16 || plan.precision == TablePrecision::I16 || !cpu_ok() {
+            return false;
+        }
+        build(plan, xt, set);
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mirror parameters
+// ---------------------------------------------------------------------------------------------
+
+const MIR_NONE: u8 = 0;
+const MIR_XOR: u8 = 1;
+const MIR_REV: u8 = 2;
+
+/// Per-tuple mirror constants: threshold `h = used_entries(r)` and the constant of the index
+/// map (`xor` mask for sign-bit mirrors, `V^r - 1` for reversals), for the regular depth and
+/// for the (possibly shorter) last tuple of a group.
+#[derive(Clone, Copy)]
+struct MirParams {
+    kind: u8,
+    h: [u32; 2],
+    c: [u32; 2],
+}
+
+impl MirParams {
+    fn new(plan: &Plan) -> MirParams {
+        let tp = plan.tuples;
+        match plan.mirror {
+            None => MirParams {
+                kind: MIR_NONE,
+                h: [0; 2],
+                c: [0; 2],
+            },
+            Some(mi) => {
+                let cst = |r: usize| -> u32 {
+                    match mi.involution {
+                        Involution::SignBit => mi.index(0, r) as u32, // xor mask = mirror(0)
+                        Involution::Reverse => (plan.levels.pow(r as u32) - 1) as u32,
+                    }
+                };
+                let kind = match mi.involution {
+                    Involution::SignBit => MIR_XOR,
+                    Involution::Reverse => MIR_REV,
+                };
+                MirParams {
+                    kind,
+                    h: [
+                        plan.used_entries(tp.depth) as u32,
+                        plan.used_entries(tp.last_depth) as u32,
+                    ],
+                    c: [cst(tp.depth), cst(tp.last_depth)],
+                }
+            }
+        }
+    }
+}
+
+/// Number of zmm registers (64 bytes each) a byte table of `slot` entries needs: 1, 2 or 4.
+fn zmm_count(slot: usize) -> usize {
+    match slot {
+        0..=64 => 1,
+        65..=128 => 2,
+        _ => 4,
+    }
+}
+
+/// Byte masks of the 4 table registers for a table of `slot` bytes.
+fn table_masks(slot: usize) -> [u64; 4] {
+    let mut m = [0u64; 4];
+    for (i, mi) in m.iter_mut().enumerate() {
+        let n = slot.saturating_sub(64 * i).min(64);
+        *mi = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+    }
+    m
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte lookups
+// ---------------------------------------------------------------------------------------------
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn load_table<const NZ: usize>(p: *const u8, masks: &[u64; 4]) -> [__m512i; 4] {
+    let mut t = [_mm512_setzero_si512(); 4];
+    for (i, ti) in t.iter_mut().enumerate().take(NZ) {
+        // SAFETY: masked-off bytes are not accessed; the rest lie inside the table slot.
+        *ti = unsafe { _mm512_maskz_loadu_epi8(masks[i], p.add(64 * i) as *const i8) };
+    }
+    t
+}
+
+/// 64 byte lookups of `idx` (each `< 64 * NZ`) into a table of `NZ` registers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lut<const NZ: usize>(t: &[__m512i; 4], idx: __m512i) -> __m512i {
+    match NZ {
+        1 => _mm512_permutexvar_epi8(idx, t[0]),
+        2 => _mm512_permutex2var_epi8(t[0], idx, t[1]),
+        _ => {
+            let lo = _mm512_permutex2var_epi8(t[0], idx, t[1]);
+            let hi = _mm512_permutex2var_epi8(t[2], idx, t[3]);
+            _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi)
+        }
+    }
+}
+
+/// The looked-up entry of each lane with the mirror applied: `T[idx]` if `idx < h`, else
+/// `-T[mirror(idx)]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lut_mirror<const NZ: usize, const MIR: u8>(
+    t: &[__m512i; 4],
+    idx: __m512i,
+    h: __m512i,
+    c: __m512i,
+) -> __m512i {
+    unsafe {
+        if MIR == MIR_NONE {
+            return lut::<NZ>(t, idx);
+        }
+        let m = _mm512_cmpge_epu8_mask(idx, h);
+        let idx2 = if MIR == MIR_XOR {
+            _mm512_mask_mov_epi8(idx, m, _mm512_xor_si512(idx, c))
+        } else {
+            _mm512_mask_sub_epi8(idx, m, c, idx)
+        };
+        let e = lut::<NZ>(t, idx2);
+        _mm512_mask_sub_epi8(e, m, _mm512_setzero_si512(), e)
+    }
+}
+
+/// Word permutations that bring the pairwise sums of `vpunpck[lh]bw` + `vpmaddubsw` back to
+/// row order: the "lo" accumulator holds rows `16L + j`, the "hi" one rows `16L + 8 + j`
+/// (`L` = 128-bit lane, `j < 8`). Returns the indices for rows 0..32 and 32..64.
+fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
+    let mut a = [0i16; 32];
+    let mut b = [0i16; 32];
+    for q in 0..64usize {
+        let lane = q / 16;
+        let j = q % 16;
+        let src = if j < 8 {
+            8 * lane + j
+        } else {
+            32 + 8 * lane + (j - 8)
+        };
+        if q < 32 {
+            a[q] = src as i16;
+        } else {
+            b[q - 32] = src as i16;
+        }
+    }
+    (a, b)
+}
+
+/// Adds the int16 pair accumulators `(lo, hi)` of one row block, in row order, to `acc32`
+/// (`scale` multiplies them first: 1 or 256 for the high byte plane).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn flush16(
+    lo: __m512i,
+    hi: __m512i,
+    perm: &(__m512i, __m512i),
+    shift8: bool,
+    acc32: &mut [i32; 64],
+) {
+    unsafe {
+        let nat = [
+            _mm512_permutex2var_epi16(lo, perm.0, hi),
+            _mm512_permutex2var_epi16(lo, perm.1, hi),
+        ];
+        for (h, v) in nat.iter().enumerate() {
+            for q in 0..2 {
+                let half = if q == 0 {
+                    _mm512_castsi512_si256(*v)
+                } else {
+                    _mm512_extracti64x4_epi64::<1>(*v)
+                };
+                let mut w = _mm512_cvtepi16_epi32(half);
+                if shift8 {
+                    w = _mm512_slli_epi32::<8>(w);
+                }
+                let p = acc32.as_mut_ptr().add(32 * h + 16 * q) as *mut __m512i;
+                _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), w));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue (contract order: u = P; u -= z*zsum; u *= tscale; y += s*u)
+// ---------------------------------------------------------------------------------------------
+
+struct Epi<'a> {
+    plan: &'a Plan,
+    scales: &'a [f32],
+    zeros: Option<&'a [f32]>,
+    tsc: f32,
+    zs: f32,
+}
+
+/// Applies the epilogue of one (row block, group, column) with partial sums `p` (row order).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn epilogue(
+    e: &Epi<'_>,
+    p: &[f32; 64],
+    sz: usize,
+    rows: usize,
+    y: &mut [f32],
+    y0: usize,
+    n: usize,
+) {
+    unsafe {
+        let plan = e.plan;
+        let tsc = _mm512_set1_ps(e.tsc);
+        let zs = _mm512_set1_ps(e.zs);
+        for q in 0..4 {
+            let lanes = rows.saturating_sub(16 * q).min(16);
+            if lanes == 0 {
+                break;
+            }
+            let mut u = _mm512_loadu_ps(p.as_ptr().add(16 * q));
+            if plan.zero_term {
+                let z = _mm512_loadu_ps(e.zeros.unwrap_unchecked().as_ptr().add(sz + 16 * q));
+                u = _mm512_sub_ps(u, _mm512_mul_ps(z, zs));
+            }
+            if plan.precision != TablePrecision::F32 {
+                u = _mm512_mul_ps(u, tsc);
+            }
+            let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.as_ptr().add(sz + 16 * q)), u);
+            let yo = y0 + 16 * q * plan.n + n;
+            if plan.n == 1 {
+                let yp = y.as_mut_ptr().add(yo);
+                if lanes == 16 {
+                    _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
+                } else {
+                    let m: __mmask16 = (1u16 << lanes) - 1;
+                    let yv = _mm512_maskz_loadu_ps(m, yp);
+                    _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
+                }
+            } else {
+                let mut tmp = [0f32; 16];
+                _mm512_storeu_ps(tmp.as_mut_ptr(), su);
+                for (l, &v) in tmp.iter().enumerate().take(lanes) {
+                    let yi = yo + l * plan.n;
+                    y[yi] += v;
+                }
+            }
+        }
+    }
+}
+
+/// Common geometry of one job.
+struct JobGeo {
+    row_first: usize,
+    rb_stride: usize,
+}
+
+impl JobGeo {
+    fn new(job: &RowJob<'_>) -> JobGeo {
+        JobGeo {
+            row_first: job.row_blocks.start * ROW_BLOCK,
+            rb_stride: job.plan.tuples.per_group * ROW_BLOCK,
+        }
+    }
+}
+
+/// Index bytes `[offset, offset + len)` of the layout to prefetch while a tile runs
+/// (software prefetch one tile ahead: the streams of a tile are 4 KiB apart, which the
+/// hardware prefetchers follow poorly from DRAM).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    offset: usize,
+    len: usize,
+}
+
+/// Prefetches the lines `[from, to)` (bytes, clipped to the region) of the next tile.
+#[inline(always)]
+unsafe fn prefetch_lines(base: *const u8, pf: Prefetch, from: usize, to: usize) {
+    let to = to.min(pf.len);
+    let mut o = from;
+    while o < to {
+        // SAFETY: prefetches never fault; the address lies inside the layout anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(pf.offset + o) as *const i8) };
+        o += 64;
+    }
+}
+
+/// Runs `f(g, n, rb0, nrb)` over the job's (group, column, row-block tile) in contract order,
+/// then the epilogue of each row block from the `i32` partial sums it left in `acc`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn drive_int(
+    job: &RowJob<'_>,
+    y: &mut [f32],
+    max_tile: usize,
+    mut f: impl FnMut(usize, usize, usize, usize, Prefetch, &mut [[i32; 64]; RB_TILE]),
+) {
+    let plan = job.plan;
+    let tabs = job.tables;
+    let geo = JobGeo::new(job);
+    let mut acc = [[0i32; 64]; RB_TILE];
+    let mut pf = [0f32; 64];
+    for g in tabs.groups.clone() {
+        for n in tabs.cols.clone() {
+            let gn = tabs.gn(g, n);
+            let epi = Epi {
+                plan,
+                scales: job.scales,
+                zeros: job.zeros,
+                tsc: tabs.tscale[gn],
+                zs: tabs.zsum[gn],
+            };
+            let mut rb = job.row_blocks.start;
+            while rb < job.row_blocks.end {
+                // Tiles of 8, 4, 2 or 1 row blocks (the instantiated tile widths).
+                let left = (job.row_blocks.end - rb).min(max_tile);
+                let nrb = 1usize << left.ilog2();
+                for a in acc.iter_mut().take(nrb) {
+                    a.fill(0);
+                }
+                // The index bytes the next tile (in loop order) will read, to prefetch.
+                let lay = job.layout;
+                let next = if rb + nrb < job.row_blocks.end {
+                    Some((rb + nrb, g))
+                } else if n + 1 < tabs.cols.end {
+                    Some((job.row_blocks.start, g))
+                } else if g + 1 < tabs.groups.end {
+                    Some((job.row_blocks.start, g + 1))
+                } else {
+                    None
+                };
+                let pf_next = next.map_or(Prefetch { offset: 0, len: 0 }, |(b, gg)| Prefetch {
+                    offset: lay.slot(gg, b, 0),
+                    len: (job.row_blocks.end - b).min(max_tile) * geo.rb_stride,
+                });
+                // The next tile's scales (and zero points): short strided streams that the
+                // hardware prefetchers miss; without this the epilogue stalls on them.
+                if let Some((b, gg)) = next {
+                    let off = (gg * plan.row_blocks + b) * ROW_BLOCK;
+                    let lines = (job.row_blocks.end - b).min(max_tile) * (ROW_BLOCK * 4 / 64);
+                    for i in 0..lines {
+                        let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
+                        _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
+                        if let Some(z) = job.zeros {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                z.as_ptr().wrapping_add(off + 16 * i) as *const i8
+                            );
+                        }
+                    }
+                }
+                f(g, n, rb, nrb, pf_next, &mut acc);
+                for (i, a) in acc.iter().enumerate().take(nrb) {
+                    let b = rb + i;
+                    for q in 0..4 {
+                        // SAFETY: 64-element arrays, 16 lanes at offset 16q.
+                        unsafe {
+                            let v = _mm512_loadu_si512(a.as_ptr().add(16 * q) as *const __m512i);
+                            _mm512_storeu_ps(pf.as_mut_ptr().add(16 * q), _mm512_cvtepi32_ps(v));
+                        }
+                    }
+                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
+                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
+                    let y0 = (b * ROW_BLOCK - geo.row_first) * plan.n;
+                    unsafe { epilogue(&epi, &pf, sz, rows, y, y0, n) };
+                }
+                rb += nrb;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// i8 tables
+// ---------------------------------------------------------------------------------------------
+
+/// Sums of `R` row blocks (indices at `ix + r * rb_stride`) against the tables of one
+/// (group, column) (`tab`, `per_group` slots of `slot` bytes), added to `acc` in row order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
+    ix_base: *const u8,
+    pf: Prefetch,
+    ix: *const u8,
+    rb_stride: usize,
+    tab: *const u8,
+    slot: usize,
+    per_group: usize,
+    masks: &[u64; 4],
+    mp: &MirParams,
+    perm: &(__m512i, __m512i),
+    acc: &mut [[i32; 64]; RB_TILE],
+) {
+    unsafe {
+        let ones = _mm512_set1_epi8(1);
+        let zero = _mm512_setzero_si512();
+        let hv = [
+            _mm512_set1_epi8(mp.h[0] as i8),
+            _mm512_set1_epi8(mp.h[1] as i8),
+        ];
+        let cv = [
+            _mm512_set1_epi8(mp.c[0] as i8),
+            _mm512_set1_epi8(mp.c[1] as i8),
+        ];
+        let last = per_group - 1;
+        // Pointers advance by one 64-byte slot (indices) / one table per tuple.
+        let mut rows: [*const u8; R] = std::array::from_fn(|r| ix.add(r * rb_stride));
+        let mut tp = tab;
+        // Prefetch into L2 (T1: more misses in flight than L1 allows; measured faster warm and
+        // cold than T0): 2R lines of the next tile per pair of tuples (a hint: overshooting the
+        // next tile's region is harmless, hence `wrapping_add`).
+        let mut pfp = ix_base.wrapping_add(pf.offset);
+        let pf_on = pf.len > 0;
+        let mut t = 0;
+        while t < per_group {
+            // int16 pair sums: at most 128 pairs of |127| + |127| per chunk.
+            let end = (t + 256).min(per_group);
+            let mut alo = [zero; R];
+            let mut ahi = [zero; R];
+            // Pairs of tuples; an odd last tuple is paired with zeros.
+            while t < end {
+                let two = t + 1 < end;
+                if pf_on {
+                    for i in 0..2 * R {
+                        _mm_prefetch::<_MM_HINT_T1>(pfp.wrapping_add(64 * i) as *const i8);
+                    }
+                    pfp = pfp.wrapping_add(128 * R);
+                }
+                let w0 = if MIR == MIR_NONE {
+                    0
+                } else {
+                    usize::from(t == last)
+                };
+                let w1 = if MIR == MIR_NONE {
+                    0
+                } else {
+                    usize::from(t + 1 == last)
+                };
+                let tb0 = load_table::<NZ>(tp, masks);
+                let tb1 = if two {
+                    load_table::<NZ>(tp.add(slot), masks)
+                } else {
+                    tb0
+                };
+                for r in 0..R {
+                    let e0 = lut_mirror::<NZ, MIR>(
+                        &tb0,
+                        _mm512_loadu_si512(rows[r] as *const __m512i),
+                        hv[w0],
+                        cv[w0],
+                    );
+                    let e1 = if two {
+                        lut_mirror::<NZ, MIR>(
+                            &tb1,
+                            _mm512_loadu_si512(rows[r].add(64) as *const __m512i),
+                            hv[w1],
+                            cv[w1],
+                        )
+                    } else {
+                        zero
+                    };
+                    let lo = _mm512_unpacklo_epi8(e0, e1);
+                    let hi = _mm512_unpackhi_epi8(e0, e1);
+                    alo[r] = _mm512_add_epi16(alo[r], _mm512_maddubs_epi16(ones, lo));
+                    ahi[r] = _mm512_add_epi16(ahi[r], _mm512_maddubs_epi16(ones, hi));
+                    rows[r] = rows[r].wrapping_add(if two { 128 } else { 64 });
+                }
+                tp = tp.wrapping_add(if two { 2 * slot } else { slot });
+                t += if two { 2 } else { 1 };
+            }
+            t = end;
+            for r in 0..R {
+                flush16(alo[r], ahi[r], perm, false, &mut acc[r]);
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn perm_vectors() -> (__m512i, __m512i) {
+    let (a, b) = unpermute_indices();
+    // SAFETY: plain unaligned loads of 64-byte arrays (AVX-512F is checked by the caller).
+    unsafe {
+        (
+            _mm512_loadu_si512(a.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(b.as_ptr() as *const __m512i),
+        )
+    }
+}
+
+macro_rules! dispatch_nz_mir {
+    ($nz:expr, $mir:expr, $f:ident, $($args:expr),*) => {
+        match ($nz, $mir) {
+            (1, MIR_NONE) => $f::<1, MIR_NONE>($($args),*),
+            (1, MIR_XOR) => $f::<1, MIR_XOR>($($args),*),
+            (1, _) => $f::<1, MIR_REV>($($args),*),
+            (2, MIR_NONE) => $f::<2, MIR_NONE>($($args),*),
+            (2, MIR_XOR) => $f::<2, MIR_XOR>($($args),*),
+            (2, _) => $f::<2, MIR_REV>($($args),*),
+            (_, MIR_NONE) => $f::<4, MIR_NONE>($($args),*),
+            (_, MIR_XOR) => $f::<4, MIR_XOR>($($args),*),
+            (_, _) => $f::<4, MIR_REV>($($args),*),
+        }
+    };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
+    let plan = job.plan;
+    let nz = zmm_count(plan.slot);
+    let mp = MirParams::new(plan);
+    unsafe { dispatch_nz_mir!(nz, mp.kind, run_i8_t, job, ix, tab, y, &mp) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[i8],
+    y: &mut [f32],
+    mp: &MirParams,
+) {
+    let plan = job.plan;
+    let tabs = job.tables;
+    let lay = job.layout;
+    let slot = plan.slot;
+    let masks = table_masks(slot);
+    let perm = perm_vectors();
+    let pg = plan.tuples.per_group;
+    let stride = pg * ROW_BLOCK;
+    unsafe {
+        drive_int(job, y, RB_TILE, |g, n, rb, nrb, pf, acc| {
+            let ib = ix.as_ptr();
+            let ip = ix.as_ptr().add(lay.slot(g, rb, 0));
+            let tp = tab.as_ptr().add(tabs.offset(g, n, 0)) as *const u8;
+            match nrb {
+                8 => {
+                    i8_tile::<NZ, MIR, 8>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+                4 => {
+                    i8_tile::<NZ, MIR, 4>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+                2 => {
+                    i8_tile::<NZ, MIR, 2>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+                _ => {
+                    i8_tile::<NZ, MIR, 1>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+                }
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// i16 tables (byte planes)
+// ---------------------------------------------------------------------------------------------
+
+/// Splits the `per_group` i16 tables of one (group, column) into byte planes:
+/// `planes[t*512 .. +256]` low bytes, `planes[t*512 + 256 .. +256]` high bytes (zero past
+/// `slot`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn split_planes(tab: *const i16, slot: usize, per_group: usize, planes: &mut [u8]) {
+    unsafe {
+        for t in 0..per_group {
+            let src = tab.add(t * slot);
+            let dst = planes.as_mut_ptr().add(t * 512);
+            for q in 0..8 {
+                let n = slot.saturating_sub(32 * q).min(32);
+                let m: __mmask32 = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+                let w = _mm512_maskz_loadu_epi16(m, src.add(32 * q));
+                let lo = _mm512_cvtepi16_epi8(w);
+                let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(w));
+                _mm256_storeu_si256(dst.add(32 * q) as *mut __m256i, lo);
+                _mm256_storeu_si256(dst.add(256 + 32 * q) as *mut __m256i, hi);
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn i16_tile<const NZ: usize, const R: usize>(
+    ix_base: *const u8,
+    pf: Prefetch,
+    ix: *const u8,
+    rb_stride: usize,
+    planes: *const u8,
+    per_group: usize,
+    masks: &[u64; 4],
+    perm: &(__m512i, __m512i),
+    acc: &mut [[i32; 64]; RB_TILE],
+) {
+    unsafe {
+        let ones = _mm512_set1_epi8(1);
+        let zero = _mm512_setzero_si512();
+        let mut t = 0;
+        while t < per_group {
+            // Low bytes: pair sums <= 510, so at most 64 pairs per int16 chunk.
+            let end = (t + 128).min(per_group);
+            let mut acc_l = [[zero; 2]; R];
+            let mut acc_h = [[zero; 2]; R];
+            while t < end {
+                prefetch_lines(ix_base, pf, t * 64 * R, (t + 2) * 64 * R);
+                let two = t + 1 < end;
+                let mut el = [[zero; 2]; R];
+                let mut eh = [[zero; 2]; R];
+                for (k, tt) in [t, t + 1].into_iter().enumerate() {
+                    if k == 1 && !two {
+                        break;
+                    }
+                    let tl = load_table::<NZ>(planes.add(tt * 512), masks);
+                    let th = load_table::<NZ>(planes.add(tt * 512 + 256), masks);
+                    for r in 0..R {
+                        let idx =
+                            _mm512_loadu_si512(ix.add(r * rb_stride + tt * 64) as *const __m512i);
+                        el[r][k] = lut::<NZ>(&tl, idx);
+                        eh[r][k] = lut::<NZ>(&th, idx);
+                    }
+                }
+                for r in 0..R {
+                    let l0 = _mm512_unpacklo_epi8(el[r][0], el[r][1]);
+                    let l1 = _mm512_unpackhi_epi8(el[r][0], el[r][1]);
+                    acc_l[r][0] = _mm512_add_epi16(acc_l[r][0], _mm512_maddubs_epi16(l0, ones));
+                    acc_l[r][1] = _mm512_add_epi16(acc_l[r][1], _mm512_maddubs_epi16(l1, ones));
+                    let h0 = _mm512_unpacklo_epi8(eh[r][0], eh[r][1]);
+                    let h1 = _mm512_unpackhi_epi8(eh[r][0], eh[r][1]);
+                    acc_h[r][0] = _mm512_add_epi16(acc_h[r][0], _mm512_maddubs_epi16(ones, h0));
+                    acc_h[r][1] = _mm512_add_epi16(acc_h[r][1], _mm512_maddubs_epi16(ones, h1));
+                }
+                t += 2;
+            }
+            t = end;
+            for r in 0..R {
+                flush16(acc_l[r][0], acc_l[r][1], perm, false, &mut acc[r]);
+                flush16(acc_h[r][0], acc_h[r][1], perm, true, &mut acc[r]);
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn run_i16(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
+    let plan = job.plan;
+    match zmm_count(plan.slot) {
+        1 => unsafe { run_i16_t::<1>(job, ix, tab, y) },
+        2 => unsafe { run_i16_t::<2>(job, ix, tab, y) },
+        _ => unsafe { run_i16_t::<4>(job, ix, tab, y) },
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn run_i16_t<const NZ: usize>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
+    let plan = job.plan;
+    let tabs = job.tables;
+    let lay = job.layout;
+    let slot = plan.slot;
+    let masks = table_masks(slot);
+    let perm = perm_vectors();
+    let pg = plan.tuples.per_group;
+    let stride = pg * ROW_BLOCK;
+    let mut planes = vec![0u8; pg * 512];
+    let mut cur: Option<(usize, usize)> = None;
+    unsafe {
+        drive_int(job, y, 4, |g, n, rb, nrb, pf, acc| {
+            let ib = ix.as_ptr();
+            if cur != Some((g, n)) {
+                split_planes(
+                    tab.as_ptr().add(tabs.offset(g, n, 0)),
+                    slot,
+                    pg,
+                    &mut planes,
+                );
+                cur = Some((g, n));
+            }
+            let ip = ix.as_ptr().add(lay.slot(g, rb, 0));
+            let pp = planes.as_ptr();
+            match nrb {
+                4 => i16_tile::<NZ, 4>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
+                2 => i16_tile::<NZ, 2>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
+                _ => i16_tile::<NZ, 1>(ib, pf, ip, stride, pp, pg, &masks, &perm, acc),
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32 tables
+// ---------------------------------------------------------------------------------------------
+
+const F32_PERM1: u8 = 0; // <= 16 entries: vpermps
+const F32_PERM2: u8 = 1; // <= 32 entries: vpermt2ps
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
+    let plan = job.plan;
+    let mp = MirParams::new(plan);
+    let kind = if plan.slot <= 16 {
+        F32_PERM1
+    } else {
+        F32_PERM2
+    };
+    unsafe {
+        match (kind, mp.kind) {
+            (F32_PERM1, MIR_NONE) => run_f32_t::<F32_PERM1, MIR_NONE>(job, ix, tab, y, &mp),
+            (F32_PERM1, MIR_XOR) => run_f32_t::<F32_PERM1, MIR_XOR>(job, ix, tab, y, &mp),
+            (F32_PERM1, _) => run_f32_t::<F32_PERM1, MIR_REV>(job, ix, tab, y, &mp),
+            (_, MIR_NONE) => run_f32_t::<F32_PERM2, MIR_NONE>(job, ix, tab, y, &mp),
+            (_, MIR_XOR) => run_f32_t::<F32_PERM2, MIR_XOR>(job, ix, tab, y, &mp),
+            (_, _) => run_f32_t::<F32_PERM2, MIR_REV>(job, ix, tab, y, &mp),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[f32],
+    y: &mut [f32],
+    mp: &MirParams,
+) {
+    let plan = job.plan;
+    let tabs = job.tables;
+    let lay = job.layout;
+    let slot = plan.slot;
+    let pg = plan.tuples.per_group;
+    let geo = JobGeo::new(job);
+    let m0: __mmask16 = if slot >= 16 {
+        0xffff
+    } else {
+        (1u16 << slot) - 1
+    };
+    let m1: __mmask16 = if slot >= 32 {
+        0xffff
+    } else if slot > 16 {
+        (1u16 << (slot - 16)) - 1
+    } else {
+        0
+    };
+    unsafe {
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let hv = [
+            _mm512_set1_epi32(mp.h[0] as i32),
+            _mm512_set1_epi32(mp.h[1] as i32),
+        ];
+        let cv = [
+            _mm512_set1_epi32(mp.c[0] as i32),
+            _mm512_set1_epi32(mp.c[1] as i32),
+        ];
+        let mut pf = [0f32; 64];
+        for g in tabs.groups.clone() {
+            for n in tabs.cols.clone() {
+                let gn = tabs.gn(g, n);
+                let epi = Epi {
+                    plan,
+                    scales: job.scales,
+                    zeros: job.zeros,
+                    tsc: tabs.tscale[gn],
+                    zs: tabs.zsum[gn],
+                };
+                let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
+                for b in job.row_blocks.clone() {
+                    let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+                    let mut acc = [_mm512_setzero_ps(); 4];
+                    for t in 0..pg {
+                        let w = usize::from(t + 1 == pg);
+                        let tt = tp.add(t * slot);
+                        let t0 = _mm512_maskz_loadu_ps(m0, tt);
+                        let t1 = if KIND == F32_PERM1 {
+                            _mm512_setzero_ps()
+                        } else {
+                            _mm512_maskz_loadu_ps(m1, tt.add(16))
+                        };
+                        for (q, a) in acc.iter_mut().enumerate() {
+                            let bytes = _mm_loadu_si128(ip.add(t * 64 + 16 * q) as *const __m128i);
+                            let idx = _mm512_cvtepu8_epi32(bytes);
+                            let (idx2, m) = match MIR {
+                                MIR_NONE => (idx, 0),
+                                MIR_XOR => {
+                                    let m = _mm512_cmpge_epu32_mask(idx, hv[w]);
+                                    (_mm512_mask_xor_epi32(idx, m, idx, cv[w]), m)
+                                }
+                                _ => {
+                                    let m = _mm512_cmpge_epu32_mask(idx, hv[w]);
+                                    (_mm512_mask_sub_epi32(idx, m, cv[w], idx), m)
+                                }
+                            };
+                            let mut e = if KIND == F32_PERM1 {
+                                _mm512_permutexvar_ps(idx2, t0)
+                            } else {
+                                _mm512_permutex2var_ps(t0, idx2, t1)
+                            };
+                            if MIR != MIR_NONE {
+                                let ei = _mm512_castps_si512(e);
+                                e = _mm512_castsi512_ps(_mm512_mask_xor_epi32(ei, m, ei, sign));
+                            }
+                            *a = _mm512_add_ps(*a, e);
+                        }
+                    }
+                    for (q, a) in acc.iter().enumerate() {
+                        _mm512_storeu_ps(pf.as_mut_ptr().add(16 * q), *a);
+                    }
+                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
+                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
+                    let y0 = (b * ROW_BLOCK - geo.row_first) * plan.n;
+                    epilogue(&epi, &pf, sz, rows, y, y0, n);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table build (f32 and i8; V <= 16)
+// ---------------------------------------------------------------------------------------------
+
+fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
+    let g_size = plan.group_size;
+    let k = plan.k;
+    let cols = set.cols.clone();
+    let groups = set.groups.clone();
+    let nc = cols.len();
+    let blen = set.block_len();
+    let digits = digit_vectors(plan);
+    let digits = &digits;
+    let xg = |i: usize| -> &[f32] {
+        let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+        &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
+    };
+    let meta: Vec<(f32, f32)> = match &mut set.data {
+        TableData::F32(d) => d
+            .par_chunks_mut(blen)
+            .enumerate()
+            // SAFETY: `build_tables` checked the CPU features.
+            .map(|(i, out)| unsafe { build_block_f32(plan, xg(i), out, digits) })
+            .collect(),
+        TableData::I8(d) => d
+            .par_chunks_mut(blen)
+            .enumerate()
+            .map(|(i, out)| unsafe { build_block_i8(plan, xg(i), out, digits) })
+            .collect(),
+        TableData::I16(_) => unreachable!("no SIMD build for i16 tables"),
+    };
+    for (i, (tsc, zs)) in meta.into_iter().enumerate() {
+        set.tscale[i] = tsc;
+        set.zsum[i] = zs;
+    }
+}
+
+#[inline(always)]
+fn mask16(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
+/// `digits[j * len + i]` = digit `j` (base V) of table index `i`, `i < len = 64 * ceil(slot/64)`.
+fn digit_vectors(plan: &Plan) -> Vec<u32> {
+    let v = plan.levels as u32;
+    let d = plan.depth();
+    let len = plan.slot.div_ceil(64) * 64;
+    let mut out = vec![0u32; d * len];
+    for j in 0..d {
+        for i in 0..len {
+            out[j * len + i] = (i as u32 / v.pow(j as u32)) % v;
+        }
+    }
+    out
+}
+
+/// Calls `emit(q, e)` with the 16 f32 entries `16q .. 16q + 16` of the depth-`r` table of the
+/// activations `xs` (`r = xs.len()`), for every `q < 4 * ceil(used/64)` (whole groups of four
+/// chunks; lanes past `used` are garbage). Every entry is the left-to-right sum
+/// `((v'[c0] x0 + v'[c1] x1) + ...)` of `table::build_f32_table`, computed in registers:
+/// `vpermps` picks each digit's product.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn table_entries(
+    plan: &Plan,
+    vals: __m512,
+    digits: &[u32],
+    xs: &[f32],
+    mut emit: impl FnMut(usize, __m512),
+) {
+    let r = xs.len();
+    let used = plan.used_entries(r);
+    let chunks = used.div_ceil(64) * 4;
+    let dlen = plan.slot.div_ceil(64) * 64;
+    let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xs[0]));
+    if r == 1 {
+        for q in 0..chunks {
+            emit(q, p0);
+        }
+        return;
+    }
+    let mut prod = [p0; 8];
+    for j in 1..r {
+        prod[j] = _mm512_mul_ps(vals, _mm512_set1_ps(xs[j]));
+    }
+    // Entries `16q .. 16q + 16` over the first `nd` digits, left to right (`vpermps` picks
+    // each digit's product).
+    let partial = |q: usize, nd: usize| -> __m512 {
+        // SAFETY: `digits` holds `depth * dlen` entries and `16q + 16 <= dlen`.
+        unsafe {
+            let dig = |j: usize| {
+                _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i)
+            };
+            let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
+            // Index loops on purpose: iterator adaptors over vectors were not inlined here.
+            #[allow(clippy::needless_range_loop)]
+            for j in 1..nd {
+                e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
+            }
+            e
+        }
+    };
+    let lower = plan.levels.pow(r as u32 - 1);
+    if lower.is_multiple_of(16) {
+        // The last digit is constant over each 16-entry chunk: entry `c * lower + i` =
+        // (sum over the first r-1 digits at i) + v'[c] x_{r-1}, so the first r-1 digits are
+        // built once (`lower / 16` vectors) and each chunk is one broadcast add.
+        let nb = lower / 16;
+        let mut base = [p0; 16];
+        #[allow(clippy::needless_range_loop)]
+        for q in 0..nb {
+            base[q] = partial(q, r - 1);
+        }
+        let xl = xs[r - 1];
+        for q in 0..chunks {
+            let c = q / nb;
+            let last = if c < plan.levels {
+                plan.table_values[c] * xl
+            } else {
+                0.0
+            };
+            emit(q, _mm512_add_ps(base[q % nb], _mm512_set1_ps(last)));
+        }
+        return;
+    }
+    for q in 0..chunks {
+        emit(q, partial(q, r));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn codebook_vector(plan: &Plan) -> __m512 {
+    let mut v = [0f32; 16];
+    v[..plan.levels].copy_from_slice(&plan.table_values);
+    // SAFETY: unaligned load of a 16-float array.
+    unsafe { _mm512_loadu_ps(v.as_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u32]) -> (f32, f32) {
+    let tp = plan.tuples;
+    let vals = codebook_vector(plan);
+    for t in 0..tp.per_group {
+        let r = tp.depth_of(t);
+        let k0 = t * tp.depth;
+        let used = plan.used_entries(r);
+        let dst = unsafe { out.as_mut_ptr().add(t * plan.slot) };
+        unsafe {
+            table_entries(plan, vals, digits, &xg[k0..k0 + r], |q, e| {
+                if 16 * q < used {
+                    _mm512_mask_storeu_ps(dst.add(16 * q), mask16(used - 16 * q), e);
+                }
+            })
+        };
+    }
+    (
+        1.0,
+        if plan.zero_term {
+            table::seq_sum(xg)
+        } else {
+            0.0
+        },
+    )
+}
+
+/// `max |T|` over the f32 tables of one group, in closed form: `fl(a + b)` and `fl(v * x)` are
+/// monotonic, so the largest (smallest) entry of a tuple is the left-to-right sum of the
+/// largest (smallest) products of each digit. `None` when a value is not finite (the scalar
+/// build then handles the block, including its NaN conventions).
+fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
+    let tv = &plan.table_values;
+    let ext = |vals: &[f32]| {
+        vals.iter()
+            .fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), &v| {
+                (a.max(v), b.min(v))
+            })
+    };
+    let all = ext(tv);
+    let half = match plan.mirror {
+        Some(_) => ext(&tv[..plan.levels.div_ceil(2)]),
+        None => all,
+    };
+    let tp = plan.tuples;
+    let mut m = 0f32;
+    for t in 0..tp.per_group {
+        let r = tp.depth_of(t);
+        let k0 = t * tp.depth;
+        let (mut hi, mut lo) = (0f32, 0f32);
+        for j in 0..r {
+            let x = xg[k0 + j];
+            let (vmax, vmin) = if j + 1 == r { half } else { all };
+            let (pmax, pmin) = if x >= 0.0 {
+                (vmax * x, vmin * x)
+            } else {
+                (vmin * x, vmax * x)
+            };
+            if j == 0 {
+                hi = pmax;
+                lo = pmin;
+            } else {
+                hi += pmax;
+                lo += pmin;
+            }
+        }
+        if !hi.is_finite() || !lo.is_finite() {
+            return None;
+        }
+        m = m.max(hi.abs()).max(lo.abs());
+    }
+    Some(m)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]) -> (f32, f32) {
+    let maxabs = match block_maxabs(plan, xg) {
+        Some(m) => m,
+        None => return table::build_block(plan, xg, BlockOut::I8(out)),
+    };
+    if maxabs == 0.0 {
+        // All entries 0, tscale 0, zsum 0 (as the scalar build).
+        out.fill(0);
+        return (0.0, 0.0);
+    }
+    let rcp = 127.0f32 / maxabs;
+    if !rcp.is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out));
+    }
+    let tsc = maxabs / 127.0;
+    let tp = plan.tuples;
+    let vals = codebook_vector(plan);
+    let rv = _mm512_set1_ps(rcp);
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for t in 0..tp.per_group {
+        let r = tp.depth_of(t);
+        let k0 = t * tp.depth;
+        let used = plan.used_entries(r);
+        let dst = unsafe { out.as_mut_ptr().add(t * plan.slot) };
+        unsafe {
+            if plan.levels == 16 && r == 2 && used == 256 {
+                // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c].
+                let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0]));
+                let x1 = xg[k0 + 1];
+                for quad in 0..4 {
+                    let e = |c: usize| {
+                        let row =
+                            _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[4 * quad + c] * x1));
+                        _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
+                    };
+                    let a = _mm512_packs_epi32(e(0), e(1));
+                    let b = _mm512_packs_epi32(e(2), e(3));
+                    let bytes = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b));
+                    _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes);
+                }
+                continue;
+            }
+            // Four chunks of 16 rounded entries packed to 64 bytes per store: `vpackssdw`,
+            // `vpacksswb` (saturation never triggers: |q| <= 127 since |T| <= maxabs) and a
+            // dword permutation undoing the per-lane interleave.
+            let mut q4 = [_mm512_setzero_si512(); 4];
+            table_entries(plan, vals, digits, &xg[k0..k0 + r], |q, e| {
+                // round-to-nearest-even (the MXCSR default), as `round_ties_even`.
+                q4[q % 4] = _mm512_cvtps_epi32(_mm512_mul_ps(e, rv));
+                if q % 4 == 3 {
+                    let a = _mm512_packs_epi32(q4[0], q4[1]);
+                    let b = _mm512_packs_epi32(q4[2], q4[3]);
+                    let bytes = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b));
+                    let o = 64 * (q / 4);
+                    let n = (used - o).min(64);
+                    let m = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+                    _mm512_mask_storeu_epi8(dst.add(o), m, bytes);
+                }
+            })
+        };
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg) / tsc
+    } else {
+        0.0
+    };
+    (tsc, zsum)
+}

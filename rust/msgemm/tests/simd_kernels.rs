@@ -1,0 +1,219 @@
+//! Every SIMD backend equals the scalar kernel bit for bit (the contract of `KERNELS.md`) on
+//! random, non-integer data: every format, depth with byte indices, table precision, mirror
+//! setting, group size (including depths that do not divide it), zero points, ragged M and
+//! several N. The SIMD table builds are compared with the scalar build entry by entry.
+
+use maleki_common::rng::{below, stream};
+use maleki_msgemm::gemm::{plan as make_plan, transpose_permute, XLayout};
+use maleki_msgemm::kernels::{self, Backend, LutKernel};
+use maleki_msgemm::table::{build_scalar, TableSet};
+use maleki_msgemm::{gemm, Codebook, Depth, Format, GemmOptions, PackedWeights, TablePrecision};
+
+fn uniform(r: &mut maleki_common::rng::StreamRng, lo: f32, hi: f32) -> f32 {
+    let u = below(r, 1 << 24) as f32 / (1u32 << 24) as f32;
+    lo + (hi - lo) * u
+}
+
+fn weights(cb: &Codebook, m: usize, k: usize, g: usize, zeros: bool, seed: u64) -> PackedWeights {
+    let mut r = stream(seed, 0);
+    let codes: Vec<u8> = (0..m * k)
+        .map(|_| loop {
+            let c = below(&mut r, cb.levels() as u64) as u8;
+            if cb.valid_code(c) {
+                break c;
+            }
+        })
+        .collect();
+    let groups = k / g;
+    let scales: Vec<f32> = (0..m * groups)
+        .map(|_| uniform(&mut r, 0.01, 0.2))
+        .collect();
+    let z = zeros.then(|| {
+        (0..m * groups)
+            .map(|_| uniform(&mut r, -2.0, 9.0))
+            .collect()
+    });
+    PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap()
+}
+
+fn activations(k: usize, n: usize, seed: u64) -> Vec<f32> {
+    let mut r = stream(seed, 1);
+    (0..k * n)
+        .map(|i| {
+            // A few all-zero stretches exercise the maxabs = 0 path of the i8/i16 builds.
+            if (i / n) % 97 < 3 {
+                0.0
+            } else {
+                uniform(&mut r, -3.0, 3.0)
+            }
+        })
+        .collect()
+}
+
+fn simd_kernels() -> Vec<&'static dyn LutKernel> {
+    kernels::registered()
+        .into_iter()
+        .filter(|k| k.backend() != Backend::Scalar && k.available())
+        .collect()
+}
+
+/// Compares every available SIMD kernel with the scalar one for one weight matrix.
+fn check(pw: &PackedWeights, depths: &[usize], what: &str) -> usize {
+    let mut ran = 0;
+    for n in [1usize, 3, 17] {
+        let x = activations(pw.k(), n, 7 + n as u64);
+        for &d in depths {
+            for precision in [TablePrecision::I8, TablePrecision::I16, TablePrecision::F32] {
+                for mirror in [false, true] {
+                    let base = GemmOptions {
+                        depth: Depth::Fixed(d),
+                        precision,
+                        backend: Backend::Scalar,
+                        mirror,
+                    };
+                    let Ok(plan) = make_plan(pw, n, &base) else {
+                        continue;
+                    };
+                    let want = gemm(pw, &x, n, &base).unwrap();
+                    for k in simd_kernels() {
+                        if !k.supports(&plan) {
+                            continue;
+                        }
+                        let opts = GemmOptions {
+                            backend: k.backend(),
+                            ..base
+                        };
+                        let got = gemm(pw, &x, n, &opts).unwrap();
+                        let bad = got
+                            .iter()
+                            .zip(&want)
+                            .position(|(a, b)| a.to_bits() != b.to_bits());
+                        assert!(
+                            bad.is_none(),
+                            "{what} {:?} n={n} d={d} {precision:?} mirror={mirror}: first mismatch at {:?}: {} vs {}",
+                            k.backend(),
+                            bad,
+                            got[bad.unwrap()],
+                            want[bad.unwrap()]
+                        );
+                        // The SIMD table build writes exactly the scalar entries.
+                        let xt = transpose_permute(pw, &x, n, XLayout::KbyN);
+                        let mut a = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
+                        let mut b = a.clone();
+                        if k.build_tables(&plan, &xt, &mut a) {
+                            build_scalar(&plan, &xt, &mut b);
+                            assert!(a == b, "{what} {:?} table build differs: n={n} d={d} {precision:?} mirror={mirror}", k.backend());
+                        }
+                        ran += 1;
+                    }
+                }
+            }
+        }
+    }
+    ran
+}
+
+#[test]
+fn simd_equals_scalar_bitwise_on_every_format() {
+    if simd_kernels().is_empty() {
+        eprintln!("no SIMD kernel available on this CPU: nothing to compare");
+        return;
+    }
+    let cases: Vec<(Codebook, Vec<usize>)> = vec![
+        (Codebook::new(Format::Int4).unwrap(), vec![1, 2]),
+        (Codebook::new(Format::Uint4).unwrap(), vec![1, 2]),
+        (Codebook::new(Format::Int3).unwrap(), vec![1, 2]),
+        (Codebook::new(Format::Uint3).unwrap(), vec![2]),
+        (Codebook::new(Format::Int2).unwrap(), vec![1, 2, 3, 4]),
+        (Codebook::new(Format::Uint2).unwrap(), vec![4]),
+        (Codebook::new(Format::Ternary).unwrap(), vec![1, 2, 3, 4, 5]),
+        (Codebook::new(Format::Fp4).unwrap(), vec![1, 2]),
+        (Codebook::new(Format::Nf4).unwrap(), vec![1, 2]),
+        (
+            Codebook::custom(&[-1.5, -0.25, 0.5, 2.0, 3.25]).unwrap(),
+            vec![1, 2, 3],
+        ),
+        (Codebook::new(Format::Fp8E4m3).unwrap(), vec![1]),
+    ];
+    let mut ran = 0;
+    for (i, (cb, depths)) in cases.iter().enumerate() {
+        for (m, k, g) in [
+            (70usize, 128usize, 32usize),
+            (200, 192, 64),
+            (129, 256, 128),
+        ] {
+            for zeros in [false, true] {
+                let pw = weights(cb, m, k, g, zeros, (i * 10 + m) as u64);
+                ran += check(
+                    &pw,
+                    depths,
+                    &format!("{} m={m} g={g} zeros={zeros}", cb.format().name()),
+                );
+            }
+        }
+    }
+    assert!(ran > 100, "only {ran} comparisons ran");
+}
+
+#[test]
+fn long_groups_spill_int16_partial_sums() {
+    if simd_kernels().is_empty() {
+        return;
+    }
+    // Per-channel scales (G = K = 1536): 768 tuples at d = 2, well past the int16 chunks.
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let pw = weights(&cb, 65, 1536, 1536, true, 3);
+    assert!(check(&pw, &[2], "per-channel") > 0);
+    // Tuples that do not divide the group (G = 96, d = 5: last tuple of depth 1).
+    let cb = Codebook::new(Format::Ternary).unwrap();
+    let pw = weights(&cb, 64, 192, 96, false, 4);
+    assert!(check(&pw, &[5, 4], "ragged tuples") > 0);
+}
+
+#[test]
+fn extreme_activations_fall_back_consistently() {
+    if simd_kernels().is_empty() {
+        return;
+    }
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let pw = weights(&cb, 64, 64, 32, false, 5);
+    // Tiny (subnormal) and huge activations: the i8 build must still match the scalar one.
+    for scale in [1e-39f32, 1e-30, 1e30, 3e37] {
+        let x: Vec<f32> = activations(64, 1, 9).iter().map(|v| v * scale).collect();
+        for (precision, d) in [
+            (TablePrecision::I8, 1),
+            (TablePrecision::I8, 2),
+            (TablePrecision::F32, 2),
+        ] {
+            let base = GemmOptions {
+                depth: Depth::Fixed(d),
+                precision,
+                backend: Backend::Scalar,
+                mirror: false,
+            };
+            let want = gemm(&pw, &x, 1, &base).unwrap();
+            let plan = make_plan(&pw, 1, &base).unwrap();
+            for k in simd_kernels() {
+                if !k.supports(&plan) {
+                    continue;
+                }
+                let got = gemm(
+                    &pw,
+                    &x,
+                    1,
+                    &GemmOptions {
+                        backend: k.backend(),
+                        ..base
+                    },
+                )
+                .unwrap();
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                        "scale {scale}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}

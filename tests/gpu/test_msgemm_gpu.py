@@ -1,0 +1,115 @@
+"""msGeMM CUDA kernels (spec sections 6 and 8.6): exact oracle on integer data against the
+float64 host reference, the float32 bound on random data, determinism; clear errors without a
+device. The device tests skip where CuPy or a GPU is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maleki_rs import _gpu
+from maleki_rs import msgemm as mg
+from maleki_rs.exceptions import GPUUnavailableError
+from maleki_rs.msgemm import cuda as mgc
+
+CUSTOM = np.array([-3.0, -1.0, 0.0, 0.5, 2.0, 4.0], np.float32)
+
+
+def _codes(fmt: str, rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    if fmt.startswith("fp8"):
+        # |v| in [1/8, 16] or 0: sums of products with |x| <= 8 stay exact in float32.
+        vals = np.asarray(mg.codebook(fmt), np.float64)
+        ok = np.flatnonzero(np.isfinite(vals) & ((vals == 0) | ((np.abs(vals) >= 0.125) & (np.abs(vals) <= 16))))
+        return ok[rng.integers(0, ok.size, size=shape)].astype(np.uint8)
+    levels = {"int2": 4, "uint2": 4, "int3": 8, "uint3": 8, "ternary": 3, "codebook": len(CUSTOM)}.get(fmt, 16)
+    return rng.integers(0, levels, size=shape).astype(np.uint8)
+
+
+def integer_weights(fmt, rng, m, k, g, *, zeros=False, perm=False):
+    """Power-of-two scales, integer zero points: every partial sum is an exact integer."""
+    scales = np.ldexp(1.0, rng.integers(-2, 2, size=(m, k // g))).astype(np.float32)
+    z = rng.integers(-2, 4, size=(m, k // g)).astype(np.float32) if zeros else None
+    kp = rng.permutation(k).astype(np.uint32) if perm else None
+    return mg.PackedWeights.from_arrays(_codes(fmt, rng, (m, k)), scales, z, format=fmt,
+                                        codebook=CUSTOM if fmt == "codebook" else None, k_perm=kp)
+
+
+def test_validation_runs_without_a_device():
+    pw = mg.quantize(np.ones((8, 64), np.float32), "int4", 32)
+    with pytest.raises(ValueError, match="V\\^d <= 256"):
+        mgc.to_device(pw, depth=3)
+    with pytest.raises(TypeError, match="PackedWeights"):
+        mgc.to_device(np.zeros((8, 64)))
+    tern = mg.quantize(np.ones((8, 60), np.float32), "ternary", 30)
+    with pytest.raises(ValueError, match="G/d"):
+        mgc.to_device(tern, depth=5)
+
+
+def test_without_gpu_raises_clear_error():
+    if _gpu.is_available():
+        pytest.skip("a GPU is present")
+    pw = mg.quantize(np.ones((8, 64), np.float32), "int4", 32)
+    with pytest.raises(GPUUnavailableError):
+        mgc.to_device(pw)
+
+
+# Integer or dyadic codebooks only (nf4's levels are not dyadic: covered by the bound test).
+EXACT = [("int4", 2, 128, False), ("uint4", 2, 64, True), ("fp4", 2, 32, False), ("int2", 4, 64, False),
+         ("uint2", 4, 64, True), ("int3", 2, 64, False), ("codebook", 2, 32, True), ("fp8_e4m3", 1, 128, False),
+         ("int4", 1, 64, True), ("ternary", 5, 80, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, depth, g, zeros", EXACT)
+def test_lut_gemv_equals_float64_reference_exactly(fmt, depth, g, zeros):
+    cp = _gpu.require()
+    rng = np.random.default_rng(abs(hash((fmt, depth, g))) % 2**32)
+    m, k = 300, (640 if fmt == "ternary" else 512)  # M not a multiple of the 256-row tile
+    pw = integer_weights(fmt, rng, m, k, g, zeros=zeros, perm=fmt == "int4")
+    pwd = mgc.to_device(pw, depth=depth)
+    wd = pw.dequantize()
+    for n in [None, 3, 8]:
+        x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
+        want = (wd @ x.astype(np.float64)).astype(np.float32)
+        for splits in [None, 1, 3]:
+            y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits))
+            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits}")
+        if pwd.packed is not None:
+            np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_gemv_cuda(pwd, x)), want)
+
+
+@pytest.mark.gpu
+def test_random_data_within_the_f32_bound_and_deterministic():
+    cp = _gpu.require()
+    rng = np.random.default_rng(5)
+    m, k, g, d = 1000, 2048, 128, 2
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    for fmt in ["int4", "uint4", "nf4", "fp4"]:
+        pw = mg.quantize(w, fmt, g)
+        pwd = mgc.to_device(pw)
+        x = rng.standard_normal((k, 4)).astype(np.float32)
+        wd = pw.dequantize()
+        want = wd @ x.astype(np.float64)
+        # |s| * (|v| + |z|) bounds every term of the float32 evaluation.
+        vmax = np.abs(pw.codebook).max()
+        zabs = np.zeros_like(pw.scales) if pw.zeros is None else np.abs(pw.zeros)
+        mag = np.repeat(np.abs(pw.scales) * (vmax + zabs), g, axis=1) @ np.abs(x.astype(np.float64))
+        bound = 2 * (k / d + d + 3 + k / g) * 2.0**-24 * mag
+        y = mgc.msgemm_cuda(pwd, x)
+        assert np.all(np.abs(cp.asnumpy(y) - want) <= bound), fmt
+        assert cp.asnumpy(mgc.msgemm_cuda(pwd, x)).tobytes() == cp.asnumpy(y).tobytes()
+
+
+@pytest.mark.gpu
+def test_bad_inputs_give_clear_errors():
+    rng = np.random.default_rng(6)
+    pw = mg.quantize(rng.standard_normal((64, 256)).astype(np.float32), "int4", 64)
+    pwd = mgc.to_device(pw)
+    with pytest.raises(ValueError, match="shape"):
+        mgc.msgemm_cuda(pwd, np.zeros(100, np.float32))
+    with pytest.raises(ValueError, match="columns"):
+        mgc.msgemm_cuda(pwd, np.zeros((256, 9), np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        mgc.msgemm_cuda(pwd, np.full(256, np.nan, np.float32))
+    with pytest.raises(TypeError, match="float"):
+        mgc.msgemm_cuda(pwd, np.zeros(256, np.int32))
