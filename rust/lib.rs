@@ -4,3 +4,4 @@
 //! install the `maleki_rs` wheel, whose bindings live in `rust/maleki-py`.
 
 pub use maleki_common as common;
+pub use maleki_tessel as tessel;
