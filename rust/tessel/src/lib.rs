@@ -6,8 +6,10 @@
 //!   exact conversion to Tessel's repetend form.
 //! * [`premises`]: the built-in placements of the paper and ours.
 
+mod bits;
 pub mod model;
 pub mod premises;
+pub mod repetend;
 pub mod template;
 
 pub use model::{Block, Edge, Kind, MemoryConvention, Premise, Schedule, UNLIMITED};
