@@ -7,10 +7,16 @@
 //! * [`premises`]: the built-in placements of the paper and ours.
 
 mod bits;
+mod check;
+pub mod complete;
+pub mod exact;
+pub mod ims;
 pub mod model;
 pub mod premises;
 pub mod repetend;
+pub mod search;
 pub mod template;
 
 pub use model::{Block, Edge, Kind, MemoryConvention, Premise, Schedule, UNLIMITED};
+pub use search::{search, SearchOptions, SearchResult};
 pub use template::{Template, TesselRepetend};
