@@ -271,7 +271,7 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
             Ok(Some(r)) => {
                 makespan_optimal = r.proved_optimal;
                 if r.makespan < mk {
-                    (starts, mk, method) = (r.starts, r.makespan, Method::Exact);
+                    (starts, method) = (r.starts, Method::Exact);
                 }
             }
             Ok(None) => {}
