@@ -54,17 +54,6 @@ impl<const K: usize> Bits<K> {
         r
     }
 
-    /// True when every bit of `o` is set in `self`.
-    #[inline]
-    pub fn contains(&self, o: &Self) -> bool {
-        (0..K).all(|k| self.0[k] & o.0[k] == o.0[k])
-    }
-
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.0.iter().all(|&w| w == 0)
-    }
-
     pub fn count(&self) -> u32 {
         self.0.iter().map(|w| w.count_ones()).sum()
     }

@@ -49,6 +49,8 @@ pub struct RepetendOptions {
     pub within_period: Vec<(usize, usize)>,
     /// Smallest period searched (the default 0 starts at `P_LB`).
     pub min_period: i64,
+    /// Largest period searched (0: up to `sum(spans) + sum(lags)`).
+    pub max_period: i64,
 }
 
 impl RepetendOptions {
@@ -61,6 +63,7 @@ impl RepetendOptions {
             deadline: None,
             within_period: Vec::new(),
             min_period: 0,
+            max_period: 0,
         }
     }
 }
@@ -86,7 +89,7 @@ impl PeriodOutcome {
 }
 
 /// The result of repetend construction.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Repetends {
     /// The smallest period with a template (`P*`), if any was found.
     pub min_period: Option<i64>,
@@ -134,7 +137,13 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
     let p_lb = premise.period_lower_bound().max(1).max(opts.min_period);
     let serial: i64 = premise.blocks().iter().map(|b| b.span).sum::<i64>()
         + premise.edges().iter().map(|e| e.lag).sum::<i64>();
-    let p_hi = serial.max(p_lb).min(MAX_PERIOD);
+    let mut p_hi = serial.max(p_lb).min(MAX_PERIOD);
+    if opts.max_period > 0 {
+        p_hi = p_hi.min(opts.max_period);
+        if p_hi < p_lb {
+            return Ok(Repetends::default());
+        }
+    }
     if p_lb > MAX_PERIOD {
         return Err(Error::Unsupported(format!(
             "the period lower bound {p_lb} exceeds {MAX_PERIOD} time units; quantise the spans more coarsely"
@@ -182,7 +191,7 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
     }
     let nodes = nodes.load(Ordering::Relaxed);
     let Some(ps) = min_period else {
-        if results.iter().all(|r| r.exhausted) {
+        if results.iter().all(|r| r.exhausted) && opts.max_period == 0 {
             return Err(Error::Infeasible(format!(
                 "no periodic schedule fits the memory caps {:?} (every period up to {p_hi} was searched exhaustively)",
                 opts.memory

@@ -184,11 +184,34 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     ropts.deadline = deadline;
     ropts.min_period = opts.min_period;
     let large = kp.nblocks() > 40 || d > 16;
+    let mut ropts = ropts;
     let mut templates: Vec<Template> = Vec::new();
+    if k > 1 {
+        // The 1-periodic optimum, replicated, is a K-periodic template at K times its period:
+        // a fallback when the replica search finds nothing shorter within its budget.
+        let mut r1 = RepetendOptions::new(opts.memory.clone());
+        r1.convention = opts.convention;
+        r1.delta_p = 0;
+        r1.node_budget = opts.node_budget;
+        r1.deadline = deadline;
+        if let Ok(r) = construct(premise, &r1, progress) {
+            if let Some(t) = r.periods.first().and_then(|o| o.best.as_ref()) {
+                let starts = (0..k).flat_map(|c| t.starts.iter().map(move |a| a + c as i64 * t.period)).collect();
+                templates.push(Template::new(k as i64 * t.period, starts));
+                // The replica search only looks for shorter periods.
+                ropts.max_period = k as i64 * t.period - 1;
+            }
+        }
+    }
     let mut proved = false;
     let mut nodes = 0;
-    if !large {
-        let r = construct(&kp, &ropts, progress)?;
+    if !large && (ropts.max_period == 0 || ropts.max_period >= kp.period_lower_bound().max(ropts.min_period)) {
+        let r = match construct(&kp, &ropts, progress) {
+            Ok(r) => r,
+            // The replica search may fail where the replicated 1-periodic template exists.
+            Err(Error::Infeasible(_)) if !templates.is_empty() => Default::default(),
+            Err(e) => return Err(e),
+        };
         nodes = r.nodes;
         for o in &r.periods {
             for t in [&o.best, &o.first].into_iter().flatten() {
@@ -263,7 +286,7 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
         .collect();
     let best = (0..done.len()).min_by_key(|&i| (done[i].1, i)).expect("at least one template");
     let template = templates[best].clone();
-    let (mut starts, mut mk, mut method) = done.swap_remove(best);
+    let (mut starts, mk, mut method) = done.swap_remove(best);
     let mut makespan_optimal = false;
     if k == 1 && n * opts.nmicros <= opts.exact_jobs && deadline.is_none_or(|dl| Instant::now() < dl) {
         let eo = ExactOptions { node_budget: 20_000_000, deadline, memo_limit: 4_000_000 };
