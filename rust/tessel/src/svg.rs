@@ -1,0 +1,1 @@
+//! SVG Gantt charts (written by hand: no dependency).
