@@ -11,9 +11,11 @@
 //! * [`formats`]: our JSON, Tessel's JSON, the text grid and torch's CSV; [`svg`]: Gantt charts.
 
 pub mod baselines;
+mod bits;
 pub mod formats;
 pub mod model;
 pub mod premises;
+pub mod repetend;
 pub mod simulate;
 pub mod svg;
 pub mod template;

@@ -285,13 +285,14 @@ impl<'a> Builder<'a> {
 
     fn mllm(mut self) -> Result<Premise> {
         let t1f = self.t("T1_f", true)?;
-        let devs: Vec<usize> = (0..self.ndevs).collect();
-        let (fs, bs) = self.v_parts(&devs, 3)?;
-        let t2f = self.t("T2_f", true)?;
-        let mut seq = [vec![t1f], fs, vec![t2f]].concat();
+        let (f, a) = (self.fwd()?, self.act());
+        let mut seq: Vec<usize> = vec![t1f];
+        seq.extend((0..self.ndevs).map(|d| self.f(d, f, a)).collect::<Vec<_>>());
+        seq.push(self.t("T2_f", true)?);
         if self.train() {
+            let b = self.bwd(3)?;
             seq.push(self.t("T2_b", false)?);
-            seq.extend(bs);
+            seq.extend((0..self.ndevs).rev().map(|d| self.b(d, b, -a)).collect::<Vec<_>>());
             seq.push(self.t("T1_b", false)?);
         }
         self.link(&seq);
@@ -492,6 +493,9 @@ mod tests {
         let e = p("nnshape_eager", 4);
         let names: Vec<&str> = e.blocks().iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["T1_f", "F0", "T2_f", "F1", "F2", "F3", "B3", "B2", "B1", "T2_b", "B0", "T1_b"]);
+        let ml = p("mllm", 2);
+        let names: Vec<&str> = ml.blocks().iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["T1_f", "F0", "F1", "T2_f", "T2_b", "B1", "B0", "T1_b"]);
         let k = p("kshape", 4);
         assert_eq!(k.work(), &[6, 6, 6, 6]);
         assert_eq!(k.critical_path(), 2 + 1 + 1 + 6);
