@@ -59,10 +59,10 @@ class Block:
 
 def _as_devices(value: Any, where: str) -> tuple[int, ...]:
     if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return (check_int(value, f"{where}.devices", min=0),)
+        return (check_int(value, f"{where}.devices", min=0, max=4095),)
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"{where}.devices: expected an int or a sequence of ints, got {type(value).__name__}")
-    devs = tuple(check_int(d, f"{where}.devices", min=0) for d in value)
+    devs = tuple(check_int(d, f"{where}.devices", min=0, max=4095) for d in value)
     if not devs:
         raise ValueError(f"{where}.devices: the device set is empty")
     return devs
@@ -157,7 +157,7 @@ class Premise:
         for k, e in enumerate(edges):
             if isinstance(e, (str, bytes)) or not isinstance(e, Sequence) or len(e) != 2:
                 raise TypeError(f"edges[{k}]: expected a (from, to) pair, got {e!r}")
-            ed.append((check_int(e[0], f"edges[{k}][0]", min=0), check_int(e[1], f"edges[{k}][1]", min=0)))
+            ed.append((check_int(e[0], f"edges[{k}][0]", min=0, max=1 << 40), check_int(e[1], f"edges[{k}][1]", min=0, max=1 << 40)))
         if lags is None:
             lg = [0] * len(ed)
         elif isinstance(lags, Mapping):

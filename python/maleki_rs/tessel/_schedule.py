@@ -578,7 +578,7 @@ def simulate(
     ords = _orders_arg(orders, premise.ndevs)
     nm = max((j for o in ords for j, _ in o), default=-1) + 1
     if nmicros is not None:
-        nm = check_int(nmicros, "nmicros", min=1, max=1 << 40)
+        nm = check_int(nmicros, "nmicros", min=1, max=1 << 24)
     if nm < 1:
         raise ValueError("orders: no jobs given")
     lag_arg: Any

@@ -25,6 +25,13 @@ use crate::arrays::to_numpy;
 use crate::errors::to_pyerr;
 use crate::progress::run_quick;
 
+/// Per-device orders as Python sees them: `[[(micro-batch, block), ...], ...]`.
+type PyOrders = Vec<Vec<(usize, usize)>>;
+/// A stage of a pipeline premise: `(device, forward, backward, weight)`.
+type PyStage = (usize, usize, Option<usize>, Option<usize>);
+/// A pair of int64 arrays.
+type Arrays2<'py> = (Bound<'py, PyArrayDyn<i64>>, Bound<'py, PyArrayDyn<i64>>);
+
 /// A validated premise (immutable). Build it with `Premise.builtin` or `Premise.from_parts`.
 #[pyclass(name = "Premise", module = "maleki_rs._core.tessel", frozen)]
 pub struct PyPremise {
@@ -189,7 +196,7 @@ impl PyPremise {
     }
 
     /// The stages when the premise is a pipeline: `[(device, forward, backward, weight)]`.
-    fn stages(&self, allow_multi: bool) -> Option<Vec<(usize, usize, Option<usize>, Option<usize>)>> {
+    fn stages(&self, allow_multi: bool) -> Option<Vec<PyStage>> {
         baselines::pipeline_stages(&self.inner, allow_multi)
             .map(|st| st.iter().map(|s| (s.device, s.forward, s.backward, s.weight)).collect())
     }
@@ -368,7 +375,7 @@ fn memory_timeline<'py>(
     starts: PyReadonlyArray2<'py, i64>,
     device: i64,
     convention: &str,
-) -> PyResult<(Bound<'py, PyArrayDyn<i64>>, Bound<'py, PyArrayDyn<i64>>)> {
+) -> PyResult<Arrays2<'py>> {
     let s = schedule_from_args(premise, &starts, None, convention, true, None, None, None)?;
     let d = usize_arg(device, "device")?;
     if d >= s.premise.ndevs() {
@@ -381,7 +388,7 @@ fn memory_timeline<'py>(
 
 /// Per-device orders of a schedule (by start).
 #[pyfunction]
-fn orders(premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'_, i64>) -> PyResult<Vec<Vec<(usize, usize)>>> {
+fn orders(premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'_, i64>) -> PyResult<PyOrders> {
     let s = schedule_from_args(premise, &starts, None, "start", true, None, None, None)?;
     Ok(simulate::orders_of(&s))
 }
@@ -505,7 +512,7 @@ fn to_csv(py: Python<'_>, premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'
 
 /// Per-device orders as torch's CSV.
 #[pyfunction]
-fn orders_to_csv(premise: &Bound<'_, PyAny>, orders: Vec<Vec<(usize, usize)>>) -> PyResult<String> {
+fn orders_to_csv(premise: &Bound<'_, PyAny>, orders: PyOrders) -> PyResult<String> {
     let p = premise_arg(premise)?;
     simulate::check_orders(&p, orders.iter().flatten().map(|x| x.0 + 1).max().unwrap_or(0), &orders).map_err(to_pyerr)?;
     Ok(formats::orders_to_csv(&p, &orders))
@@ -513,7 +520,7 @@ fn orders_to_csv(premise: &Bound<'_, PyAny>, orders: Vec<Vec<(usize, usize)>>) -
 
 /// `(nmicros, orders)` from torch's CSV.
 #[pyfunction]
-fn csv_to_orders(py: Python<'_>, text: String, premise: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<Vec<(usize, usize)>>)> {
+fn csv_to_orders(py: Python<'_>, text: String, premise: &Bound<'_, PyAny>) -> PyResult<(usize, PyOrders)> {
     let p = premise_arg(premise)?;
     run_quick(py, || formats::csv_to_orders(&text, &p))
 }

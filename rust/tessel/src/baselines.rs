@@ -447,7 +447,7 @@ pub fn interleaved_1f1b(p: &Premise, nm: usize) -> Result<Orders> {
     if v == 1 {
         return Ok(textbook_1f1b(p, nm, &stages));
     }
-    if nm % nd != 0 {
+    if !nm.is_multiple_of(nd) {
         return Err(Error::invalid(
             "nmicros",
             format!("interleaved_1f1b needs a number of micro-batches that is a multiple of D={nd}, got {nm}"),
@@ -577,7 +577,7 @@ fn components(p: &Premise) -> Vec<Vec<usize>> {
 /// the grid; the simulator times them.
 pub fn chimera(p: &Arc<Premise>, nmicros: usize) -> Result<(Arc<Premise>, usize, Orders)> {
     let nd = p.ndevs();
-    if nd < 2 || nd % 2 != 0 {
+    if nd < 2 || !nd.is_multiple_of(2) {
         return Err(Error::invalid("premise", format!("chimera needs an even number of devices, got {nd}")));
     }
     let n = p.nblocks();
@@ -599,7 +599,7 @@ pub fn chimera(p: &Arc<Premise>, nmicros: usize) -> Result<(Arc<Premise>, usize,
     let (q, nm, pipes) = match pipes {
         Some(pipes) => (p.clone(), nmicros, pipes),
         None => {
-            if nmicros % 2 != 0 {
+            if !nmicros.is_multiple_of(2) {
                 return Err(Error::invalid(
                     "nmicros",
                     format!("chimera needs an even number of micro-batches (half run down, half up), got {nmicros}"),
@@ -694,8 +694,8 @@ impl<'a> Greedy<'a> {
         let mut fwd_left: Vec<usize> =
             (0..nd).map(|d| p.blocks_on(d).iter().filter(|&&g| !ph[g] && !self.skip[g]).count() * nm).collect();
         let mut left = total;
-        for k in 0..n {
-            if npred[k] == 0 {
+        for (k, &np) in npred.iter().enumerate().take(n) {
+            if np == 0 {
                 eligible.push(k);
             }
         }

@@ -618,6 +618,12 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
         bounds.push(here);
     }
     let nmicros = seen.keys().map(|&(j, _)| j).max().map_or(0, |j| j + 1);
+    if nmicros.saturating_mul(n) != seen.len() {
+        return Err(bad(format!(
+            "{} jobs read for {nmicros} micro-batches x {n} blocks: every job must appear",
+            seen.len()
+        )));
+    }
     let mut starts = vec![0i64; nmicros * n];
     for j in 0..nmicros {
         for g in 0..n {
@@ -626,9 +632,9 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
         }
     }
     // Every device must list each of its jobs (checked through the per-device counts).
-    for d in 0..p.ndevs() {
+    for (d, line) in lines.iter().enumerate() {
         let want = nmicros * p.blocks_on(d).len();
-        let got = lines[d]
+        let got = line
             .split_whitespace()
             .filter(|x| *x != "|" && *x != "--")
             .flat_map(|x| x.split('-'))
@@ -740,7 +746,9 @@ pub fn csv_to_orders(text: &str, premise: &Premise) -> Result<(usize, Orders)> {
     let rows: Vec<&str> = text.lines().collect();
     let rows: Vec<&str> = {
         let mut r = rows;
-        while r.last().is_some_and(|l| l.trim().is_empty()) {
+        // Trailing blank lines beyond one row per device (a device without blocks has an
+        // empty row, which must stay).
+        while r.len() > premise.ndevs() && r.last().is_some_and(|l| l.trim().is_empty()) {
             r.pop();
         }
         r

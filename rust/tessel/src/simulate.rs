@@ -61,6 +61,12 @@ pub fn with_lags(premise: &Arc<Premise>, lags: &Lags) -> Result<Arc<Premise>> {
 /// and nothing else.
 pub fn check_orders(premise: &Premise, nmicros: usize, orders: &[Vec<Job>]) -> Result<()> {
     let (n, nd) = (premise.nblocks(), premise.ndevs());
+    if nmicros.saturating_mul(n) > crate::baselines::MAX_JOBS {
+        return Err(Error::invalid(
+            "nmicros",
+            format!("{nmicros} micro-batches x {n} blocks exceeds {} jobs", crate::baselines::MAX_JOBS),
+        ));
+    }
     if orders.len() != nd {
         return Err(Error::shape("orders", format!("{nd} lists (one per device)"), orders.len()));
     }
@@ -171,11 +177,11 @@ fn describe_cycle(p: &Premise, nmicros: usize, orders: &[Vec<Job>], indeg: &[u32
             }
         }
     }
-    for b in 0..total {
-        if left(b) && pred[b].is_none() {
+    for (b, slot) in pred.iter_mut().enumerate() {
+        if left(b) && slot.is_none() {
             let (j, h) = (b / n, b % n);
             if let Some(&(g, _)) = p.preds(h).iter().find(|&&(g, _)| left(j * n + g)) {
-                pred[b] = Some((j * n + g, None));
+                *slot = Some((j * n + g, None));
             }
         }
     }
