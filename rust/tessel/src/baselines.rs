@@ -895,6 +895,16 @@ mod tests {
     }
 
     #[test]
+    fn inflight_caps_generalise_d_minus_d() {
+        // ceil(L_d / P) = D - d on the V; doubled (at most D) for the greedy.
+        let p = prem("vshape", 6);
+        assert_eq!(inflight_caps(&p), vec![6, 6, 6, 6, 4, 2]);
+        // Inference: no activation memory, no cap.
+        let i = Arc::new(builtin("vshape", 4, &Options::inference()).unwrap());
+        assert!(inflight_caps(&i).iter().all(|&c| c == usize::MAX));
+    }
+
+    #[test]
     fn every_baseline_is_valid_where_it_applies() {
         for d in [2, 4] {
             for nm in [2, 4, 8] {
