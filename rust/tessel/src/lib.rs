@@ -12,14 +12,20 @@
 
 pub mod baselines;
 mod bits;
+mod check;
+pub mod complete;
+pub mod exact;
 pub mod formats;
+pub mod ims;
 pub mod model;
 pub mod premises;
 pub mod repetend;
+pub mod search;
 pub mod simulate;
 pub mod svg;
 pub mod template;
 pub mod validate;
 
 pub use model::{Block, Edge, Kind, MemoryConvention, Premise, Schedule, UNLIMITED};
+pub use search::{search, SearchOptions, SearchResult};
 pub use template::{Template, TesselRepetend};

@@ -44,6 +44,11 @@ pub struct RepetendOptions {
     pub node_budget: u64,
     /// Wall-clock deadline.
     pub deadline: Option<Instant>,
+    /// Pairs `(h, r)`: block `h` must start less than one period after block `r`
+    /// (`a_h <= a_r + P - 1`; FIFO between the copies of a K-periodic replica).
+    pub within_period: Vec<(usize, usize)>,
+    /// Smallest period searched (the default 0 starts at `P_LB`).
+    pub min_period: i64,
 }
 
 impl RepetendOptions {
@@ -54,6 +59,8 @@ impl RepetendOptions {
             delta_p: 3,
             node_budget: 20_000_000,
             deadline: None,
+            within_period: Vec::new(),
+            min_period: 0,
         }
     }
 }
@@ -124,7 +131,7 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
         return Err(Error::invalid("delta_p", format!("must be >= 0, got {}", opts.delta_p)));
     }
     check_memory_caps(premise, &opts.memory)?;
-    let p_lb = premise.period_lower_bound().max(1);
+    let p_lb = premise.period_lower_bound().max(1).max(opts.min_period);
     let serial: i64 = premise.blocks().iter().map(|b| b.span).sum::<i64>()
         + premise.edges().iter().map(|e| e.lag).sum::<i64>();
     let p_hi = serial.max(p_lb).min(MAX_PERIOD);
@@ -183,7 +190,8 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
         }
         return Ok(Repetends { min_period: None, min_period_proved: false, periods: Vec::new(), nodes });
     };
-    let min_period_proved = results.iter().filter(|r| r.period < ps).all(|r| r.exhausted);
+    let min_period_proved =
+        results.iter().filter(|r| r.period < ps).all(|r| r.exhausted) && p_lb == premise.period_lower_bound().max(1);
     // Keep the periods of the window that beat every smaller period.
     let mut periods = Vec::new();
     let mut best_so_far = i64::MAX;
@@ -196,6 +204,44 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
         }
     }
     Ok(Repetends { min_period: Some(ps), min_period_proved, periods, nodes })
+}
+
+/// Every template of period `period` with `L <= max_length` (up to `limit` of them, in
+/// search order), within the dominance rules of the exact search.
+pub fn enumerate(premise: &Premise, period: i64, opts: &RepetendOptions, max_length: i64, limit: usize) -> Result<Vec<Template>> {
+    if opts.memory.len() != premise.ndevs() {
+        return Err(Error::shape("memory", premise.ndevs(), opts.memory.len()));
+    }
+    if !(1..=MAX_PERIOD).contains(&period) || limit == 0 {
+        return Ok(Vec::new());
+    }
+    let bounds = [AtomicI64::new(i64::MAX)];
+    let nodes = AtomicU64::new(0);
+    let words = (period as usize).div_ceil(64);
+    let progress = maleki_common::NoProgress;
+    macro_rules! run {
+        ($k:literal) => {{
+            let mut s = Search::<$k>::new(premise, period, opts, &bounds, 0, i64::MAX, &nodes, &progress);
+            s.collect = limit;
+            // Completion may prefer templates outside the dominance domains.
+            s.capped.iter_mut().for_each(|c| *c = false);
+            s.l_cap = max_length + 1;
+            s.root = i64::MIN;
+            if premise.work().iter().all(|&w| w <= period) {
+                s.reserve(0);
+            }
+            s.pool
+        }};
+    }
+    let pool = match words {
+        0 | 1 => run!(1),
+        2 => run!(2),
+        3 | 4 => run!(4),
+        5..=8 => run!(8),
+        9..=16 => run!(16),
+        _ => run!(64),
+    };
+    Ok(pool.into_iter().map(|a| Template::new(period, a)).collect())
 }
 
 /// Searches one period; dispatches on the number of 64-bit words a residue set needs.
@@ -279,6 +325,7 @@ struct Search<'a, const K: usize> {
     order: Vec<usize>,
     capped: Vec<bool>,
     twin_prev: Vec<Option<usize>>,
+    within: Vec<Option<usize>>,
     /// Multi-device blocks, in decision order: their residues are chosen first (phase 1).
     multi: Vec<usize>,
     /// The residue reserved for each multi-device block in phase 1.
@@ -325,6 +372,9 @@ struct Search<'a, const K: usize> {
     best_l: i64,
     best: Option<Vec<i64>>,
     first: Option<Vec<i64>>,
+    /// Enumeration mode (`collect > 0`): every leaf is kept, up to `collect` of them.
+    collect: usize,
+    pool: Vec<Vec<i64>>,
     nodes: u64,
     stop: bool,
     cancelled: bool,
@@ -406,6 +456,12 @@ impl<'a, const K: usize> Search<'a, K> {
             })
             .collect();
         let cp = p.critical_path();
+        let mut within = vec![None; n];
+        for &(h, r) in &opts.within_period {
+            if h < n && r < n && pos[r] < pos[h] {
+                within[h] = Some(r);
+            }
+        }
         Search {
             p,
             period,
@@ -414,6 +470,7 @@ impl<'a, const K: usize> Search<'a, K> {
             order,
             capped,
             twin_prev,
+            within,
             multi,
             fixed: vec![None; n],
             starts: vec![Bits::ZERO; class_key.len()],
@@ -449,6 +506,8 @@ impl<'a, const K: usize> Search<'a, K> {
             best_l: i64::MAX,
             best: None,
             first: None,
+            collect: 0,
+            pool: Vec::new(),
             nodes: 0,
             stop: false,
             cancelled: false,
@@ -622,6 +681,9 @@ impl<'a, const K: usize> Search<'a, K> {
             lo = lo.max(self.a[t] + 1);
         }
         let mut hi = (self.incumbent() - 1 - s - tail).min(self.l[g]);
+        if let Some(r) = self.within[g] {
+            hi = hi.min(self.a[r] + self.period - 1);
+        }
         if self.capped[g] {
             hi = hi.min(est + self.period - 1);
         }
@@ -772,6 +834,11 @@ impl<'a, const K: usize> Search<'a, K> {
                 let t = if self.assigned[g] { self.a[g] } else { self.l[g] };
                 lst = lst.min(t - c - s);
             }
+            if let Some(r) = self.within[h] {
+                if self.assigned[r] {
+                    lst = lst.min(self.a[r] + self.period - 1);
+                }
+            }
             if lst < self.e[h] {
                 return false;
             }
@@ -793,6 +860,13 @@ impl<'a, const K: usize> Search<'a, K> {
         let p = self.p;
         let l = (0..self.n).map(|g| self.a[g] + p.span(g)).max().unwrap_or(0);
         debug_assert!(self.a.iter().all(|&x| x >= 0));
+        if self.collect > 0 {
+            self.pool.push(self.a.clone());
+            if self.pool.len() >= self.collect {
+                self.stop = true;
+            }
+            return;
+        }
         if self.first.is_none() {
             self.first = Some(self.a.clone());
         }
