@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 mod arrays;
 mod errors;
 mod progress;
+pub mod tessel;
 
 /// Registers the fork hook: a forked child must not use the parent's pool threads.
 fn register_fork_hook() {
@@ -34,6 +35,9 @@ mod _core {
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         crate::register_fork_hook();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        let tessel = PyModule::new(m.py(), "tessel")?;
+        crate::tessel::register(&tessel)?;
+        m.add_submodule(&tessel)?;
         Ok(())
     }
 
