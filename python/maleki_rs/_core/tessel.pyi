@@ -101,3 +101,36 @@ def to_svg(
 ) -> str: ...
 def title_line(premise: Premise, starts: _Starts, period: int | None, title: str | None) -> str: ...
 def canonical_baseline(name: str) -> str: ...
+
+# The search (rust/maleki-py/src/tessel_search.rs).
+def search(
+    premise: Premise,
+    memory: _Mem,
+    nmicros: int,
+    convention: str,
+    delta_p: int,
+    periodic_k: int,
+    time_limit: float | None,
+    node_budget: int,
+    ramp_budget: int,
+    exact_jobs: int,
+    progress: Any = None,
+) -> dict[str, Any]: ...
+def exact(
+    premise: Premise,
+    nmicros: int,
+    memory: _Mem,
+    convention: str,
+    time_limit: float | None,
+    node_budget: int,
+    progress: Any = None,
+) -> dict[str, Any]: ...
+def repetends(
+    premise: Premise,
+    memory: _Mem,
+    convention: str,
+    delta_p: int,
+    time_limit: float | None,
+    node_budget: int,
+    progress: Any = None,
+) -> tuple[int | None, bool, list[tuple[int, int, list[int], list[int] | None, bool, int]]]: ...

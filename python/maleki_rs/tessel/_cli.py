@@ -239,3 +239,12 @@ def tour() -> None:
     s = baseline("1f1b", premise("vshape", 4), 4)
     print("1F1B on the V, D=4, N=4 (text grid as the reference prints it):")
     sys.stdout.write(s.to_text())
+    from ._search_cli import tour_search
+
+    tour_search()
+
+
+# The search's sub-commands (``search``, ``compare``) live with the search.
+from ._search_cli import add_search_commands as _add_search_commands  # noqa: E402
+
+SUBCOMMANDS.append(_add_search_commands)

@@ -10,6 +10,7 @@ mod arrays;
 mod errors;
 mod progress;
 pub mod tessel;
+mod tessel_search;
 
 /// Registers the fork hook: a forked child must not use the parent's pool threads.
 fn register_fork_hook() {
@@ -37,6 +38,7 @@ mod _core {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         let tessel = PyModule::new(m.py(), "tessel")?;
         crate::tessel::register(&tessel)?;
+        crate::tessel_search::register(&tessel)?;
         m.add_submodule(&tessel)?;
         Ok(())
     }

@@ -262,7 +262,7 @@ pub fn schedule_from_args(
 }
 
 /// The Python-side fields of a core schedule, as a dict (for `Schedule.__init__`).
-fn schedule_dict<'py>(py: Python<'py>, s: Schedule, name: Option<String>, parameter_memory: i64) -> PyResult<Bound<'py, PyDict>> {
+pub fn schedule_dict<'py>(py: Python<'py>, s: Schedule, name: Option<String>, parameter_memory: i64) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let n = s.premise.nblocks();
     d.set_item("premise", Py::new(py, PyPremise::new(s.premise.clone()))?)?;
