@@ -179,3 +179,12 @@ def test_svg_and_plots(tmp_path):
         gantt(s, path=tmp_path / "g.gif")
     with pytest.raises(TypeError):
         gantt("not a schedule")
+
+
+def test_k_periodic_templates_round_trip():
+    s = tessel.baseline("1f1b", tessel.premise("vshape", 2), 4)
+    n = s.premise.nblocks
+    k2 = Schedule(s.premise, s.starts, period=8, template=list(range(2 * n)))
+    assert Schedule.from_json(k2.to_json()) == k2
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Schedule(s.premise, s.starts, template=[0] * (n + 1))

@@ -145,7 +145,8 @@ class Schedule:
     fifo : bool
         Whether V4 (``S(g, j) < S(g, j+1)``) is part of validity.
     period, template, repetend : optional
-        The steady period, the 1-periodic template (one start per block) and the repetend
+        The steady period, the template (one start per block; ``K * nblocks`` starts for a
+        K-periodic schedule, copy ``c`` of block ``g`` at ``c * nblocks + g``) and the repetend
         window ``(start, end)``, when the schedule came from a periodic search.
     name : str, optional
         What made it (``"1f1b"``, ``"tessel"``, ...).
@@ -190,7 +191,10 @@ class Schedule:
         if template is None:
             self._template: tuple[int, ...] | None = None
         else:
-            t = as_int_array(template, "template", shape=(n,))
+            # K-periodic schedules carry the template of the K-fold premise (K * nblocks).
+            t = as_int_array(template, "template", ndim=1)
+            if t.size % n != 0:
+                raise ValueError(f"template: expected a multiple of {n} values (K * nblocks), got {t.size}")
             self._template = tuple(int(x) for x in t)
         if repetend is None:
             self._repetend: tuple[int, int] | None = None

@@ -252,8 +252,13 @@ pub fn schedule_from_args(
     s.fifo = fifo;
     s.period = period;
     if let Some(t) = &template {
-        if t.len() != p.nblocks() {
-            return Err(PyValueError::new_err(format!("template: {} values for {} blocks", t.len(), p.nblocks())));
+        // K-periodic schedules carry the template of the K-fold premise (K * nblocks values).
+        if t.is_empty() || t.len() % p.nblocks() != 0 {
+            return Err(PyValueError::new_err(format!(
+                "template: expected a multiple of {} values (K * nblocks), got {}",
+                p.nblocks(),
+                t.len()
+            )));
         }
     }
     s.template = template;

@@ -3,7 +3,8 @@
 //!
 //! * **JSON** (`"format": "maleki_rs.tessel.schedule/1"`): the premise (blocks, edges, lags),
 //!   the instance (`nmicros`, `memory_limit`, `memory_convention`, `fifo`), the optional
-//!   periodic data (`period`, `template`, `repetend`), `starts` (an N x n list), `metrics`
+//!   periodic data (`period`, `template` with `K * nblocks` entries for a K-periodic
+//!   schedule, `repetend`), `starts` (an N x n list), `metrics`
 //!   (derived; ignored on reading), and the optional `name` and `parameter_memory`. Lossless.
 //! * **Tessel JSON**: `{ndevs, repetend, blocks: [{mid, gid, span, memory, btype, step,
 //!   device}]}` as the reference's `SchedPlan.save` writes it. It holds no edges, so reading
@@ -261,8 +262,9 @@ pub fn from_json(text: &str) -> Result<Document> {
     }
     if let Some(t) = o.get("template").filter(|t| !t.is_null()) {
         let t = as_arr(t, "template")?.iter().map(|x| as_int(x, "template")).collect::<Result<Vec<_>>>()?;
-        if t.len() != n {
-            return Err(bad(format!("template: {} values for {n} blocks", t.len())));
+        // K * nblocks values for a K-periodic schedule (the template of the K-fold premise).
+        if t.is_empty() || t.len() % n != 0 {
+            return Err(bad(format!("template: {} values, not a multiple of {n} blocks", t.len())));
         }
         s.template = Some(t);
     }
