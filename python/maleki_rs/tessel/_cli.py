@@ -224,7 +224,7 @@ def tour() -> None:
         print(f"  {'baseline':16} {'makespan':>8} {'gap':>7} {'bubble':>7} {'peak mem':>12} valid")
         for name, s in baseline_table(["gpipe", "1f1b", "1f1b+", "chimera"], p, n):
             if isinstance(s, str):
-                print(f"  {name:16} (n/a: {s[:60]})")
+                print(f"  {name:16} (n/a: {s.split(' (')[0].split(',')[0]})")
                 continue
             ok = "yes" if s.is_valid else "NO"
             print(
