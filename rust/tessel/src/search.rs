@@ -311,7 +311,8 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     schedule.convention = opts.convention;
     schedule.period = Some(template.period);
     schedule.repetend = repetend_window(premise, &schedule, &template, k);
-    schedule.template = Some(template.starts.clone());
+    // A schedule's template is 1-periodic (one start per block); the K-fold one stays in the result.
+    schedule.template = (k == 1).then(|| template.starts.clone());
     Ok(SearchResult {
         period: template.period,
         periodic_k: k,
