@@ -113,6 +113,7 @@ def search(
     time_limit: float | None,
     node_budget: int,
     ramp_budget: int,
+    transplant_budget: int,
     exact_jobs: int,
     progress: Any = None,
 ) -> dict[str, Any]: ...

@@ -151,7 +151,8 @@ def search(
     delta_p: int = 3,
     memory_convention: str = "start",
     node_budget: int = 5_000_000,
-    ramp_budget: int = 30_000,
+    ramp_budget: int = 20_000,
+    transplant_budget: int = 0,
     exact_jobs: int = 72,
     progress: Any = False,
 ) -> SearchResult:
@@ -177,8 +178,13 @@ def search(
         with a much shorter template).
     memory_convention : {"start", "alloc_start_free_end"}
         When a negative memory delta takes effect.
-    node_budget, ramp_budget : int
-        Node budgets of the repetend search (per period) and of the warm-up/cool-down search.
+    node_budget : int
+        Node budget of the repetend search, per period.
+    ramp_budget, transplant_budget : int
+        Node budgets of the warm-up/cool-down search: of short schedules (``nmicros`` up to
+        about three template lengths, searched whole) and of longer ones (searched on a short
+        instance and transplanted; off by default, as it is slow to pay off: about 2 million
+        nodes take mshape D4 M4 from 7N+11 to 7N+8).
     exact_jobs : int
         Also run the exact solver when ``nmicros * nblocks`` is at most this (0: never).
     progress : bool or callable
@@ -207,9 +213,10 @@ def search(
     conv = check_choice(memory_convention, "memory_convention", CONVENTIONS)
     nb = check_int(node_budget, "node_budget", min=1, max=1 << 62)
     rb = check_int(ramp_budget, "ramp_budget", min=0, max=1 << 62)
+    tb = check_int(transplant_budget, "transplant_budget", min=0, max=1 << 62)
     ej = check_int(exact_jobs, "exact_jobs", min=0, max=10_000)
     with reporter(progress, "tessel search") as rep:
-        d = _t.search(p._core, caps, nm, conv, dp, k, tl, nb, rb, ej, rep.callback)
+        d = _t.search(p._core, caps, nm, conv, dp, k, tl, nb, rb, tb, ej, rep.callback)
     s = Schedule._from_core(d["schedule"])
     template = np.asarray(d["template"], dtype=np.int64)
     template.setflags(write=False)

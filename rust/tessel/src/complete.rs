@@ -163,13 +163,18 @@ fn steady_sequences(p: &Premise, t: &Template, lo: usize, hi: usize) -> Vec<Vec<
 /// Limits of the ramp search.
 #[derive(Clone, Debug)]
 pub struct RampOptions {
+    /// Node budget of the search of short instances (`N <= 3 K + 1`, searched whole).
     pub node_budget: u64,
+    /// Node budget of the search of longer ones (on `3 K + 1` micro-batches, transplanted);
+    /// 0 turns it off. It is slow to pay off: about 2 million nodes take mshape D4 M4 from
+    /// 7N+11 to 7N+8.
+    pub transplant_budget: u64,
     pub deadline: Option<Instant>,
 }
 
 impl Default for RampOptions {
     fn default() -> Self {
-        RampOptions { node_budget: 300_000, deadline: None }
+        RampOptions { node_budget: 20_000, transplant_budget: 0, deadline: None }
     }
 }
 
@@ -264,9 +269,10 @@ pub fn ramp_search(
     }
     // Both ramps at once on a short instance, then transplanted to N.
     let ns = 3 * k + 1;
-    if ns * n > 4096 {
+    if ns * n > 4096 || ro.transplant_budget == 0 {
         return Ok(None);
     }
+    let opts = ExactOptions { node_budget: ro.transplant_budget, ..opts };
     let forced = forced_range(p, t, ns, k, ns - k);
     let Some(small) = improve(p, t, ns, memory, conv, forced.as_ref(), &opts, progress)? else {
         return Ok(None);

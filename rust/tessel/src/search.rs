@@ -46,8 +46,10 @@ pub struct SearchOptions {
     pub time_limit: Option<f64>,
     /// Node budget of the repetend search, per period.
     pub node_budget: u64,
-    /// Node budget of each ramp search.
+    /// Node budget of the ramp search of short schedules (`N <= 3 ceil(L / P) + 1`).
     pub ramp_budget: u64,
+    /// Node budget of the ramp search of longer schedules (transplanted; 0: off).
+    pub transplant_budget: u64,
     /// Run the exact solver when `nmicros * nblocks` is at most this.
     pub exact_jobs: usize,
     /// Templates enumerated per period (lengths up to the shortest + P) as extra candidates.
@@ -68,7 +70,8 @@ impl SearchOptions {
             periodic_k: 1,
             time_limit: None,
             node_budget: 5_000_000,
-            ramp_budget: 30_000,
+            ramp_budget: 20_000,
+            transplant_budget: 0,
             exact_jobs: 72,
             enumerate: 128,
             complete_top: 2,
@@ -264,7 +267,7 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     order.truncate(opts.complete_top.max(1));
     let templates: Vec<Template> = order.iter().map(|&i| templates[i].clone()).collect();
     // Complete every candidate; the best makespan wins, ties to the earlier candidate.
-    let ramp = RampOptions { node_budget: opts.ramp_budget, deadline };
+    let ramp = RampOptions { node_budget: opts.ramp_budget, transplant_budget: opts.transplant_budget, deadline };
     let done: Vec<Result<(Vec<i64>, i64, Method)>> = templates
         .par_iter()
         .enumerate()
@@ -311,7 +314,8 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     schedule.convention = opts.convention;
     schedule.period = Some(template.period);
     schedule.repetend = repetend_window(premise, &schedule, &template, k);
-    schedule.template = Some(template.starts.clone());
+    // A schedule's template is 1-periodic (one start per block); the K-fold one stays in the result.
+    schedule.template = (k == 1).then(|| template.starts.clone());
     Ok(SearchResult {
         period: template.period,
         periodic_k: k,
