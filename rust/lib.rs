@@ -6,3 +6,4 @@
 pub use maleki_common as common;
 pub use maleki_msgemm as msgemm;
 pub use maleki_pose as pose;
+pub use maleki_tessel as tessel;

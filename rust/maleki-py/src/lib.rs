@@ -11,6 +11,8 @@ mod errors;
 mod msgemm;
 mod pose;
 mod progress;
+pub mod tessel;
+mod tessel_search;
 
 /// Registers the fork hook: a forked child must not use the parent's pool threads.
 fn register_fork_hook() {
@@ -43,6 +45,10 @@ mod _core {
         let pose = PyModule::new(py, "pose")?;
         crate::pose::register(&pose)?;
         m.add_submodule(&pose)?;
+        let tessel = PyModule::new(py, "tessel")?;
+        crate::tessel::register(&tessel)?;
+        crate::tessel_search::register(&tessel)?;
+        m.add_submodule(&tessel)?;
         Ok(())
     }
 

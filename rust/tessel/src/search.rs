@@ -1,0 +1,353 @@
+//! The whole search (spec §4): repetend construction, completion, candidates.
+//!
+//! 1. Exact repetend construction over `P* ..= P* + delta_p` ([`crate::repetend`]); when it
+//!    finds nothing within its budget, or the premise is large (more than 40 blocks or 16
+//!    devices), iterative modulo scheduling ([`crate::ims`]) provides the template.
+//! 2. Candidate templates, per period: the shortest, the first found, and up to
+//!    `enumerate` more of length at most the shortest + P. They are ranked by the compacted
+//!    makespan of a short instance extrapolated to N, and the best `complete_top` are
+//!    completed to N micro-batches ([`crate::complete`]): compaction and the ramp search.
+//! 3. For small instances (`N * n <= exact_jobs`) the exact solver ([`crate::exact`]) runs
+//!    last, seeded with the best schedule, within the remaining time.
+//! The best makespan wins; ties go to the earlier candidate (smaller period, then the
+//! shortest template), so the result does not depend on the thread count unless a time limit
+//! cuts a search short.
+//!
+//! `periodic_k = K > 1` searches K-periodic repetends: the premise is replicated K times (copy
+//! `i + 1` of each block after copy `i`, i.e. FIFO between copies) and the template of the
+//! replica, period `K P`, schedules K micro-batches per period.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use maleki_common::progress::Progress;
+use maleki_common::{Error, Result};
+use rayon::prelude::*;
+
+use crate::complete::{complete, Method, RampOptions};
+use crate::exact::{self, ExactOptions};
+use crate::ims::ims;
+use crate::model::{Block, Edge, MemoryConvention, Premise, Schedule};
+use crate::repetend::{construct, enumerate, RepetendOptions};
+use crate::template::Template;
+
+/// Options of [`search`].
+#[derive(Clone, Debug)]
+pub struct SearchOptions {
+    /// Memory cap per device ([`crate::UNLIMITED`] for none).
+    pub memory: Vec<i64>,
+    pub nmicros: usize,
+    pub convention: MemoryConvention,
+    /// Periods searched above the smallest feasible one.
+    pub delta_p: i64,
+    /// Micro-batches per repetend, 1 to 3.
+    pub periodic_k: usize,
+    /// Wall-clock limit in seconds for the whole search.
+    pub time_limit: Option<f64>,
+    /// Node budget of the repetend search, per period.
+    pub node_budget: u64,
+    /// Node budget of the ramp search of short schedules (`N <= 3 ceil(L / P) + 1`).
+    pub ramp_budget: u64,
+    /// Node budget of the ramp search of longer schedules (transplanted; 0: off).
+    pub transplant_budget: u64,
+    /// Run the exact solver when `nmicros * nblocks` is at most this.
+    pub exact_jobs: usize,
+    /// Templates enumerated per period (lengths up to the shortest + P) as extra candidates.
+    pub enumerate: usize,
+    /// Candidates completed in full (compaction and ramp search) after ranking.
+    pub complete_top: usize,
+    /// Smallest period searched (0: from `P_LB`). Internal use: the 2-periodic candidates.
+    pub min_period: i64,
+}
+
+impl SearchOptions {
+    pub fn new(memory: Vec<i64>, nmicros: usize) -> Self {
+        SearchOptions {
+            memory,
+            nmicros,
+            convention: MemoryConvention::Start,
+            delta_p: 3,
+            periodic_k: 1,
+            time_limit: None,
+            node_budget: 5_000_000,
+            ramp_budget: 20_000,
+            transplant_budget: 0,
+            exact_jobs: 72,
+            enumerate: 128,
+            complete_top: 2,
+            min_period: 0,
+        }
+    }
+}
+
+/// One completed candidate template.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub period: i64,
+    pub length: i64,
+    pub makespan: i64,
+    pub method: Method,
+}
+
+/// The result of [`search`].
+#[derive(Clone, Debug)]
+pub struct SearchResult {
+    /// Steady period per repetend (K micro-batches when `periodic_k = K`).
+    pub period: i64,
+    pub periodic_k: usize,
+    /// The template the schedule comes from (of the K-fold premise when K > 1).
+    pub template: Template,
+    /// True when the period is proved optimal: every smaller period was proved to have no
+    /// template, and the search at this period finished (so the shortest template there is
+    /// known). The returned template may be a longer one when it completes to a shorter
+    /// schedule.
+    pub proved_optimal: bool,
+    /// True when the exact solver proved the schedule's makespan optimal.
+    pub makespan_optimal: bool,
+    pub schedule: Schedule,
+    pub method: Method,
+    pub candidates: Vec<Candidate>,
+    pub nodes: u64,
+    /// Seconds.
+    pub search_time: f64,
+}
+
+/// The premise replicated `k` times with copy `i` of every block before copy `i + 1`.
+pub fn replicate(p: &Premise, k: usize) -> Result<Premise> {
+    let n = p.nblocks();
+    let mut blocks: Vec<Block> = Vec::with_capacity(n * k);
+    let mut edges: Vec<Edge> = Vec::new();
+    for c in 0..k {
+        for b in p.blocks() {
+            let mut b = b.clone();
+            if k > 1 {
+                b.name = format!("{}#{c}", b.name);
+            }
+            blocks.push(b);
+        }
+        for e in p.edges() {
+            edges.push(Edge::with_lag(e.from + c * n, e.to + c * n, e.lag));
+        }
+        if c > 0 {
+            for g in 0..n {
+                edges.push(Edge::new(g + (c - 1) * n, g + c * n));
+            }
+        }
+    }
+    Premise::new(p.ndevs(), blocks, edges)
+}
+
+/// Maps the starts of `ceil(N / K)` replica micro-batches back to `N` micro-batches.
+fn unreplicate(n: usize, k: usize, nmicros: usize, starts: &[i64]) -> Vec<i64> {
+    let mut out = Vec::with_capacity(n * nmicros);
+    for j in 0..nmicros {
+        let (sj, c) = (j / k, j % k);
+        let row = sj * n * k + c * n;
+        out.extend_from_slice(&starts[row..row + n]);
+    }
+    out
+}
+
+/// Searches a schedule of `opts.nmicros` micro-batches (spec §4). Runs rayon iterators in the
+/// caller's pool.
+pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) -> Result<SearchResult> {
+    let t0 = Instant::now();
+    let d = premise.ndevs();
+    if opts.memory.len() != d {
+        return Err(Error::shape("memory", format!("({d},)"), format!("({},)", opts.memory.len())));
+    }
+    if opts.nmicros == 0 {
+        return Err(Error::invalid("nmicros", "must be at least 1"));
+    }
+    if opts.nmicros > 1 << 20 {
+        return Err(Error::invalid("nmicros", format!("at most {}, got {}", 1 << 20, opts.nmicros)));
+    }
+    if !(1..=3).contains(&opts.periodic_k) {
+        return Err(Error::invalid("periodic_k", format!("must be 1, 2 or 3, got {}", opts.periodic_k)));
+    }
+    if let Some(tl) = opts.time_limit {
+        if !(tl.is_finite() && tl > 0.0) {
+            return Err(Error::invalid("time_limit", format!("must be a positive number of seconds, got {tl}")));
+        }
+    }
+    if let Some((i, m)) = opts.memory.iter().enumerate().find(|(_, &m)| m < 0) {
+        return Err(Error::invalid("memory", format!("the cap of device {i} is negative ({m})")));
+    }
+    let deadline = opts.time_limit.map(|s| t0 + std::time::Duration::from_secs_f64(s));
+    let k = opts.periodic_k;
+    let kp = if k == 1 { premise.clone() } else { replicate(premise, k)? };
+    let nk = opts.nmicros.div_ceil(k);
+    let n = premise.nblocks();
+
+    let mut ropts = RepetendOptions::new(opts.memory.clone());
+    ropts.within_period = (1..k).flat_map(|c| (0..n).map(move |g| (g + c * n, g))).collect();
+    ropts.convention = opts.convention;
+    ropts.delta_p = opts.delta_p;
+    ropts.node_budget = opts.node_budget;
+    ropts.deadline = deadline;
+    ropts.min_period = opts.min_period;
+    let large = kp.nblocks() > 40 || d > 16;
+    let mut ropts = ropts;
+    let mut templates: Vec<Template> = Vec::new();
+    if k > 1 {
+        // The 1-periodic optimum, replicated, is a K-periodic template at K times its period:
+        // a fallback when the replica search finds nothing shorter within its budget.
+        let mut r1 = RepetendOptions::new(opts.memory.clone());
+        r1.convention = opts.convention;
+        r1.delta_p = 0;
+        r1.node_budget = opts.node_budget;
+        r1.deadline = deadline;
+        if let Ok(r) = construct(premise, &r1, progress) {
+            if let Some(t) = r.periods.first().and_then(|o| o.best.as_ref()) {
+                let starts = (0..k).flat_map(|c| t.starts.iter().map(move |a| a + c as i64 * t.period)).collect();
+                templates.push(Template::new(k as i64 * t.period, starts));
+                // The replica search only looks for shorter periods.
+                ropts.max_period = k as i64 * t.period - 1;
+            }
+        }
+    }
+    let mut proved = false;
+    let mut nodes = 0;
+    if !large && (ropts.max_period == 0 || ropts.max_period >= kp.period_lower_bound().max(ropts.min_period)) {
+        let r = match construct(&kp, &ropts, progress) {
+            Ok(r) => r,
+            // The replica search may fail where the replicated 1-periodic template exists.
+            Err(Error::Infeasible(_)) if !templates.is_empty() => Default::default(),
+            Err(e) => return Err(e),
+        };
+        nodes = r.nodes;
+        for o in &r.periods {
+            for t in [&o.best, &o.first].into_iter().flatten() {
+                if !templates.contains(t) {
+                    templates.push(t.clone());
+                }
+            }
+            // Templates a little longer than the shortest often complete to shorter schedules.
+            if let Some(l) = o.length(&kp) {
+                for t in enumerate(&kp, o.period, &ropts, l + o.period, opts.enumerate)? {
+                    if !templates.contains(&t) {
+                        templates.push(t);
+                    }
+                }
+            }
+        }
+        proved = r.min_period_proved && r.periods.first().is_some_and(|o| o.exhausted);
+    }
+    if templates.is_empty() {
+        crate::repetend::check_memory_caps(&kp, &opts.memory)?;
+        let hi = kp.blocks().iter().map(|b| b.span).sum::<i64>() + kp.edges().iter().map(|e| e.lag).sum::<i64>();
+        match ims(&kp, &opts.memory, opts.convention, kp.period_lower_bound(), hi.max(1)) {
+            Some(t) if ropts.within_period.iter().all(|&(h, r)| t.starts[h] < t.starts[r] + t.period) => {
+                templates.push(t)
+            }
+            _ => {
+                return Err(Error::Infeasible(
+                    "no periodic schedule found within the memory caps (the exact search ran out of budget \
+                     and modulo scheduling failed)"
+                        .into(),
+                ))
+            }
+        }
+    }
+    progress.check()?;
+    // Rank the templates by the compacted makespan of a short instance extrapolated to N
+    // (exact once the middle is periodic), and complete the best few in full.
+    let est: Vec<i64> = templates
+        .par_iter()
+        .map(|t| {
+            let kr = ((t.length(&kp) + t.period - 1) / t.period) as usize;
+            let ns = nk.min(2 * kr + 3);
+            let c = crate::complete::compact(&kp, ns, &t.unroll(ns));
+            let mk = (0..c.len()).map(|x| c[x] + kp.span(x % kp.nblocks())).max().unwrap_or(0);
+            mk + (nk - ns) as i64 * t.period
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..templates.len()).collect();
+    order.sort_by_key(|&i| (est[i], i));
+    order.truncate(opts.complete_top.max(1));
+    let templates: Vec<Template> = order.iter().map(|&i| templates[i].clone()).collect();
+    // Complete every candidate; the best makespan wins, ties to the earlier candidate.
+    let ramp = RampOptions { node_budget: opts.ramp_budget, transplant_budget: opts.transplant_budget, deadline };
+    let done: Vec<Result<(Vec<i64>, i64, Method)>> = templates
+        .par_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            // The ramp search runs on the best-ranked template only. It does not know FIFO
+            // between replica copies, so K > 1 uses compaction.
+            let ramp = if k == 1 && i == 0 { Some(&ramp) } else { None };
+            let c = complete(&kp, t, nk, &opts.memory, opts.convention, ramp, progress)?;
+            let starts = if k == 1 { c.starts } else { unreplicate(n, k, opts.nmicros, &c.starts) };
+            let mk = (0..starts.len()).map(|x| starts[x] + premise.span(x % n)).max().unwrap_or(0);
+            Ok((starts, mk, c.method))
+        })
+        .collect();
+    let mut done: Vec<(Vec<i64>, i64, Method)> = done.into_iter().collect::<Result<_>>()?;
+    let candidates: Vec<Candidate> = templates
+        .iter()
+        .zip(&done)
+        .map(|(t, c)| Candidate { period: t.period, length: t.length(&kp), makespan: c.1, method: c.2 })
+        .collect();
+    let best = (0..done.len()).min_by_key(|&i| (done[i].1, i)).expect("at least one template");
+    let template = templates[best].clone();
+    let (mut starts, mk, mut method) = done.swap_remove(best);
+    let mut makespan_optimal = false;
+    if k == 1 && n * opts.nmicros <= opts.exact_jobs && deadline.is_none_or(|dl| Instant::now() < dl) {
+        let eo = ExactOptions { node_budget: 20_000_000, deadline, memo_limit: 4_000_000 };
+        match exact::solve(premise, opts.nmicros, &opts.memory, opts.convention, Some(starts.clone()), &eo, progress) {
+            Ok(Some(r)) => {
+                makespan_optimal = r.proved_optimal;
+                if r.makespan < mk {
+                    (starts, method) = (r.starts, Method::Exact);
+                }
+            }
+            Ok(None) => {}
+            Err(Error::Cancelled) => return Err(Error::Cancelled),
+            Err(e) => return Err(e),
+        }
+    }
+    debug_assert!(crate::check::check(premise, opts.nmicros, &starts, &opts.memory, opts.convention, true).is_ok());
+    if let Err(msg) = crate::check::check(premise, opts.nmicros, &starts, &opts.memory, opts.convention, true) {
+        return Err(Error::Numerical(format!("internal error: the search produced an invalid schedule ({msg})")));
+    }
+    let mut schedule = Schedule::new(Arc::new(premise.clone()), opts.nmicros, starts)?;
+    schedule.memory = opts.memory.clone();
+    schedule.convention = opts.convention;
+    schedule.period = Some(template.period);
+    schedule.repetend = repetend_window(premise, &schedule, &template, k);
+    // A schedule's template is 1-periodic (one start per block); the K-fold one stays in the result.
+    schedule.template = (k == 1).then(|| template.starts.clone());
+    Ok(SearchResult {
+        period: template.period,
+        periodic_k: k,
+        template,
+        proved_optimal: proved,
+        makespan_optimal,
+        schedule,
+        method,
+        candidates,
+        nodes,
+        search_time: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A window `[x, x + P)` in the middle of the schedule where every block of the template
+/// appears once and the schedule repeats with period P around it; None when there is none.
+fn repetend_window(p: &Premise, s: &Schedule, t: &Template, k: usize) -> Option<(i64, i64)> {
+    let n = p.nblocks();
+    let nm = s.nmicros;
+    let per = t.period;
+    // Micro-batch steps of the steady state: j -> j + k shifts every start by P.
+    let periodic = |j: usize| j + k < nm && (0..n).all(|g| s.start(j + k, g) - s.start(j, g) == per);
+    let span = t.length(&replicate(p, k).ok()?);
+    let kr = ((span + per - 1) / per) as usize * k;
+    let mid = nm / 2;
+    let j0 = mid.saturating_sub(kr / 2).max(kr.min(nm));
+    if j0 + kr + k >= nm || !(j0..j0 + kr).all(periodic) {
+        return None;
+    }
+    // The template's first block of micro-batch j0 + kr - k starts the window.
+    let ref_block = (0..t.starts.len()).min_by_key(|&g| t.starts[g])?;
+    let (c, g) = (ref_block / n, ref_block % n);
+    let x = s.start(j0 + kr - k + c, g);
+    Some((x, x + per))
+}
