@@ -606,9 +606,10 @@ impl<'a, const K: usize> Search<'a, K> {
 
     fn tick(&mut self) {
         self.nodes += 1;
-        if self.nodes % 4096 == 0 {
+        if self.nodes.is_multiple_of(4096) {
             let total = self.global_nodes.fetch_add(4096, Ordering::Relaxed) + 4096;
-            let _ = self.progress.update(total, 0);
+            // Progress in nodes against the budgets of the periods searched together.
+            let _ = self.progress.update(total, self.budget.saturating_mul(self.bounds.len() as u64));
             if self.progress.cancelled() {
                 self.cancelled = true;
                 self.stop = true;
