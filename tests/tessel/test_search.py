@@ -163,6 +163,17 @@ def test_progress_is_reported_and_can_stop_the_search():
     with pytest.raises(Stop):
         tessel.exact(p, 6, 6, progress=cb)
     assert calls
+    # The repetend search reports too: the 2-periodic replica of the memory-tight M-shape takes
+    # seconds (periods below 2 P* are proved infeasible node by node).
+    seen = []
+
+    def cb2(done, total):
+        seen.append((done, total))
+        raise Stop
+
+    with pytest.raises(Stop):
+        tessel.search(tessel.premise("mshape", 4), memory=4, nmicros=8, periodic_k=2, progress=cb2)
+    assert seen and seen[0][1] > 0
     # A budget ends the proof without an error.
     r = tessel.exact(p, 6, 6, node_budget=2000)
     assert not r.proved_optimal and r.schedule is not None

@@ -357,7 +357,7 @@ impl<'a> Sgs<'a> {
 
     fn tick(&mut self) {
         self.nodes += 1;
-        if self.nodes % 4096 == 0 {
+        if self.nodes.is_multiple_of(4096) {
             if self.progress.update(self.nodes, self.budget).is_break() || self.progress.cancelled() {
                 self.cancelled = true;
                 self.stop = true;

@@ -26,14 +26,11 @@ fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -
     let mut a: Vec<Option<i64>> = vec![None; n];
     let height: Vec<i64> = (0..n).map(|g| p.span(g) + p.tails()[g]).collect();
     let mut budget = 3 * n;
-    loop {
-        // The highest block whose predecessors are all placed.
-        let Some(g) = (0..n)
-            .filter(|&g| a[g].is_none() && p.preds(g).iter().all(|&(f, _)| a[f].is_some()))
-            .max_by_key(|&g| (height[g], std::cmp::Reverse(g)))
-        else {
-            break;
-        };
+    // Each round takes the highest block whose predecessors are all placed.
+    while let Some(g) = (0..n)
+        .filter(|&g| a[g].is_none() && p.preds(g).iter().all(|&(f, _)| a[f].is_some()))
+        .max_by_key(|&g| (height[g], std::cmp::Reverse(g)))
+    {
         let est = p.preds(g).iter().map(|&(f, c)| a[f].unwrap_or(0) + p.span(f) + c).max().unwrap_or(0);
         let fits = |x: i64, occ: &Vec<Vec<usize>>| {
             p.block(g).devices.iter().all(|&d| (0..p.span(g)).all(|k| occ[d][(x + k).rem_euclid(period) as usize] == usize::MAX))

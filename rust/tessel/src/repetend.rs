@@ -51,6 +51,11 @@ pub struct RepetendOptions {
     pub min_period: i64,
     /// Largest period searched (0: up to `sum(spans) + sum(lags)`).
     pub max_period: i64,
+    /// The number of micro-batches the templates are for (default 1). A period `P` above a
+    /// feasible `P'` is only of interest when `L(P) < L(P') - (N - 1)(P - P')`: its unrolled
+    /// makespan `(N - 1) P + L` is then shorter. N = 1 keeps every period whose template is
+    /// shorter than those of the smaller periods.
+    pub nmicros: usize,
 }
 
 impl RepetendOptions {
@@ -64,6 +69,7 @@ impl RepetendOptions {
             within_period: Vec::new(),
             min_period: 0,
             max_period: 0,
+            nmicros: 1,
         }
     }
 }
@@ -164,12 +170,12 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
         }
         let bounds: Vec<AtomicI64> = (lo..=hi).map(|_| AtomicI64::new(i64::MAX)).collect();
         // Smaller periods already searched bound every task of this batch.
-        let prior = results.iter().filter_map(|r| r.length(premise)).min().unwrap_or(i64::MAX);
+        let prior: Vec<(i64, i64)> = results.iter().filter_map(|r| Some((r.period, r.length(premise)?))).collect();
         let out: Vec<Result<PeriodOutcome>> = (lo..=hi)
             .into_par_iter()
             .map(|p| {
                 let idx = (p - lo) as usize;
-                let r = search_period(premise, p, opts, &bounds, idx, prior, &nodes, progress)?;
+                let r = search_period(premise, p, opts, &bounds, lo, &prior, &nodes, progress)?;
                 if let Some(t) = &r.best {
                     bounds[idx].fetch_min(t.length(premise), Ordering::Relaxed);
                 }
@@ -201,17 +207,22 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
     };
     let min_period_proved =
         results.iter().filter(|r| r.period < ps).all(|r| r.exhausted) && p_lb == premise.period_lower_bound().max(1);
-    // Keep the periods of the window that beat every smaller period.
-    let mut periods = Vec::new();
-    let mut best_so_far = i64::MAX;
-    for r in results.into_iter().filter(|r| r.period >= ps && r.period <= ps + opts.delta_p) {
-        if let Some(l) = r.length(premise) {
-            if l < best_so_far {
-                best_so_far = l;
-                periods.push(r);
+    // Keep the periods of the window that beat every smaller period (the rule of
+    // `RepetendOptions::nmicros`); a period beaten this way keeps only its first template.
+    let nm1 = opts.nmicros.saturating_sub(1).min(1 << 20) as i64;
+    let mut periods: Vec<PeriodOutcome> = Vec::new();
+    for mut r in results.into_iter().filter(|r| r.period >= ps && r.period <= ps + opts.delta_p) {
+        let Some(l) = r.length(premise) else { continue };
+        let beaten = periods.iter().any(|o| o.best.is_some() && l >= o.length(premise).unwrap_or(i64::MAX) - nm1 * (r.period - o.period));
+        if beaten {
+            if r.period == ps {
+                continue;
             }
+            r.best = None;
         }
+        periods.push(r);
     }
+    periods.retain(|o| o.best.is_some() || o.first.is_some());
     Ok(Repetends { min_period: Some(ps), min_period_proved, periods, nodes })
 }
 
@@ -230,7 +241,7 @@ pub fn enumerate(premise: &Premise, period: i64, opts: &RepetendOptions, max_len
     let progress = maleki_common::NoProgress;
     macro_rules! run {
         ($k:literal) => {{
-            let mut s = Search::<$k>::new(premise, period, opts, &bounds, 0, i64::MAX, &nodes, &progress);
+            let mut s = Search::<$k>::new(premise, period, opts, &bounds, period, &[], &nodes, &progress);
             s.collect = limit;
             // Completion may prefer templates outside the dominance domains.
             s.capped.iter_mut().for_each(|c| *c = false);
@@ -260,15 +271,15 @@ fn search_period(
     period: i64,
     opts: &RepetendOptions,
     bounds: &[AtomicI64],
-    idx: usize,
-    prior: i64,
+    lo: i64,
+    prior: &[(i64, i64)],
     nodes: &AtomicU64,
     progress: &dyn Progress,
 ) -> Result<PeriodOutcome> {
     let words = (period as usize).div_ceil(64);
     macro_rules! run {
         ($k:literal) => {
-            Search::<$k>::new(premise, period, opts, bounds, idx, prior, nodes, progress).run()
+            Search::<$k>::new(premise, period, opts, bounds, lo, prior, nodes, progress).run()
         };
     }
     match words {
@@ -362,8 +373,11 @@ struct Search<'a, const K: usize> {
     l_cap: i64,
     // Shared bounds.
     bounds: &'a [AtomicI64],
-    idx: usize,
-    prior: i64,
+    /// Period of `bounds[0]`; `bounds[period - lo]` is this task's.
+    lo: i64,
+    prior: &'a [(i64, i64)],
+    /// `N - 1` of the period-dominance rule (see [`RepetendOptions::nmicros`]).
+    nm1: i64,
     ext: i64,
     global_nodes: &'a AtomicU64,
     progress: &'a dyn Progress,
@@ -396,8 +410,8 @@ impl<'a, const K: usize> Search<'a, K> {
         period: i64,
         opts: &RepetendOptions,
         bounds: &'a [AtomicI64],
-        idx: usize,
-        prior: i64,
+        lo: i64,
+        prior: &'a [(i64, i64)],
         global_nodes: &'a AtomicU64,
         progress: &'a dyn Progress,
     ) -> Self {
@@ -499,9 +513,10 @@ impl<'a, const K: usize> Search<'a, K> {
             root: cp,
             l_cap: cp + n as i64 * period + 1,
             bounds,
-            idx,
+            lo,
             prior,
-            ext: prior,
+            nm1: opts.nmicros.saturating_sub(1).min(1 << 20) as i64,
+            ext: i64::MAX,
             global_nodes,
             progress,
             budget: opts.node_budget,
@@ -591,9 +606,10 @@ impl<'a, const K: usize> Search<'a, K> {
 
     fn tick(&mut self) {
         self.nodes += 1;
-        if self.nodes % 4096 == 0 {
+        if self.nodes.is_multiple_of(4096) {
             let total = self.global_nodes.fetch_add(4096, Ordering::Relaxed) + 4096;
-            let _ = self.progress.update(total, 0);
+            // Progress in nodes against the budgets of the periods searched together.
+            let _ = self.progress.update(total, self.budget.saturating_mul(self.bounds.len() as u64));
             if self.progress.cancelled() {
                 self.cancelled = true;
                 self.stop = true;
@@ -601,11 +617,26 @@ impl<'a, const K: usize> Search<'a, K> {
             if self.nodes >= self.budget || self.deadline.is_some_and(|d| Instant::now() >= d) {
                 self.stop = true;
             }
-            self.ext = self.prior;
-            for b in &self.bounds[..self.idx] {
-                self.ext = self.ext.min(b.load(Ordering::Relaxed));
+            self.ext = self.external_bound();
+        }
+    }
+
+    /// The best `L` of the smaller periods, shifted by the period-dominance rule.
+    fn external_bound(&self) -> i64 {
+        let shift = |q: i64, l: i64| if l == i64::MAX { i64::MAX } else { l - self.nm1 * (self.period - q) };
+        let mut b = i64::MAX;
+        for &(q, l) in self.prior {
+            if q < self.period {
+                b = b.min(shift(q, l));
             }
         }
+        for (j, x) in self.bounds.iter().enumerate() {
+            let q = self.lo + j as i64;
+            if q < self.period {
+                b = b.min(shift(q, x.load(Ordering::Relaxed)));
+            }
+        }
+        b
     }
 
     /// Phase 1: a residue for every multi-device block (the most constrained ones), reserved
@@ -882,7 +913,7 @@ impl<'a, const K: usize> Search<'a, K> {
         if l < self.best_l {
             self.best_l = l;
             self.best = Some(self.a.clone());
-            self.bounds[self.idx].fetch_min(l, Ordering::Relaxed);
+            self.bounds[(self.period - self.lo) as usize].fetch_min(l, Ordering::Relaxed);
             if l <= self.root {
                 self.stop = true;
             }

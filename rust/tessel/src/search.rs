@@ -9,8 +9,9 @@
 //!    completed to N micro-batches ([`crate::complete`]): compaction and the ramp search.
 //! 3. For small instances (`N * n <= exact_jobs`) the exact solver ([`crate::exact`]) runs
 //!    last, seeded with the best schedule, within the remaining time.
-//! The best makespan wins; ties go to the earlier candidate (smaller period, then the
-//! shortest template), so the result does not depend on the thread count unless a time limit
+//!
+//! The best makespan wins; ties go to the candidate ranked first (then to the earlier one in
+//! search order), so the result does not depend on the thread count unless a time limit
 //! cuts a search short.
 //!
 //! `periodic_k = K > 1` searches K-periodic repetends: the premise is replicated K times (copy
@@ -186,8 +187,8 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     ropts.node_budget = opts.node_budget;
     ropts.deadline = deadline;
     ropts.min_period = opts.min_period;
+    ropts.nmicros = opts.nmicros.div_ceil(k);
     let large = kp.nblocks() > 40 || d > 16;
-    let mut ropts = ropts;
     let mut templates: Vec<Template> = Vec::new();
     if k > 1 {
         // The 1-periodic optimum, replicated, is a K-periodic template at K times its period:
@@ -201,8 +202,11 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
             if let Some(t) = r.periods.first().and_then(|o| o.best.as_ref()) {
                 let starts = (0..k).flat_map(|c| t.starts.iter().map(move |a| a + c as i64 * t.period)).collect();
                 templates.push(Template::new(k as i64 * t.period, starts));
-                // The replica search only looks for shorter periods.
-                ropts.max_period = k as i64 * t.period - 1;
+                // The replica search looks up to this period (where it has more freedom than
+                // the replicated template), with a smaller budget per period: the periods
+                // below K P* are often infeasible and slow to prove so.
+                ropts.max_period = k as i64 * t.period;
+                ropts.node_budget = (opts.node_budget / 25).max(1);
             }
         }
     }

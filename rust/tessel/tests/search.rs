@@ -220,8 +220,12 @@ fn lower_bounds_hold() {
         let r = construct(&p, &RepetendOptions::new(vec![UNLIMITED; 4]), &NoProgress).unwrap();
         let ps = r.min_period.unwrap();
         assert!(ps >= p.period_lower_bound());
+        assert!(r.periods[0].best.is_some());
         for o in &r.periods {
-            assert!(o.length(&p).unwrap() >= p.critical_path(), "{name}");
+            for t in [&o.best, &o.first].into_iter().flatten() {
+                assert!(t.length(&p) >= p.critical_path(), "{name}");
+                assert_eq!(t.check(&p, &[UNLIMITED; 4], MemoryConvention::Start), Ok(()));
+            }
         }
     }
 }
