@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Property tests are derandomized (the same examples on every run and machine) and have no
+# per-example deadline: CI machines are shared and slow, and a deadline is a timing assertion.
+settings.register_profile("maleki", derandomize=True, deadline=None, print_blob=True)
+settings.load_profile("maleki")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -247,7 +247,7 @@ SEARCH_ARGS = st.fixed_dictionaries(
     {},
     optional={
         "memory": st.one_of(st.none(), st.integers(-3, 50), st.lists(st.integers(-1, 9), max_size=5), st.just(math.nan)),
-        "nmicros": st.one_of(st.integers(-2, 40), st.just(2**70), st.floats(), st.text(max_size=2)),
+        "nmicros": st.one_of(st.integers(-2, 40), st.just(2**70), st.floats(), st.text(alphabet=st.characters(codec="ascii"), max_size=2)),
         "time_limit": st.one_of(st.none(), st.floats(allow_nan=True), st.integers(-1, 3)),
         "periodic_k": st.one_of(st.integers(-1, 5), st.none()),
         "delta_p": st.integers(-2, 100),
