@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import doctest
-import re
-from pathlib import Path
-
-import pytest
 
 import maleki_rs.pose._estimate as estimate_module
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_docstring_examples():
