@@ -25,8 +25,10 @@ static REQUESTED: AtomicUsize = AtomicUsize::new(0); // 0: not set explicitly
 static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// The default pool, with the fork generation it was built in.
 static POOL: Mutex<Option<(u64, Arc<ThreadPool>)>> = Mutex::new(None);
-/// Pools of an explicit size (per-call `threads=` arguments), with their fork generation.
-static SIZED: Mutex<Option<(u64, HashMap<usize, Arc<ThreadPool>>)>> = Mutex::new(None);
+/// Pools of an explicit size (per-call `threads=` arguments), keyed by size.
+type SizedPools = HashMap<usize, Arc<ThreadPool>>;
+/// The sized pools, with the fork generation they were built in.
+static SIZED: Mutex<Option<(u64, SizedPools)>> = Mutex::new(None);
 
 /// Sets the number of worker threads (>= 1). The pool is rebuilt at its next use; calls
 /// already running keep their old pool.
@@ -202,7 +204,7 @@ mod tests {
         mark_forked();
         let b = sized_pool(3).unwrap();
         assert!(!Arc::ptr_eq(&a, &b));
-        assert_eq!(install(|| rayon::current_num_threads()), num_threads());
+        assert_eq!(install(rayon::current_num_threads), num_threads());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! Results are built as `Vec`s and moved into numpy without a copy.
 
 use numpy::ndarray::{ArrayD, Dimension, IxDyn};
-use numpy::{Element, IntoPyArray, PyArrayDyn, PyReadonlyArray, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::{Element, IntoPyArray, PyArrayDyn, PyReadonlyArray};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -14,25 +14,6 @@ pub fn slice<'a, T: Element, D: Dimension>(a: &'a PyReadonlyArray<'_, T, D>, nam
     a.as_slice().map_err(|_| {
         PyValueError::new_err(format!("{name}: array must be C-contiguous (pass it through np.ascontiguousarray)"))
     })
-}
-
-/// Checks `a`'s shape against `expected`, where `None` matches any length. Returns the shape.
-pub fn shape_of(a: &PyReadonlyArrayDyn<'_, impl Element>, name: &str, expected: &[Option<usize>]) -> PyResult<Vec<usize>> {
-    let got = a.shape().to_vec();
-    let ok = got.len() == expected.len() && got.iter().zip(expected).all(|(g, e)| e.is_none_or(|e| e == *g));
-    if ok {
-        Ok(got)
-    } else {
-        let want: Vec<String> = expected
-            .iter()
-            .map(|e| e.map_or("*".to_string(), |v| v.to_string()))
-            .collect();
-        Err(PyValueError::new_err(format!(
-            "{name}: expected shape ({}), got {:?}",
-            want.join(", "),
-            got
-        )))
-    }
 }
 
 /// Moves `data` into a new numpy array of the given shape (no copy).
