@@ -154,7 +154,7 @@ def search(
     node_budget: int = 5_000_000,
     ramp_budget: int = 20_000,
     transplant_budget: int = 0,
-    concat_budget: int = 2_000,
+    concat_budget: int = 1_000,
     exact_jobs: int = 72,
     progress: Any = False,
 ) -> SearchResult:

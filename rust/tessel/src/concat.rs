@@ -181,7 +181,7 @@ pub struct ConcatOptions {
 
 impl Default for ConcatOptions {
     fn default() -> Self {
-        ConcatOptions { node_budget: 2_000, max_splits: 12, assemble: 4, deadline: None }
+        ConcatOptions { node_budget: 1_000, max_splits: 12, assemble: 4, deadline: None }
     }
 }
 

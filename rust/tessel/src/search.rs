@@ -83,7 +83,7 @@ impl SearchOptions {
             node_budget: 5_000_000,
             ramp_budget: 20_000,
             transplant_budget: 0,
-            concat_budget: 2_000,
+            concat_budget: 1_000,
             concat_splits: 12,
             exact_jobs: 72,
             enumerate: 128,
