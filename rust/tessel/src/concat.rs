@@ -198,9 +198,11 @@ pub struct Concatenation {
 }
 
 /// The best Tessel-style completion of any of `templates` (in order of preference: their
-/// splits are taken in this order up to `max_splits` distinct counts). Ties go to the earlier
-/// template and cut, so the result does not depend on the thread count (unless a deadline
-/// cuts a solve short). Runs rayon iterators in the caller's pool.
+/// splits are taken in this order up to `max_splits` distinct counts). The `assemble` splits
+/// with the shortest plain concatenations are assembled; ties go to the shorter plain
+/// concatenation, then to the earlier template and cut, so the result does not depend on the
+/// thread count (unless a deadline cuts a solve short). Runs rayon iterators in the caller's
+/// pool.
 #[allow(clippy::too_many_arguments)]
 pub fn best(
     p: &Premise,
@@ -235,7 +237,12 @@ pub fn best(
     if pairs.is_empty() {
         return Ok(None);
     }
-    let eo = ExactOptions { node_budget: opts.node_budget, deadline: opts.deadline, memo_limit: 1 << 18, ..Default::default() };
+    let eo = ExactOptions {
+        node_budget: opts.node_budget,
+        deadline: opts.deadline,
+        memo_limit: 1 << 18,
+        ..Default::default()
+    };
     let solved: Vec<Result<Option<Ramps>>> =
         solves.par_iter().map(|(i, s)| ramps(p, &templates[*i], s, memory, &eo, progress)).collect();
     let solved: Vec<Option<Ramps>> = solved

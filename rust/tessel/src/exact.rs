@@ -166,7 +166,11 @@ pub(crate) fn run_range(
     let mut s = Sgs::new(premise, nmicros, memory, None, Some((lo, hi)), opts, progress);
     if let Some(st) = incumbent {
         if st.len() == n * nmicros {
-            s.best = (0..n).flat_map(|g| (lo[g]..hi[g]).map(move |j| (g, j))).map(|(g, j)| st[j * n + g] + premise.span(g)).max().unwrap_or(0);
+            s.best = (0..n)
+                .flat_map(|g| (lo[g]..hi[g]).map(move |j| (g, j)))
+                .map(|(g, j)| st[j * n + g] + premise.span(g))
+                .max()
+                .unwrap_or(0);
             s.best_starts = Some(st);
         }
     }

@@ -308,9 +308,8 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     let best = (0..done.len()).min_by_key(|&i| (done[i].1, i)).expect("at least one template");
     let mut template = templates[best].clone();
     let (mut starts, mut mk, mut method) = done.swap_remove(best);
-    // The Tessel-style completion (spec §4.3 step 3), from the ranked templates: kept when
-    // shorter.
-    // Like the ramp search it does not know FIFO between replica copies, so K = 1 only.
+    // The Tessel-style completion (spec §4.3 step 3) of the ranked templates, kept when
+    // shorter. Like the ramp search it does not know FIFO between replica copies: K = 1 only.
     if k == 1 && opts.concat_budget > 0 {
         let co = ConcatOptions {
             node_budget: opts.concat_budget,

@@ -191,10 +191,15 @@ fn concatenations_are_valid_and_assembly_is_never_longer() {
 fn the_references_repetend_on_mshape_m4() {
     let p = builtin("mshape", 4, &Options::default()).unwrap();
     let caps = [4; 4];
-    let rep = TesselRepetend { period: 7, mids: vec![5, 4, 4, 3, 3, 3, 2, 1, 0, 0], steps: vec![0, 4, 5, 1, 2, 3, 3, 2, 1, 6] };
+    let rep = TesselRepetend {
+        period: 7,
+        mids: vec![5, 4, 4, 3, 3, 3, 2, 1, 0, 0],
+        steps: vec![0, 4, 5, 1, 2, 3, 3, 2, 1, 6],
+    };
     let t = Template::from_tessel(&rep).unwrap();
     assert_eq!(t.check(&p, &caps, START), Ok(()));
-    let s = splits(&p, &t).into_iter().find(|s| s.counts == [5, 4, 4, 3, 3, 3, 2, 1, 0, 0]).expect("the reference's cut");
+    let s =
+        splits(&p, &t).into_iter().find(|s| s.counts == [5, 4, 4, 3, 3, 3, 2, 1, 0, 0]).expect("the reference's cut");
     let r = ramps(&p, &t, &s, &caps, &ExactOptions::default(), &NoProgress).unwrap().unwrap();
     assert!(r.warmup.proved_optimal && r.cooldown.proved_optimal);
     assert_eq!((r.warmup.makespan, r.cooldown.makespan), (20, 24));
