@@ -281,9 +281,10 @@ def main() -> None:
     full = part_full_vs_repetend(args.quick)
     sca = part_scaling(args.quick)
     links = save_pictures(pics1 + pics2) if not args.no_write else []
+    build = "`ci` profile (debug assertions on)" if maleki_rs._core.build_info()["debug_assertions"] else "release"
     body = f"""## Tessel's comparisons at simulator level
 
-Command: `{command_line()}` (one thread). Machine: {machine_info()}. Total {time.perf_counter() - t0:.1f} s.
+Command: `{command_line()}` (one thread). Machine: {machine_info()}; extension build: {build}. Total {time.perf_counter() - t0:.1f} s.
 
 Schedules are compared by makespan in the premise's time units (forward 1, backward 3,
 tensor-parallel block 1 unless noted), simulated and checked (V1-V4 and the memory cap) for

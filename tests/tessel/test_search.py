@@ -53,7 +53,8 @@ def test_search_outputs_are_valid(name, train):
         _check(p, r.schedule, None if mem is None else [mem] * 4)
         assert r.schedule.validate() == []
         assert r.period >= max(p.work.tolist())
-        assert r.search_time >= 0 and r.method in ("compacted", "ramp_search", "exact", "unrolled")
+        assert r.search_time >= 0
+        assert r.method in ("compacted", "ramp_search", "concatenated", "exact", "unrolled")
         # The template satisfies T1-T3 (the other helper's template validator).
         assert tessel.validate_template(p, r.template, r.period, memory=mem) == []
 
@@ -90,6 +91,7 @@ PARITY = [
     ("mshape", 4, 6, True, 6, 12),
     ("nnshape", 4, 6, True, 8, 19),
     ("kshape", 4, 6, True, 6, 7),
+    ("mshape", 4, 4, True, 7, 9),
     ("mshape", 6, 20, True, 6, 50),
     ("kshape", 8, None, False, 2, 4),
 ]
@@ -102,6 +104,21 @@ def test_parity_with_the_reference(name, d, mem, train, per, c):
         r = tessel.search(p, memory=mem, nmicros=n)
         assert r.period == per
         assert r.schedule.makespan <= per * n + c
+
+
+def test_tessel_style_completion_on_memory_tight_mshape():
+    # The reference composes warm-up | repetend | cool-down and reaches 7N+9 here; compaction
+    # alone gives 7N+11 (concat_budget=0 turns the Tessel-style completion off).
+    p = tessel.premise("mshape", 4)
+    for n in (8, 32):
+        r = tessel.search(p, memory=4, nmicros=n)
+        assert r.period == 7 and r.method == "concatenated"
+        assert r.schedule.makespan <= 7 * n + 7
+        _check(p, r.schedule, [4] * 4)
+        assert any(m == "concatenated" for *_, m in r.candidates)
+        off = tessel.search(p, memory=4, nmicros=n, concat_budget=0, ramp_budget=0)
+        assert off.method == "compacted" and off.schedule.makespan == 7 * n + 11
+        _check(p, off.schedule, [4] * 4)
 
 
 def test_infeasible_memory_raises_infeasible_error():
@@ -142,6 +159,7 @@ def test_identical_on_one_and_two_threads():
         for t in (1, 2):
             maleki_rs.set_num_threads(t)
             rs = [tessel.search(tessel.premise(nm, 4), memory=6, nmicros=12) for nm in ("mshape", "nnshape", "xshape")]
+            rs.append(tessel.search(tessel.premise("mshape", 4), memory=4, nmicros=32))
             out.append([(r.period, r.template.tolist(), r.schedule.starts.tolist()) for r in rs])
         assert out[0] == out[1]
     finally:
@@ -253,6 +271,7 @@ SEARCH_ARGS = st.fixed_dictionaries(
         "delta_p": st.integers(-2, 100),
         "memory_convention": st.one_of(st.sampled_from(["start", "alloc_start_free_end", "x"]), st.integers()),
         "node_budget": st.integers(-5, 10**6),
+        "concat_budget": st.one_of(st.integers(-5, 10**4), st.floats(), st.none()),
         "exact_jobs": st.integers(-1, 20),
     },
 )

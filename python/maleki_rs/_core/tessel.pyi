@@ -114,6 +114,7 @@ def search(
     node_budget: int,
     ramp_budget: int,
     transplant_budget: int,
+    concat_budget: int,
     exact_jobs: int,
     progress: Any = None,
 ) -> dict[str, Any]: ...

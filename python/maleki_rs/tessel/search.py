@@ -55,7 +55,8 @@ class SearchResult:
     makespan_optimal : bool
         The exact solver proved the schedule's makespan optimal (small instances only).
     method : str
-        How the schedule was completed: ``"compacted"``, ``"ramp_search"`` or ``"exact"``.
+        How the schedule was completed: ``"compacted"``, ``"ramp_search"``,
+        ``"concatenated"`` (Tessel-style: warm-up, repetend windows, cool-down) or ``"exact"``.
     search_time : float
         Wall-clock seconds.
     schedule : Schedule
@@ -153,6 +154,7 @@ def search(
     node_budget: int = 5_000_000,
     ramp_budget: int = 20_000,
     transplant_budget: int = 0,
+    concat_budget: int = 1_000,
     exact_jobs: int = 72,
     progress: Any = False,
 ) -> SearchResult:
@@ -185,6 +187,11 @@ def search(
         about three template lengths, searched whole) and of longer ones (searched on a short
         instance and transplanted; off by default, as it is slow to pay off: about 2 million
         nodes take mshape D4 M4 from 7N+11 to 7N+8).
+    concat_budget : int
+        Node budget of each warm-up and each cool-down solve of the Tessel-style completion
+        (an optimal warm-up, the repetend repeated, an optimal cool-down, as the reference
+        composes its schedules; the better of it and the other completions wins; 0: off).
+        The default takes mshape D4 M4 to 7N+7 in a few milliseconds.
     exact_jobs : int
         Also run the exact solver when ``nmicros * nblocks`` is at most this (0: never).
     progress : bool or callable
@@ -214,9 +221,10 @@ def search(
     nb = check_int(node_budget, "node_budget", min=1, max=1 << 62)
     rb = check_int(ramp_budget, "ramp_budget", min=0, max=1 << 62)
     tb = check_int(transplant_budget, "transplant_budget", min=0, max=1 << 62)
+    cb = check_int(concat_budget, "concat_budget", min=0, max=1 << 62)
     ej = check_int(exact_jobs, "exact_jobs", min=0, max=10_000)
     with reporter(progress, "tessel search") as rep:
-        d = _t.search(p._core, caps, nm, conv, dp, k, tl, nb, rb, tb, ej, rep.callback)
+        d = _t.search(p._core, caps, nm, conv, dp, k, tl, nb, rb, tb, cb, ej, rep.callback)
     s = Schedule._from_core(d["schedule"])
     template = np.asarray(d["template"], dtype=np.int64)
     template.setflags(write=False)

@@ -49,7 +49,7 @@ fn u64_arg(v: i64, name: &str) -> PyResult<u64> {
 /// `makespan_optimal`, `method`, `candidates`, `nodes`, `search_time` and `schedule` (the
 /// fields of a `Schedule`).
 #[pyfunction(name = "search")]
-#[pyo3(signature = (premise, memory, nmicros, convention, delta_p, periodic_k, time_limit, node_budget, ramp_budget, transplant_budget, exact_jobs, progress=None))]
+#[pyo3(signature = (premise, memory, nmicros, convention, delta_p, periodic_k, time_limit, node_budget, ramp_budget, transplant_budget, concat_budget, exact_jobs, progress=None))]
 #[allow(clippy::too_many_arguments)]
 fn search_py<'py>(
     py: Python<'py>,
@@ -63,6 +63,7 @@ fn search_py<'py>(
     node_budget: i64,
     ramp_budget: i64,
     transplant_budget: i64,
+    concat_budget: i64,
     exact_jobs: i64,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -76,6 +77,7 @@ fn search_py<'py>(
     o.node_budget = u64_arg(node_budget, "node_budget")?;
     o.ramp_budget = u64_arg(ramp_budget, "ramp_budget")?;
     o.transplant_budget = u64_arg(transplant_budget, "transplant_budget")?;
+    o.concat_budget = u64_arg(concat_budget, "concat_budget")?;
     o.exact_jobs = usize_arg(exact_jobs, "exact_jobs")?;
     let pc = p.clone();
     let r = run_monitored(py, progress, move |pr| core_search::search(&pc, &o, pr))?;

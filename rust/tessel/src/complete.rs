@@ -20,7 +20,7 @@ use maleki_common::progress::{NoProgress, Progress};
 use maleki_common::Result;
 
 use crate::check::check;
-use crate::exact::{self, ExactOptions, Forced};
+use crate::exact::{self, BranchOrder, ExactOptions, Forced};
 use crate::model::{MemoryConvention, Premise};
 use crate::template::Template;
 
@@ -30,6 +30,8 @@ pub enum Method {
     Unrolled,
     Compacted,
     RampSearch,
+    /// Tessel-style: warm-up, repetend windows, cool-down ([`crate::concat`]).
+    Concatenated,
     Exact,
 }
 
@@ -39,6 +41,7 @@ impl Method {
             Method::Unrolled => "unrolled",
             Method::Compacted => "compacted",
             Method::RampSearch => "ramp_search",
+            Method::Concatenated => "concatenated",
             Method::Exact => "exact",
         }
     }
@@ -259,7 +262,12 @@ pub fn ramp_search(
     let n = p.nblocks();
     let l = t.length(p);
     let k = ((l + t.period - 1) / t.period).max(1) as usize;
-    let opts = ExactOptions { node_budget: ro.node_budget, deadline: ro.deadline, memo_limit: 1 << 20 };
+    let opts = ExactOptions {
+        node_budget: ro.node_budget,
+        deadline: ro.deadline,
+        memo_limit: 1 << 20,
+        order: BranchOrder::BackwardFirst,
+    };
     if nmicros <= 3 * k + 1 {
         if nmicros * n > 4096 {
             return Ok(None);

@@ -16,7 +16,8 @@
 //!
 //! The bound is `max(makespan so far, max_d [free_d + remaining W_d + min remaining tail on d],
 //! max_g [earliest next start of g + remaining copies x s_g + tail_g])`.
-//! Branch order: earliest start, then backward before forward, then lower micro-batch.
+//! Branch order: earliest start, then [`BranchOrder`] (by default the longer tail first),
+//! then lower micro-batch.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -26,6 +27,19 @@ use maleki_common::{Error, Result};
 
 use crate::model::{Kind, MemoryConvention, Premise, UNLIMITED};
 
+/// Which eligible job an SGS search tries first among those that start at the same time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BranchOrder {
+    /// The longest tail first, the critical-path priority of list scheduling. It proves the
+    /// optima of spec §9 with about 10x fewer nodes than `BackwardFirst` and finds short
+    /// warm-ups and cool-downs sooner.
+    #[default]
+    LongestTail,
+    /// Backward, then weight, then other blocks (spec §4.4's order): it frees memory first.
+    /// The ramp search keeps it, as it finds the shorter schedules there within its budget.
+    BackwardFirst,
+}
+
 /// Limits of an SGS search.
 #[derive(Clone, Debug)]
 pub struct ExactOptions {
@@ -33,11 +47,12 @@ pub struct ExactOptions {
     pub deadline: Option<Instant>,
     /// Most states kept for dominance checks.
     pub memo_limit: usize,
+    pub order: BranchOrder,
 }
 
 impl Default for ExactOptions {
     fn default() -> Self {
-        ExactOptions { node_budget: 50_000_000, deadline: None, memo_limit: 4_000_000 }
+        ExactOptions { node_budget: 50_000_000, deadline: None, memo_limit: 4_000_000, order: BranchOrder::LongestTail }
     }
 }
 
@@ -104,7 +119,7 @@ pub(crate) fn run(
     progress: &dyn Progress,
 ) -> Result<Option<ExactResult>> {
     let _ = convention;
-    let mut s = Sgs::new(premise, nmicros, memory, forced, opts, progress);
+    let mut s = Sgs::new(premise, nmicros, memory, forced, None, opts, progress);
     if let Some(st) = incumbent {
         if st.len() == s.njobs {
             let mk = (0..st.len()).map(|k| st[k] + premise.span(k % s.n)).max().unwrap_or(0);
@@ -124,6 +139,56 @@ pub(crate) fn run(
         ))),
         None => Ok(None),
     }
+}
+
+/// The jobs `(g, j)` with `lo[g] <= j < hi[g]` of an instance of `nmicros` micro-batches, as a
+/// sub-problem of their own (the warm-up and cool-down phases of a Tessel-style schedule):
+/// every job `(g, j)` with `j < lo[g]` has ended by time 0, and the memory level of device `d`
+/// at time 0 is `sum_g mu_g lo[g]` over its blocks. `lo` and `hi` must be closed under the
+/// precedences (`lo[f] >= lo[g]` and `hi[f] >= hi[g]` for every edge `f -> g`).
+///
+/// Minimises the makespan of the sub-problem (from time 0). `incumbent` (starts of the
+/// range's jobs in a row-major `nmicros x nblocks` array, other entries ignored) seeds the
+/// bound. The result's starts are meaningful for the range's jobs only.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_range(
+    premise: &Premise,
+    nmicros: usize,
+    lo: &[usize],
+    hi: &[usize],
+    memory: &[i64],
+    incumbent: Option<Vec<i64>>,
+    opts: &ExactOptions,
+    progress: &dyn Progress,
+) -> Result<Option<ExactResult>> {
+    let n = premise.nblocks();
+    debug_assert!(lo.len() == n && hi.len() == n && (0..n).all(|g| lo[g] <= hi[g] && hi[g] <= nmicros));
+    let mut s = Sgs::new(premise, nmicros, memory, None, Some((lo, hi)), opts, progress);
+    if let Some(st) = incumbent {
+        if st.len() == n * nmicros {
+            s.best = (0..n)
+                .flat_map(|g| (lo[g]..hi[g]).map(move |j| (g, j)))
+                .map(|(g, j)| st[j * n + g] + premise.span(g))
+                .max()
+                .unwrap_or(0);
+            s.best_starts = Some(st);
+        }
+    }
+    s.dfs(0);
+    if s.cancelled {
+        return Err(Error::Cancelled);
+    }
+    let proved = !s.stop;
+    Ok(s.best_starts.map(|starts| ExactResult { starts, makespan: s.best, proved_optimal: proved, nodes: s.nodes }))
+}
+
+/// The root lower bound of [`run_range`]'s search: no schedule of the range is shorter.
+pub(crate) fn range_lower_bound(premise: &Premise, nmicros: usize, lo: &[usize], hi: &[usize]) -> i64 {
+    let opts = ExactOptions::default();
+    let caps = vec![UNLIMITED; premise.ndevs()];
+    let progress = maleki_common::progress::NoProgress;
+    let mut s = Sgs::new(premise, nmicros, &caps, None, Some((lo, hi)), &opts, &progress);
+    s.bound()
 }
 
 /// The job graph of precedences (with lags), FIFO per block and forced device orders, in
@@ -177,11 +242,16 @@ fn job_graph(p: &Premise, nm: usize, fx: &Forced) -> (Vec<usize>, Vec<Vec<(usize
 struct Sgs<'a> {
     p: &'a Premise,
     n: usize,
-    nm: usize,
+    /// Jobs `(g, j)` with `j < hi[g]` are scheduled (those below the initial counts are done).
+    hi: Vec<usize>,
     njobs: usize,
     caps: Vec<i64>,
     topo: Vec<usize>,
     rank: Vec<usize>,
+    /// Longest path from the end of the last job of each block to the end of the range:
+    /// through the successors with the same `hi` only (the premise's tails for a whole
+    /// instance). A lower bound on the tail of every job of the block.
+    tails: Vec<i64>,
     forced: Option<&'a Forced>,
     /// With forced jobs: all jobs in a topological order of the graph of precedences, FIFO
     /// and forced device orders, with their incoming edges `(job, weight)`.
@@ -205,6 +275,7 @@ struct Sgs<'a> {
     memo: HashMap<Vec<u16>, Vec<Vec<i64>>>,
     memo_size: usize,
     memo_limit: usize,
+    order: BranchOrder,
     nodes: u64,
     budget: u64,
     deadline: Option<Instant>,
@@ -219,31 +290,59 @@ impl<'a> Sgs<'a> {
         nm: usize,
         memory: &[i64],
         forced: Option<&'a Forced>,
+        range: Option<(&[usize], &[usize])>,
         opts: &ExactOptions,
         progress: &'a dyn Progress,
     ) -> Self {
         let n = p.nblocks();
-        let rem_work = p.work().iter().map(|w| w * nm as i64).collect();
+        let (lo, hi) = match range {
+            Some((lo, hi)) => (lo.to_vec(), hi.to_vec()),
+            None => (vec![0; n], vec![nm; n]),
+        };
         let (job_topo, job_in) = match forced {
             Some(fx) => job_graph(p, nm, fx),
             None => (Vec::new(), Vec::new()),
         };
+        // The jobs before the range have ended by time 0: start them at -span.
+        let mut start = vec![0; n * nm];
+        let mut rem_work = vec![0; p.ndevs()];
+        let mut level = vec![0; p.ndevs()];
+        for g in 0..n {
+            for j in 0..lo[g] {
+                start[j * n + g] = -p.span(g);
+            }
+            for &d in &p.block(g).devices {
+                rem_work[d] += (hi[g] - lo[g]) as i64 * p.span(g);
+                level[d] += lo[g] as i64 * p.block(g).memory;
+            }
+        }
+        let njobs = (0..n).map(|g| hi[g] - lo[g]).sum();
+        let mut tails = vec![0i64; n];
+        for &g in p.topo_order().iter().rev() {
+            for &(h, lag) in p.succs(g) {
+                if hi[h] == hi[g] {
+                    tails[g] = tails[g].max(lag + p.span(h) + tails[h]);
+                }
+            }
+        }
+        debug_assert!(range.is_some() || tails == p.tails());
         Sgs {
             p,
             n,
-            nm,
-            njobs: n * nm,
+            njobs,
             caps: memory.to_vec(),
             topo: p.topo_order().to_vec(),
             rank: p.topo_rank().to_vec(),
+            tails,
             forced,
             val: vec![0; job_topo.len()],
             job_topo,
             job_in,
-            c: vec![0; n],
-            start: vec![0; n * nm],
+            c: lo,
+            hi,
+            start,
             free: vec![0; p.ndevs()],
-            level: vec![0; p.ndevs()],
+            level,
             ptr: vec![0; p.ndevs()],
             rem_work,
             last: (i64::MIN, 0),
@@ -254,6 +353,7 @@ impl<'a> Sgs<'a> {
             memo: HashMap::new(),
             memo_size: 0,
             memo_limit: opts.memo_limit,
+            order: opts.order,
             nodes: 0,
             budget: opts.node_budget,
             deadline: opts.deadline,
@@ -272,7 +372,7 @@ impl<'a> Sgs<'a> {
     fn eligible(&self, g: usize) -> Option<i64> {
         let p = self.p;
         let j = self.c[g];
-        if j >= self.nm {
+        if j >= self.hi[g] {
             return None;
         }
         let mut t = 0;
@@ -306,7 +406,7 @@ impl<'a> Sgs<'a> {
         for k in 0..self.n {
             let g = self.topo[k];
             let j = self.c[g];
-            if j >= self.nm {
+            if j >= self.hi[g] {
                 continue;
             }
             let mut e = floor;
@@ -318,7 +418,7 @@ impl<'a> Sgs<'a> {
                 e = e.max(t + lag);
             }
             self.est[g] = e;
-            lb = lb.max(e + (self.nm - j) as i64 * p.span(g) + p.tails()[g]);
+            lb = lb.max(e + (self.hi[g] - j) as i64 * p.span(g) + self.tails[g]);
         }
         for d in 0..p.ndevs() {
             if self.rem_work[d] == 0 {
@@ -327,9 +427,9 @@ impl<'a> Sgs<'a> {
             let mut first = i64::MAX;
             let mut tail = i64::MAX;
             for &g in p.blocks_on(d) {
-                if self.c[g] < self.nm {
+                if self.c[g] < self.hi[g] {
                     first = first.min(self.est[g]);
-                    tail = tail.min(p.tails()[g]);
+                    tail = tail.min(self.tails[g]);
                 }
             }
             lb = lb.max(first.max(self.free[d]) + self.rem_work[d] + tail);
@@ -357,12 +457,15 @@ impl<'a> Sgs<'a> {
 
     fn tick(&mut self) {
         self.nodes += 1;
+        if self.nodes >= self.budget {
+            self.stop = true;
+        }
         if self.nodes.is_multiple_of(4096) {
             if self.progress.update(self.nodes, self.budget).is_break() || self.progress.cancelled() {
                 self.cancelled = true;
                 self.stop = true;
             }
-            if self.nodes >= self.budget || self.deadline.is_some_and(|d| Instant::now() >= d) {
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
                 self.stop = true;
             }
         }
@@ -419,18 +522,18 @@ impl<'a> Sgs<'a> {
             return;
         }
         let p = self.p;
-        let mut cand: Vec<(i64, u8, usize, usize)> = Vec::new();
+        let mut cand: Vec<(i64, i64, usize, usize)> = Vec::new();
         for g in 0..self.n {
             if let Some(t) = self.eligible(g) {
-                let t = t.max(self.last.0);
-                {
-                    let kind = match p.block(g).kind {
+                let prio = match self.order {
+                    BranchOrder::LongestTail => -self.tails[g],
+                    BranchOrder::BackwardFirst => match p.block(g).kind {
                         Kind::Backward => 0,
                         Kind::Weight => 1,
                         _ => 2,
-                    };
-                    cand.push((t, kind, self.c[g], g));
-                }
+                    },
+                };
+                cand.push((t.max(self.last.0), prio, self.c[g], g));
             }
         }
         cand.sort_unstable();
@@ -438,7 +541,7 @@ impl<'a> Sgs<'a> {
             if self.stop {
                 return;
             }
-            if t + p.span(g) + p.tails()[g] >= self.best {
+            if t + p.span(g) + self.tails[g] >= self.best {
                 continue;
             }
             // Dispatch.

@@ -7,6 +7,7 @@
 //! * [`premises`]: the built-in placements of the paper and ours.
 //! * [`validate`]: every violation of V1-V4 (schedules) and T1-T3 (templates).
 //! * [`simulate`]: ASAP timing of per-device orders, deadlock detection, and metrics.
+//! * [`concat`]: Tessel-style completion (optimal warm-up, repetend windows, optimal cool-down).
 //! * [`baselines`]: GPipe, 1F1B, 1F1B+, Chimera, interleaved 1F1B, ZB-H1/H2, inference pipelining.
 //! * [`formats`]: our JSON, Tessel's JSON, the text grid and torch's CSV; [`svg`]: Gantt charts.
 
@@ -14,6 +15,7 @@ pub mod baselines;
 mod bits;
 mod check;
 pub mod complete;
+pub mod concat;
 pub mod exact;
 pub mod formats;
 pub mod ims;

@@ -7,6 +7,9 @@
 //!    `enumerate` more of length at most the shortest + P. They are ranked by the compacted
 //!    makespan of a short instance extrapolated to N, and the best `complete_top` are
 //!    completed to N micro-batches ([`crate::complete`]): compaction and the ramp search.
+//!    The first `concat_splits` distinct splits of the ranked templates also get the
+//!    Tessel-style completion ([`crate::concat`]: optimal warm-up, repetend windows, optimal
+//!    cool-down), which wins when it is shorter.
 //! 3. For small instances (`N * n <= exact_jobs`) the exact solver ([`crate::exact`]) runs
 //!    last, seeded with the best schedule, within the remaining time.
 //!
@@ -26,6 +29,7 @@ use maleki_common::{Error, Result};
 use rayon::prelude::*;
 
 use crate::complete::{complete, Method, RampOptions};
+use crate::concat::{self, ConcatOptions};
 use crate::exact::{self, ExactOptions};
 use crate::ims::ims;
 use crate::model::{Block, Edge, MemoryConvention, Premise, Schedule};
@@ -51,6 +55,12 @@ pub struct SearchOptions {
     pub ramp_budget: u64,
     /// Node budget of the ramp search of longer schedules (transplanted; 0: off).
     pub transplant_budget: u64,
+    /// Node budget of each warm-up and each cool-down solve of the Tessel-style completion
+    /// ([`crate::concat`]; 0: off).
+    pub concat_budget: u64,
+    /// Distinct splits (warm-up / window / cool-down divisions) of the Tessel-style
+    /// completion, taken from the templates in ranked order.
+    pub concat_splits: usize,
     /// Run the exact solver when `nmicros * nblocks` is at most this.
     pub exact_jobs: usize,
     /// Templates enumerated per period (lengths up to the shortest + P) as extra candidates.
@@ -73,6 +83,8 @@ impl SearchOptions {
             node_budget: 5_000_000,
             ramp_budget: 20_000,
             transplant_budget: 0,
+            concat_budget: 1_000,
+            concat_splits: 12,
             exact_jobs: 72,
             enumerate: 128,
             complete_top: 2,
@@ -268,6 +280,8 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
         .collect();
     let mut order: Vec<usize> = (0..templates.len()).collect();
     order.sort_by_key(|&i| (est[i], i));
+    // The Tessel-style completion takes its splits from the templates in this order.
+    let concat_templates: Vec<Template> = order.iter().map(|&i| templates[i].clone()).collect();
     order.truncate(opts.complete_top.max(1));
     let templates: Vec<Template> = order.iter().map(|&i| templates[i].clone()).collect();
     // Complete every candidate; the best makespan wins, ties to the earlier candidate.
@@ -286,17 +300,39 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
         })
         .collect();
     let mut done: Vec<(Vec<i64>, i64, Method)> = done.into_iter().collect::<Result<_>>()?;
-    let candidates: Vec<Candidate> = templates
+    let mut candidates: Vec<Candidate> = templates
         .iter()
         .zip(&done)
         .map(|(t, c)| Candidate { period: t.period, length: t.length(&kp), makespan: c.1, method: c.2 })
         .collect();
     let best = (0..done.len()).min_by_key(|&i| (done[i].1, i)).expect("at least one template");
-    let template = templates[best].clone();
-    let (mut starts, mk, mut method) = done.swap_remove(best);
+    let mut template = templates[best].clone();
+    let (mut starts, mut mk, mut method) = done.swap_remove(best);
+    // The Tessel-style completion (spec §4.3 step 3) of the ranked templates, kept when
+    // shorter. Like the ramp search it does not know FIFO between replica copies: K = 1 only.
+    if k == 1 && opts.concat_budget > 0 {
+        let co = ConcatOptions {
+            node_budget: opts.concat_budget,
+            max_splits: opts.concat_splits,
+            deadline,
+            ..Default::default()
+        };
+        if let Some(c) = concat::best(&kp, &concat_templates, nk, &opts.memory, opts.convention, &co, progress)? {
+            let t = &concat_templates[c.template];
+            candidates.push(Candidate {
+                period: t.period,
+                length: t.length(&kp),
+                makespan: c.makespan,
+                method: Method::Concatenated,
+            });
+            if c.makespan < mk {
+                (template, starts, mk, method) = (t.clone(), c.starts, c.makespan, Method::Concatenated);
+            }
+        }
+    }
     let mut makespan_optimal = false;
     if k == 1 && n * opts.nmicros <= opts.exact_jobs && deadline.is_none_or(|dl| Instant::now() < dl) {
-        let eo = ExactOptions { node_budget: 20_000_000, deadline, memo_limit: 4_000_000 };
+        let eo = ExactOptions { node_budget: 20_000_000, deadline, ..Default::default() };
         match exact::solve(premise, opts.nmicros, &opts.memory, opts.convention, Some(starts.clone()), &eo, progress) {
             Ok(Some(r)) => {
                 makespan_optimal = r.proved_optimal;

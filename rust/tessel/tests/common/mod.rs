@@ -112,9 +112,15 @@ pub fn brute_template(p: &Premise, period: i64, caps: &[i64], l_max: i64) -> Opt
 /// The minimum makespan over every dispatch order of a serial schedule generation (no
 /// bounds, no dominance): the exact optimum of a tiny instance (FIFO on).
 pub fn brute_schedule(p: &Premise, nm: usize, caps: &[i64]) -> Option<i64> {
+    brute_range(p, nm, &vec![0; p.nblocks()], &vec![nm; p.nblocks()], caps)
+}
+
+/// [`brute_schedule`] of the jobs `(g, j)` with `lo[g] <= j < hi[g]` alone: the jobs below
+/// `lo` have ended by time 0 and their memory is held (a warm-up or cool-down phase).
+pub fn brute_range(p: &Premise, nm: usize, lo: &[usize], hi: &[usize], caps: &[i64]) -> Option<i64> {
     struct S<'a> {
         p: &'a Premise,
-        nm: usize,
+        hi: &'a [usize],
         caps: &'a [i64],
         c: Vec<usize>,
         start: Vec<i64>,
@@ -122,9 +128,9 @@ pub fn brute_schedule(p: &Premise, nm: usize, caps: &[i64]) -> Option<i64> {
         level: Vec<i64>,
         best: Option<i64>,
     }
-    fn rec(s: &mut S, done: usize, mk: i64) {
+    fn rec(s: &mut S, left: usize, mk: i64) {
         let n = s.p.nblocks();
-        if done == n * s.nm {
+        if left == 0 {
             if s.best.is_none_or(|b| mk < b) {
                 s.best = Some(mk);
             }
@@ -132,7 +138,7 @@ pub fn brute_schedule(p: &Premise, nm: usize, caps: &[i64]) -> Option<i64> {
         }
         for g in 0..n {
             let j = s.c[g];
-            if j >= s.nm || s.p.preds(g).iter().any(|&(f, _)| s.c[f] <= j) {
+            if j >= s.hi[g] || s.p.preds(g).iter().any(|&(f, _)| s.c[f] <= j) {
                 continue;
             }
             let b = s.p.block(g).clone();
@@ -150,7 +156,7 @@ pub fn brute_schedule(p: &Premise, nm: usize, caps: &[i64]) -> Option<i64> {
                 s.free[d] = t + b.span;
                 s.level[d] += b.memory;
             }
-            rec(s, done + 1, mk.max(t + b.span));
+            rec(s, left - 1, mk.max(t + b.span));
             for (i, &d) in b.devices.iter().enumerate() {
                 s.free[d] = saved[i];
                 s.level[d] -= b.memory;
@@ -159,17 +165,20 @@ pub fn brute_schedule(p: &Premise, nm: usize, caps: &[i64]) -> Option<i64> {
         }
     }
     let n = p.nblocks();
-    let mut s = S {
-        p,
-        nm,
-        caps,
-        c: vec![0; n],
-        start: vec![0; n * nm],
-        free: vec![0; p.ndevs()],
-        level: vec![0; p.ndevs()],
-        best: None,
-    };
-    rec(&mut s, 0, 0);
+    let mut start = vec![0; n * nm];
+    let mut level = vec![0; p.ndevs()];
+    for g in 0..n {
+        for j in 0..lo[g] {
+            // Ended by time 0 (a predecessor's lag still counts from 0).
+            start[j * n + g] = -p.span(g);
+        }
+        for &d in &p.block(g).devices {
+            level[d] += lo[g] as i64 * p.block(g).memory;
+        }
+    }
+    let left = (0..n).map(|g| hi[g] - lo[g]).sum();
+    let mut s = S { p, hi, caps, c: lo.to_vec(), start, free: vec![0; p.ndevs()], level, best: None };
+    rec(&mut s, left, 0);
     s.best
 }
 
