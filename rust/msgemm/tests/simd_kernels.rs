@@ -217,3 +217,58 @@ fn extreme_activations_fall_back_consistently() {
         }
     }
 }
+
+#[test]
+fn full_row_tiles_and_many_columns() {
+    if simd_kernels().is_empty() {
+        return;
+    }
+    // 1000 rows = 15 full row blocks + a tail: full kernel tiles, single-block tails and
+    // several row tasks; N up to 9 exercises the column loop over shared index tiles.
+    for (f, d, g) in [
+        (Format::Int4, 2, 128),
+        (Format::Int2, 4, 64),
+        (Format::Ternary, 5, 128),
+        (Format::Int3, 2, 64),
+    ] {
+        let cb = Codebook::new(f).unwrap();
+        let pw = weights(&cb, 1000, 256, g, f == Format::Int2, 11);
+        for n in [1usize, 2, 5, 9] {
+            let x = activations(256, n, 40 + n as u64);
+            for mirror in [false, true] {
+                let base = GemmOptions {
+                    depth: Depth::Fixed(d),
+                    precision: TablePrecision::I8,
+                    backend: Backend::Scalar,
+                    mirror,
+                };
+                let Ok(plan) = make_plan(&pw, n, &base) else {
+                    continue;
+                };
+                let want = gemm(&pw, &x, n, &base).unwrap();
+                for k in simd_kernels() {
+                    if !k.supports(&plan) {
+                        continue;
+                    }
+                    let got = gemm(
+                        &pw,
+                        &x,
+                        n,
+                        &GemmOptions {
+                            backend: k.backend(),
+                            ..base
+                        },
+                    )
+                    .unwrap();
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{f:?} {:?} n={n} mirror={mirror}",
+                        k.backend()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -156,7 +156,6 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
         let lay = job.layout;
         let pg = plan.tuples.per_group;
         let mir = mirror_consts(plan);
-        let row_first = job.row_blocks.start * ROW_BLOCK;
         let ones = _mm256_set1_epi8(1);
         let zero = _mm256_setzero_si256();
         let hv = [
@@ -169,15 +168,17 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
         ];
         let mut words = [0i16; 16];
         let mut acc = [0i32; ROW_BLOCK];
+        // Row blocks outside, columns inside: a row block's indices are read from memory once
+        // and from L1 for the other columns.
         for g in tabs.groups.clone() {
-            for n in tabs.cols.clone() {
-                let gn = tabs.gn(g, n);
-                let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
-                let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
-                // Bytes readable from `tp` (16-byte table loads must stay inside the buffer).
-                let tab_end = tab.len() - tabs.offset(g, n, 0);
-                for b in job.row_blocks.clone() {
-                    let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+            for b in job.row_blocks.clone() {
+                let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+                for n in tabs.cols.clone() {
+                    let gn = tabs.gn(g, n);
+                    let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
+                    let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
+                    // Bytes readable from `tp` (16-byte table loads must stay inside the buffer).
+                    let tab_end = tab.len() - tabs.offset(g, n, 0);
                     acc.fill(0);
                     let mut t = 0;
                     while t < pg {
@@ -228,7 +229,7 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                     for (lane, &p) in acc.iter().enumerate().take(rows) {
-                        let yi = (b * ROW_BLOCK + lane - row_first) * plan.n + n;
+                        let yi = job.y_index(b * ROW_BLOCK + lane, n);
                         let z = job.zeros.map_or(0.0, |z| z[sz + lane]);
                         y[yi] = epilogue(plan, p as f32, job.scales[sz + lane], z, tsc, zs, y[yi]);
                     }
@@ -247,7 +248,6 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
         let lay = job.layout;
         let pg = plan.tuples.per_group;
         let mir = mirror_consts(plan);
-        let row_first = job.row_blocks.start * ROW_BLOCK;
         let hv = [
             _mm256_set1_epi32(mir.h[0] - 1),
             _mm256_set1_epi32(mir.h[1] - 1),
@@ -300,7 +300,7 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                     for (lane, &pv) in p.iter().enumerate().take(rows) {
-                        let yi = (b * ROW_BLOCK + lane - row_first) * plan.n + n;
+                        let yi = job.y_index(b * ROW_BLOCK + lane, n);
                         let z = job.zeros.map_or(0.0, |z| z[sz + lane]);
                         y[yi] = epilogue(plan, pv, job.scales[sz + lane], z, tsc, zs, y[yi]);
                     }

@@ -145,8 +145,6 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
     let plan = job.plan;
     let tabs = job.tables;
     let lay = job.layout;
-    let n_total = plan.n;
-    let row_first = job.row_blocks.start * ROW_BLOCK;
     let tp = plan.tuples;
     // Mirror thresholds and index maps for the two tuple depths of a group.
     let half = |r: usize| plan.used_entries(r);
@@ -219,7 +217,7 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                 let gn = tabs.gn(g, n);
                 let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
                 for lane in 0..rows {
-                    let yi = (rb * ROW_BLOCK + lane - row_first) * n_total + n;
+                    let yi = job.y_index(rb * ROW_BLOCK + lane, n);
                     let z = zeros.map_or(0.0, |z| z[lane]);
                     y[yi] = epilogue(plan, E::to_f32(acc[lane]), scales[lane], z, tsc, zs, y[yi]);
                 }
