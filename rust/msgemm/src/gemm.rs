@@ -86,6 +86,13 @@ fn plan_for(pw: &PackedWeights, n: usize, depth: usize, opts: &GemmOptions) -> R
         opts.precision,
         opts.mirror,
     )
+    .map(|p| {
+        if p.precision == TablePrecision::I8 && p.mirror.is_none() {
+            p.with_used_codes(pw.used_codes())
+        } else {
+            p
+        }
+    })
 }
 
 fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
@@ -282,11 +289,11 @@ pub fn run_plan(
     let layout = pw.layout(plan.depth())?;
     let scales = pw.tiled_scales();
     let zeros: Option<&[f32]> = if plan.zero_term {
-        Some(match plan.mirror {
-            Some(mi) => pw.tiled_mirror_zeros(mi.shift),
-            None => pw
-                .tiled_zeros()
-                .expect("zero_term without mirror means zero points"),
+        Some(if plan.shift != 0.0 {
+            pw.tiled_mirror_zeros(plan.shift)
+        } else {
+            pw.tiled_zeros()
+                .expect("zero_term without a shift means zero points")
         })
     } else {
         None

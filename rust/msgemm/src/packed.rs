@@ -29,6 +29,7 @@ pub struct PackedWeights {
     tiled_scales: OnceLock<Vec<f32>>,
     tiled_zeros: OnceLock<Option<Vec<f32>>>,
     tiled_mirror_zeros: OnceLock<Vec<f32>>,
+    used_codes: OnceLock<Vec<bool>>,
 }
 
 impl Clone for PackedWeights {
@@ -46,6 +47,7 @@ impl Clone for PackedWeights {
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
+            used_codes: OnceLock::new(),
         }
     }
 }
@@ -247,6 +249,7 @@ impl PackedWeights {
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
+            used_codes: OnceLock::new(),
         })
     }
 
@@ -360,9 +363,12 @@ impl PackedWeights {
             .as_deref()
     }
 
-    /// Effective zero points of the mirrored codebook `v - shift`: `z - shift` (0 - shift
-    /// without zero points), tiled `[g][row_block][64]`. Padding rows stay 0.
+    /// Effective zero points of the shifted codebook `v - shift`: `z - shift` (0 - shift
+    /// without zero points), tiled `[g][row_block][64]`. Padding rows stay 0. The shift is
+    /// always the codebook's mirror shift (mirrored tables, or centred `i8` tables), so one
+    /// cached copy serves every call.
     pub fn tiled_mirror_zeros(&self, shift: f32) -> &[f32] {
+        debug_assert!(self.codebook.mirror().is_some_and(|m| m.shift == shift));
         self.tiled_mirror_zeros.get_or_init(|| {
             let groups = self.groups();
             let eff: Vec<f32> = match &self.zeros {
@@ -370,6 +376,40 @@ impl PackedWeights {
                 None => vec![-shift; self.m * groups],
             };
             tile_per_group(&eff, self.m, groups)
+        })
+    }
+
+    /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).
+    /// The `i8` tables are scaled to the values that can be looked up (e.g. symmetric int4
+    /// weights never use code 0 = -8).
+    pub fn used_codes(&self) -> &[bool] {
+        self.used_codes.get_or_init(|| {
+            let (k, rb) = (self.k, self.row_bytes());
+            let packing = self.codebook.packing();
+            let seen = self
+                .packed
+                .par_chunks(rb)
+                .fold(
+                    || (vec![0u8; k], [false; 256]),
+                    |(mut codes, mut seen), bytes| {
+                        packing.unpack_row(bytes, &mut codes);
+                        for &c in &codes {
+                            seen[c as usize] = true;
+                        }
+                        (codes, seen)
+                    },
+                )
+                .map(|(_, seen)| seen)
+                .reduce(
+                    || [false; 256],
+                    |mut a, b| {
+                        for (x, y) in a.iter_mut().zip(b) {
+                            *x |= y;
+                        }
+                        a
+                    },
+                );
+            seen[..self.codebook.levels()].to_vec()
         })
     }
 

@@ -181,8 +181,10 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                     let tab_end = tab.len() - tabs.offset(g, n, 0);
                     acc.fill(0);
                     let mut t = 0;
+                    let mults = tabs.mults(g, n);
                     while t < pg {
-                        let end = (t + 256).min(pg);
+                        // Chunks over which the build keeps the multipliers' sum <= 258.
+                        let end = (t + crate::table::I8_CHUNK).min(pg);
                         // Pair sums of the two 32-row halves: [half][lo, hi].
                         let mut a = [[zero; 2]; 2];
                         while t < end {
@@ -194,6 +196,9 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                                 zero
                             };
                             let (w0, w1) = (usize::from(t + 1 == pg), usize::from(t + 2 == pg));
+                            // The tuples' multipliers in the two bytes of every 16-bit lane.
+                            let m1 = if two { mults[t + 1] } else { 0 };
+                            let mul = _mm256_set1_epi16(i16::from_le_bytes([mults[t], m1]));
                             for (h, ah) in a.iter_mut().enumerate() {
                                 let i0 =
                                     _mm256_loadu_si256(ip.add(t * 64 + 32 * h) as *const __m256i);
@@ -208,11 +213,11 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                                 };
                                 ah[0] = _mm256_add_epi16(
                                     ah[0],
-                                    _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(e0, e1)),
+                                    _mm256_maddubs_epi16(mul, _mm256_unpacklo_epi8(e0, e1)),
                                 );
                                 ah[1] = _mm256_add_epi16(
                                     ah[1],
-                                    _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(e0, e1)),
+                                    _mm256_maddubs_epi16(mul, _mm256_unpackhi_epi8(e0, e1)),
                                 );
                             }
                             t += if two { 2 } else { 1 };

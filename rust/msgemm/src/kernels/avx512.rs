@@ -466,9 +466,9 @@ unsafe fn drive_int(
 // i8 tables
 // ---------------------------------------------------------------------------------------------
 
-/// Tuples whose int16 pair sums are accumulated before they are widened to int32: at most
-/// 128 pairs of `|127| + |127|` stay within `i16::MAX`.
-const I8_CHUNK: usize = 256;
+/// Tuples whose weighted int16 pair sums are accumulated before they are widened to int32
+/// (the chunk over which the build keeps `sum m_p <= 258`).
+const I8_CHUNK: usize = table::I8_CHUNK;
 
 /// 64 byte lookups into a table of `NZ` registers without mirror (256 entries: two
 /// `vpermi2b` and a blend on the index MSB).
@@ -522,16 +522,17 @@ unsafe fn lookup<const NZ: usize, const MIR: u8>(
     }
 }
 
-/// Adds the pairwise int16 sums of two tuples' entries of one row block to `acc`
-/// (`acc[0]`: rows `16L + j`, `acc[1]`: rows `16L + 8 + j`, `L` the 128-bit lane, `j < 8`).
+/// Adds the weighted pairwise int16 sums `m0 e0 + m1 e1` of two tuples' entries of one row
+/// block to `acc` (`mul` holds the multipliers `(m0, m1)` in the two bytes of every 16-bit
+/// lane; `acc[0]`: rows `16L + j`, `acc[1]`: rows `16L + 8 + j`, `L` the 128-bit lane, `j < 8`).
 #[inline(always)]
-unsafe fn add_pair(acc: &mut [__m512i; 2], e0: __m512i, e1: __m512i, ones: __m512i) {
+unsafe fn add_pair(acc: &mut [__m512i; 2], e0: __m512i, e1: __m512i, mul: __m512i) {
     // SAFETY: features enabled by the callers.
     unsafe {
         let lo = _mm512_unpacklo_epi8(e0, e1);
         let hi = _mm512_unpackhi_epi8(e0, e1);
-        acc[0] = _mm512_add_epi16(acc[0], _mm512_maddubs_epi16(ones, lo));
-        acc[1] = _mm512_add_epi16(acc[1], _mm512_maddubs_epi16(ones, hi));
+        acc[0] = _mm512_add_epi16(acc[0], _mm512_maddubs_epi16(mul, lo));
+        acc[1] = _mm512_add_epi16(acc[1], _mm512_maddubs_epi16(mul, hi));
     }
 }
 
@@ -608,6 +609,7 @@ unsafe fn pair256(
 unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize>(
     rows: &[*const u8; R],
     tabs: &[*const u8; C],
+    mults: &[*const u8; C],
     slot: usize,
     per_group: usize,
     masks: &[u64; 4],
@@ -618,7 +620,6 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
     sums: &mut [[i32; 64]; 8],
 ) {
     unsafe {
-        let ones = _mm512_set1_epi8(1);
         let zero = _mm512_setzero_si512();
         let mv = MirVec {
             h: [
@@ -657,13 +658,16 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
                 for c in 0..C {
                     let ta = load_table_fast::<NZ>(tabs[c].add(t * slot), masks);
                     let tb = load_table_fast::<NZ>(tabs[c].add((t + 1) * slot), masks);
+                    // The two tuples' multipliers, one per byte of every 16-bit lane.
+                    let mp2 = (mults[c].add(t) as *const i16).read_unaligned();
+                    let mul = _mm512_set1_epi16(mp2);
                     for r in 0..R {
                         if NZ == 4 && MIR == MIR_NONE {
-                            pair256(&ta, &tb, ones, rows[r].add(64 * t), &mut acc[r][c]);
+                            pair256(&ta, &tb, mul, rows[r].add(64 * t), &mut acc[r][c]);
                         } else {
                             let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, 0);
                             let e1 = lookup::<NZ, MIR>(&tb, rows[r].add(64 * t + 64), &mv, 0);
-                            add_pair(&mut acc[r][c], e0, e1, ones);
+                            add_pair(&mut acc[r][c], e0, e1, mul);
                         }
                     }
                 }
@@ -675,9 +679,10 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
                 let w = usize::from(t == last);
                 for c in 0..C {
                     let ta = load_table::<NZ>(tabs[c].add(t * slot), masks);
+                    let mul = _mm512_set1_epi16(i16::from(*mults[c].add(t)));
                     for r in 0..R {
                         let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, w);
-                        add_pair(&mut acc[r][c], e0, zero, ones);
+                        add_pair(&mut acc[r][c], e0, zero, mul);
                     }
                 }
                 t += 1;
@@ -735,6 +740,7 @@ unsafe fn widen16(
 /// The epilogue of one (row block, group, column) from integer partial sums in row order,
 /// into `dst` (64 consecutive floats, `rows` of them valid).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn epilogue_block(
     plan: &Plan,
     sums: &[i32; 64],
@@ -878,6 +884,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
             // columns; each column's tables stream from L2.
             for n in cols.clone() {
                 let tab_ptr = |_c: usize| unsafe { tb.add(tabs.offset(g, n, 0)) };
+                let mult_ptr = |_c: usize| tabs.mults(g, n).as_ptr();
                 let pfn = if n == cols.start {
                     pf
                 } else {
@@ -889,6 +896,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                             i8_tile::<NZ, MIR, $r, 1>(
                                 &std::array::from_fn(row_ptr),
                                 &std::array::from_fn(tab_ptr),
+                                &std::array::from_fn(mult_ptr),
                                 slot,
                                 pg,
                                 &masks,
@@ -907,7 +915,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                     tile!(1)
                 }
                 let gn = tabs.gn(g, n);
-                for r in 0..nrb {
+                for (r, sum) in sums.iter().enumerate().take(nrb) {
                     let b = rb + r;
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
@@ -919,7 +927,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                     unsafe {
                         epilogue_block(
                             plan,
-                            &sums[r],
+                            sum,
                             job.scales.as_ptr().add(sz),
                             zp,
                             tabs.tscale[gn],
@@ -1225,8 +1233,9 @@ fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .collect(),
         TableData::I8(d) => d
             .par_chunks_mut(blen)
+            .zip(set.mult.par_chunks_mut(plan.tuples.per_group))
             .enumerate()
-            .map(|(i, out)| unsafe { build_block_i8(plan, xg(i), out, digits) })
+            .map(|(i, (out, mult))| unsafe { build_block_i8(plan, xg(i), out, mult, digits) })
             .collect(),
         TableData::I16(_) => unreachable!("no SIMD build for i16 tables"),
     };
@@ -1368,26 +1377,32 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
     )
 }
 
-/// `max |T|` over the f32 tables of one group, in closed form: `fl(a + b)` and `fl(v * x)` are
-/// monotonic, so the largest (smallest) entry of a tuple is the left-to-right sum of the
-/// largest (smallest) products of each digit. `None` when a value is not finite (the scalar
-/// build then handles the block, including its NaN conventions).
-fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
+/// `max |T|` of every tuple's f32 table of one group (into `out`), in closed form:
+/// `fl(a + b)` and `fl(v * x)` are monotonic, so the largest (smallest) entry of a tuple is
+/// the left-to-right sum of the largest (smallest) products of each digit. False when a value
+/// is not finite (the scalar build then handles the block, including its NaN conventions).
+fn tuple_maxabs(plan: &Plan, xg: &[f32], out: &mut [f32]) -> bool {
     let tv = &plan.table_values;
-    let ext = |vals: &[f32]| {
-        vals.iter()
-            .fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), &v| {
-                (a.max(v), b.min(v))
+    // Extremes over the codes `0..upto` that can be looked up (`plan.i8_used`).
+    let ext = |upto: usize| {
+        tv[..upto]
+            .iter()
+            .enumerate()
+            .fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), (c, &v)| {
+                if plan.i8_used.as_ref().is_none_or(|u| u[c]) {
+                    (a.max(v), b.min(v))
+                } else {
+                    (a, b)
+                }
             })
     };
-    let all = ext(tv);
+    let all = ext(plan.levels);
     let half = match plan.mirror {
-        Some(_) => ext(&tv[..plan.levels.div_ceil(2)]),
+        Some(_) => ext(plan.levels.div_ceil(2)),
         None => all,
     };
     let tp = plan.tuples;
-    let mut m = 0f32;
-    for t in 0..tp.per_group {
+    for (t, o) in out.iter_mut().enumerate().take(tp.per_group) {
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
         let (mut hi, mut lo) = (0f32, 0f32);
@@ -1408,38 +1423,47 @@ fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
             }
         }
         if !hi.is_finite() || !lo.is_finite() {
-            return None;
+            return false;
         }
-        m = m.max(hi.abs()).max(lo.abs());
+        *o = hi.abs().max(lo.abs());
     }
-    Some(m)
+    true
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]) -> (f32, f32) {
-    let maxabs = match block_maxabs(plan, xg) {
-        Some(m) => m,
-        None => return table::build_block(plan, xg, BlockOut::I8(out)),
-    };
-    if maxabs == 0.0 {
+unsafe fn build_block_i8(
+    plan: &Plan,
+    xg: &[f32],
+    out: &mut [i8],
+    mult: &mut [u8],
+    digits: &[u32],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let mut amax = [0f32; 256];
+    let mut rms = [0f32; 256];
+    if tp.per_group > amax.len() || !tuple_maxabs(plan, xg, &mut amax[..tp.per_group]) {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    let tsc = table::i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]);
+    if tsc == 0.0 {
         // All entries 0, tscale 0, zsum 0 (as the scalar build).
         out.fill(0);
         return (0.0, 0.0);
     }
-    let rcp = 127.0f32 / maxabs;
-    if !rcp.is_finite() {
-        return table::build_block(plan, xg, BlockOut::I8(out));
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
-    let tsc = maxabs / 127.0;
-    let tp = plan.tuples;
     let vals = codebook_vector(plan);
-    let rv = _mm512_set1_ps(rcp);
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for t in 0..tp.per_group {
+    for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
         let used = plan.used_entries(r);
         let dst = unsafe { out.as_mut_ptr().add(t * plan.slot) };
+        // Entries times the tuple's factor, rounded (|T * rm| <= 127 up to rounding for the
+        // entries that can be looked up, so the saturating packs do not saturate them; the
+        // entries of codes absent from the weights are unspecified).
+        let rv = _mm512_set1_ps(rm);
         unsafe {
             if plan.levels == 16 && r == 2 && used == 256 {
                 // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c].
@@ -1459,8 +1483,7 @@ unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]
                 continue;
             }
             // Four chunks of 16 rounded entries packed to 64 bytes per store: `vpackssdw`,
-            // `vpacksswb` (saturation never triggers: |q| <= 127 since |T| <= maxabs) and a
-            // dword permutation undoing the per-lane interleave.
+            // `vpacksswb` and a dword permutation undoing the per-lane interleave.
             let mut q4 = [_mm512_setzero_si512(); 4];
             table_entries(plan, vals, digits, &xg[k0..k0 + r], |q, e| {
                 // round-to-nearest-even (the MXCSR default), as `round_ties_even`.
