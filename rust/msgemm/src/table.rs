@@ -248,16 +248,25 @@ pub const I8_BUDGET: u32 = 258;
 /// Largest multiplier: a pair `127 (m_a + m_b)` must stay within `i16::MAX` (`vpmaddubsw`).
 pub const I8_MULT_MAX: u32 = 127;
 
-/// Smallest integer `m >= 1` with `127 m >= v` (exact for the `v <= 2^17` used here).
-#[inline]
+/// Smallest integer `m >= 1` with `127 m >= v` (exact for `0 <= v <= 2^17`): the ceiling of
+/// an approximate quotient, corrected by one either way (its error is far below one).
+#[inline(always)]
 fn ceil_127(v: f32) -> u32 {
-    let mut m = (v / 127.0).ceil().max(1.0);
-    if m > 1.0 && 127.0 * (m - 1.0) >= v {
-        m -= 1.0;
-    } else if 127.0 * m < v {
-        m += 1.0;
-    }
+    // ceil without `ceilf` (a library call on baseline x86-64): round to nearest, then up
+    // by one if that went down.
+    let d = v * (1.0 / 127.0);
+    let r = round_small(d);
+    let mut m = (r + f32::from(u8::from(r < d))).max(1.0);
+    // branch-free corrections (the loops below vectorize); 127 m is exact
+    m -= f32::from(u8::from(m > 1.0 && 127.0 * (m - 1.0) >= v));
+    m += f32::from(u8::from(127.0 * m < v));
     m as u32
+}
+
+/// `sum_p m_p(M)` of one chunk is within the int16 budget.
+#[inline(always)]
+fn chunk_fits(q: &[f32], mf: f32) -> bool {
+    q.iter().map(|&v| ceil_127(v * mf)).sum::<u32>() <= I8_BUDGET
 }
 
 /// The int8 scaling of one `(group, column)` block of tables (spec section 4, `KERNELS.md`).
@@ -268,11 +277,18 @@ fn ceil_127(v: f32) -> u32 {
 /// table of its own (`amax[p] / 127`), while the kernels still add exact integers
 /// `m_p e_p` (the multiplier is the `vpmaddubsw` operand that was 1). `M` is the largest value
 /// in `1..=127` with `sum m_p <= 258` over every chunk of [`I8_CHUNK`] tuples (int16 partial
-/// sums), found by bisection (the sums grow with `M`). Writes `mult[p] = m_p` and `rm[p]`,
-/// the factor the entries of tuple `p` are multiplied by before rounding; returns `tscale`.
+/// sums). The sums grow with `M`, so the feasible `M` are a prefix: the search starts at
+/// `M0 = floor((258 - n) 127 / sum q)` (feasible since `m_p < q_p M / 127 + 1`) and walks to
+/// the first infeasible value (a step or two in practice). Writes `mult[p] = m_p` and
+/// `rm[p]`, the factor the entries of tuple `p` are multiplied by before rounding; returns
+/// `tscale`.
 ///
 /// `A = 0`: multipliers 1, `rm = 0`, `tscale = 0`. A non-finite `127 / A` (subnormal `A`):
 /// `M = 1`, `rm = 127 / A` (the entries then saturate; the kernels still agree).
+///
+/// `#[inline]`: the SIMD builds inline it into their target-feature code (wider vectors, the
+/// same IEEE operations, so the same result).
+#[inline]
 pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
     let a = amax.iter().fold(0f32, |m, &x| m.max(x));
     if a == 0.0 {
@@ -286,27 +302,44 @@ pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
         rm.fill(rcp);
         return a / 127.0;
     }
-    let q: Vec<f32> = amax.iter().map(|&x| x * rcp).collect();
+    // q_p in `rm` (scratch until the end).
+    for (q, &x) in rm.iter_mut().zip(amax) {
+        *q = x * rcp;
+    }
+    let q = &*rm;
     let feasible = |mm: u32| -> bool {
         let mf = mm as f32;
-        (rcp * mf).is_finite()
-            && q.chunks(I8_CHUNK)
-                .all(|c| c.iter().map(|&v| ceil_127(v * mf)).sum::<u32>() <= I8_BUDGET)
+        (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| chunk_fits(c, mf))
     };
-    // Largest feasible M: M = 1 always is (at most 64 tuples of multiplier 1 per chunk).
-    let (mut lo, mut hi) = (1u32, I8_MULT_MAX + 1);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if feasible(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
+    // Start from a value the bound m_p < q_p M / 127 + 1 guarantees (with a margin for the
+    // float arithmetic); the exact answer is found by the checks either way.
+    let m0 = q
+        .chunks(I8_CHUNK)
+        .map(|c| {
+            let sq = c.iter().sum::<f32>();
+            let room = (I8_BUDGET as usize).saturating_sub(c.len()) as f32;
+            if sq > 0.0 {
+                (room * 127.0 / sq * (1.0 - 1.0 / 65536.0)).floor()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(f32::INFINITY, f32::min)
+        .clamp(1.0, I8_MULT_MAX as f32) as u32;
+    let mut mm = m0;
+    if feasible(mm) {
+        while mm < I8_MULT_MAX && feasible(mm + 1) {
+            mm += 1;
+        }
+    } else {
+        while mm > 1 && !feasible(mm) {
+            mm -= 1;
         }
     }
-    let mf = lo as f32;
+    let mf = mm as f32;
     let rcp_m = rcp * mf;
-    for ((m, r), &v) in mult.iter_mut().zip(rm.iter_mut()).zip(&q) {
-        let mp = ceil_127(v * mf);
+    for (m, r) in mult.iter_mut().zip(rm.iter_mut()) {
+        let mp = ceil_127(*r * mf);
         *m = mp as u8;
         *r = rcp_m / mp as f32;
     }
@@ -576,6 +609,12 @@ mod tests {
             assert!(x * r <= 127.0 + 1e-3);
         }
         assert!(ceil_127(127.0) == 1 && ceil_127(127.5) == 2 && ceil_127(0.0) == 1);
+        for m in 1..1000u32 {
+            let v = 127.0 * m as f32;
+            assert_eq!(ceil_127(v), m);
+            assert_eq!(ceil_127(v + v * f32::EPSILON), m + 1);
+            assert_eq!(ceil_127(v - v * f32::EPSILON), m);
+        }
     }
 
     #[test]

@@ -1381,6 +1381,7 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
 /// `fl(a + b)` and `fl(v * x)` are monotonic, so the largest (smallest) entry of a tuple is
 /// the left-to-right sum of the largest (smallest) products of each digit. False when a value
 /// is not finite (the scalar build then handles the block, including its NaN conventions).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn tuple_maxabs(plan: &Plan, xg: &[f32], out: &mut [f32]) -> bool {
     let tv = &plan.table_values;
     // Extremes over the codes `0..upto` that can be looked up (`plan.i8_used`).
@@ -1402,7 +1403,53 @@ fn tuple_maxabs(plan: &Plan, xg: &[f32], out: &mut [f32]) -> bool {
         None => all,
     };
     let tp = plan.tuples;
-    for (t, o) in out.iter_mut().enumerate().take(tp.per_group) {
+    // Full-depth tuples 16 at a time (the products' max / min give the same `|hi|`, `|lo|` as
+    // the per-sign choice below: equal values differ at most in the sign of zero).
+    let full = if tp.last_depth == tp.depth {
+        tp.per_group
+    } else {
+        tp.per_group - 1
+    };
+    let simd = full / 16 * 16;
+    // SAFETY: the SIMD builds run with AVX-512 F enabled (checked by `build_tables`); the
+    // gathered indices `t * d + j < G` lie inside `xg`.
+    unsafe {
+        let d = tp.depth as i32;
+        let base = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(d),
+        );
+        let sign = _mm512_set1_ps(-0.0);
+        let mut bad = _mm512_setzero_ps();
+        for t0 in (0..simd).step_by(16) {
+            let (mut hi, mut lo) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for j in 0..tp.depth {
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32((t0 * tp.depth + j) as i32));
+                let x = _mm512_i32gather_ps::<4>(idx, xg.as_ptr());
+                let (vmax, vmin) = if j + 1 == tp.depth { half } else { all };
+                let p1 = _mm512_mul_ps(_mm512_set1_ps(vmax), x);
+                let p2 = _mm512_mul_ps(_mm512_set1_ps(vmin), x);
+                let (pmax, pmin) = (_mm512_max_ps(p1, p2), _mm512_min_ps(p1, p2));
+                if j == 0 {
+                    hi = pmax;
+                    lo = pmin;
+                } else {
+                    hi = _mm512_add_ps(hi, pmax);
+                    lo = _mm512_add_ps(lo, pmin);
+                }
+            }
+            // Non-finite sums (inf - inf gives NaN): `x - x` is NaN for both.
+            bad = _mm512_or_ps(bad, _mm512_sub_ps(hi, hi));
+            bad = _mm512_or_ps(bad, _mm512_sub_ps(lo, lo));
+            let m = _mm512_max_ps(_mm512_andnot_ps(sign, hi), _mm512_andnot_ps(sign, lo));
+            _mm512_storeu_ps(out.as_mut_ptr().add(t0), m);
+        }
+        // `bad` is all-zero bits unless some lane was NaN (inf - inf or NaN input).
+        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(bad, bad) != 0 {
+            return false;
+        }
+    }
+    for (t, o) in out.iter_mut().enumerate().take(tp.per_group).skip(simd) {
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
         let (mut hi, mut lo) = (0f32, 0f32);
@@ -1466,13 +1513,14 @@ unsafe fn build_block_i8(
         let rv = _mm512_set1_ps(rm);
         unsafe {
             if plan.levels == 16 && r == 2 && used == 256 {
-                // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c].
+                // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c]
+                // (p1 through memory: broadcasts from memory are loads, not shuffles).
                 let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0]));
-                let x1 = xg[k0 + 1];
+                let mut p1 = [0f32; 16];
+                _mm512_storeu_ps(p1.as_mut_ptr(), _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + 1])));
                 for quad in 0..4 {
                     let e = |c: usize| {
-                        let row =
-                            _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[4 * quad + c] * x1));
+                        let row = _mm512_add_ps(p0, _mm512_set1_ps(p1[4 * quad + c]));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
                     let a = _mm512_packs_epi32(e(0), e(1));
