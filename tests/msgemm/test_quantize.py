@@ -260,3 +260,39 @@ def test_weights_beyond_float32_range_are_rejected():
         mg.quantize(np.full((2, 8), 1e300), "int4", 8)
     with pytest.raises(ValueError, match="float32"):
         mg.quantize(np.full((2, 8), 1e30), "codebook", 8, codebook=[1e-30, 2e-30])
+
+
+@pytest.mark.parametrize("fmt, g", [("int4", 32), ("uint4", 64), ("int3", 64), ("int2", 32), ("ternary", 64),
+                                    ("nf4", 64), ("fp4", 32), ("fp8_e4m3", 32), ("fp8_e5m2", 64)])
+def test_float32_dequantize_is_the_float64_one_rounded(fmt, g):
+    """The direct float32 path (table per row and group; per element for fp8 groups shorter
+    than the codebook) gives the bits of the float64 result cast to float32, also with
+    act-order permutations and zero points."""
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((37, 192)) * 3
+    pw = mg.quantize(w, fmt, g)
+    assert pw.dequantize(np.float32).dtype == np.float32
+    np.testing.assert_array_equal(pw.dequantize(np.float32), pw.dequantize().astype(np.float32))
+    if pw.levels <= 16:
+        perm = rng.permutation(192)
+        zeros = rng.uniform(-3, 3, size=pw.scales.shape) if pw.zeros is None else pw.zeros
+        pp = mg.PackedWeights.from_arrays(pw.codes, pw.scales * 1.37, zeros, format=fmt, k_perm=perm)
+        np.testing.assert_array_equal(pp.dequantize(np.float32), pp.dequantize().astype(np.float32))
+        assert pp.dequantize(np.float16).dtype == np.float16
+    buf = np.full(pw.shape, np.nan, np.float32)
+    assert pw.dequantize(out=buf) is buf
+    np.testing.assert_array_equal(buf, pw.dequantize(np.float32))
+    buf64 = np.full(pw.shape, np.nan)
+    np.testing.assert_array_equal(pw.dequantize(out=buf64), pw.dequantize())
+
+
+def test_dequantize_out_is_validated():
+    pw = mg.quantize(np.random.default_rng(0).standard_normal((8, 64)), "int4", 32)
+    with pytest.raises(TypeError, match="out"):
+        pw.dequantize(out=np.zeros((8, 64), np.float16))
+    with pytest.raises(ValueError, match="shape"):
+        pw.dequantize(out=np.zeros((8, 63), np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        pw.dequantize(out=np.zeros((64, 8), np.float32).T)
+    with pytest.raises(TypeError, match="out"):
+        pw.dequantize(out=[[0.0] * 64] * 8)

@@ -301,6 +301,30 @@ impl Packed {
         let w = run_quick(py, || Ok(pw.dequantize()))?;
         to_array2(py, w, self.inner.m(), self.inner.k())
     }
+    /// Dequantizes into `out` (M, K) float32 C-contiguous: the float64 values rounded once.
+    fn dequantize_into_f32(&self, py: Python<'_>, mut out: PyReadwriteArray2<'_, f32>) -> PyResult<()> {
+        let pw = Arc::clone(&self.inner);
+        if out.shape() != [pw.m(), pw.k()] {
+            return Err(PyValueError::new_err(format!("out: expected shape ({}, {}), got {:?}", pw.m(), pw.k(), out.shape())));
+        }
+        let o = out.as_slice_mut().map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+        run_quick(py, || {
+            pw.dequantize_f32_into(o);
+            Ok(())
+        })
+    }
+    /// Dequantizes into `out` (M, K) float64 C-contiguous.
+    fn dequantize_into_f64(&self, py: Python<'_>, mut out: PyReadwriteArray2<'_, f64>) -> PyResult<()> {
+        let pw = Arc::clone(&self.inner);
+        if out.shape() != [pw.m(), pw.k()] {
+            return Err(PyValueError::new_err(format!("out: expected shape ({}, {}), got {:?}", pw.m(), pw.k(), out.shape())));
+        }
+        let o = out.as_slice_mut().map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+        run_quick(py, || {
+            pw.dequantize_into(o);
+            Ok(())
+        })
+    }
     /// Builds (and caches) the tile layout and tiled scales of `depth` ahead of the first call.
     fn prepare(&self, py: Python<'_>, depth: usize) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);

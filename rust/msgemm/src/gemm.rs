@@ -48,6 +48,16 @@ impl Default for GemmOptions {
     }
 }
 
+/// How Y is laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum YLayout {
+    /// `(M, N)` row-major.
+    #[default]
+    MbyN,
+    /// `(N, M)` row-major: Y transposed (the `(B, M)` outputs of a linear layer).
+    NbyM,
+}
+
 /// How X is laid out in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum XLayout {
@@ -76,6 +86,13 @@ fn plan_for(pw: &PackedWeights, n: usize, depth: usize, opts: &GemmOptions) -> R
         opts.precision,
         opts.mirror,
     )
+    .map(|p| {
+        if p.precision == TablePrecision::I8 && p.mirror.is_none() {
+            p.with_used_codes(pw.used_codes())
+        } else {
+            p
+        }
+    })
 }
 
 fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
@@ -244,42 +261,61 @@ fn table_chunks(plan: &Plan) -> Vec<(std::ops::Range<usize>, std::ops::Range<usi
     out
 }
 
-/// Row blocks per parallel task: about 4 tasks per thread, at least one block.
+/// Row blocks per parallel task: about 4 tasks per thread, at least one block, rounded up to
+/// whole kernel tiles of 8 row blocks when every thread still gets a task.
 fn blocks_per_task(plan: &Plan) -> usize {
     let threads = rayon::current_num_threads().max(1);
-    plan.row_blocks.div_ceil(4 * threads).max(1)
+    let per = plan.row_blocks.div_ceil(4 * threads).max(1);
+    let whole = per.next_multiple_of(8);
+    if plan.row_blocks.div_ceil(whole) >= threads {
+        whole
+    } else {
+        per
+    }
 }
 
-/// Runs the plan with `kernel` into `y` (`(M, N)` row-major, overwritten).
+/// Runs the plan with `kernel` into `y` (overwritten), laid out as `y_layout`.
+///
+/// Kernels accumulate into a column-major block per row task (see [`RowJob::y_index`]);
+/// with `N > 1` that block is a scratch buffer copied into `y` at the end.
 pub fn run_plan(
     pw: &PackedWeights,
     plan: &Plan,
     kernel: &dyn LutKernel,
     xt: &[f32],
     y: &mut [f32],
+    y_layout: YLayout,
 ) -> Result<()> {
     let layout = pw.layout(plan.depth())?;
     let scales = pw.tiled_scales();
     let zeros: Option<&[f32]> = if plan.zero_term {
-        Some(match plan.mirror {
-            Some(mi) => pw.tiled_mirror_zeros(mi.shift),
-            None => pw
-                .tiled_zeros()
-                .expect("zero_term without mirror means zero points"),
+        Some(if plan.shift != 0.0 {
+            pw.tiled_mirror_zeros(plan.shift)
+        } else {
+            pw.tiled_zeros()
+                .expect("zero_term without a shift means zero points")
         })
     } else {
         None
     };
-    y.fill(0.0);
+    let n = plan.n;
     let per_task = blocks_per_task(plan);
-    let rows_per_task = per_task * ROW_BLOCK;
+    let task_len = per_task * ROW_BLOCK * n;
+    let mut scratch: Vec<f32> = Vec::new();
+    let yk: &mut [f32] = if n == 1 {
+        y.fill(0.0);
+        y
+    } else {
+        scratch.resize(plan.row_blocks * ROW_BLOCK * n, 0.0);
+        &mut scratch
+    };
     for (groups, cols) in table_chunks(plan) {
         let mut set = TableSet::zeroed(plan, groups, cols);
         if !kernel.build_tables(plan, xt, &mut set) {
             table::build_scalar(plan, xt, &mut set);
         }
         let set = &set;
-        y.par_chunks_mut(rows_per_task * plan.n)
+        yk.par_chunks_mut(task_len)
             .enumerate()
             .for_each(|(i, ychunk)| {
                 let rb0 = i * per_task;
@@ -295,6 +331,30 @@ pub fn run_plan(
                 kernel.accumulate(&job, ychunk);
             });
     }
+    if n > 1 {
+        let m = plan.m;
+        let rows_per_task = per_task * ROW_BLOCK;
+        match y_layout {
+            YLayout::MbyN => y
+                .par_chunks_mut(rows_per_task * n)
+                .zip(scratch.par_chunks(task_len))
+                .for_each(|(out, src)| {
+                    let span = src.len() / n;
+                    for (r, row) in out.chunks_exact_mut(n).enumerate() {
+                        for (c, o) in row.iter_mut().enumerate() {
+                            *o = src[c * span + r];
+                        }
+                    }
+                }),
+            YLayout::NbyM => y.par_chunks_mut(m).enumerate().for_each(|(c, out)| {
+                for (t, dst) in out.chunks_mut(rows_per_task).enumerate() {
+                    let src = &scratch[t * task_len..];
+                    let span = (src.len().min(task_len)) / n;
+                    dst.copy_from_slice(&src[c * span..c * span + dst.len()]);
+                }
+            }),
+        }
+    }
     Ok(())
 }
 
@@ -308,16 +368,38 @@ pub fn gemm_into(
     opts: &GemmOptions,
     y: &mut [f32],
 ) -> Result<Plan> {
+    gemm_into_layout(pw, x, n, layout, YLayout::MbyN, opts, y)
+}
+
+/// [`gemm_into`] with the layout of `y` given: `(M, N)` or `(N, M)` row-major.
+pub fn gemm_into_layout(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    y_layout: YLayout,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Plan> {
     check_inputs(pw, x, n, layout, Some(y.len()))?;
     let plan = plan(pw, n, opts)?;
     let xt = transpose_permute(pw, x, n, layout);
     if opts.backend == Backend::Reference {
         let (out, _) = count::reference_gemm(pw, &plan, &xt)?;
-        y.copy_from_slice(&out);
+        match y_layout {
+            YLayout::MbyN => y.copy_from_slice(&out),
+            YLayout::NbyM => {
+                for (i, row) in out.chunks_exact(n).enumerate() {
+                    for (c, &v) in row.iter().enumerate() {
+                        y[c * pw.m() + i] = v;
+                    }
+                }
+            }
+        }
         return Ok(plan);
     }
     let kernel = kernels::select(opts.backend, &plan)?;
-    run_plan(pw, &plan, kernel, &xt, y)?;
+    run_plan(pw, &plan, kernel, &xt, y, y_layout)?;
     Ok(plan)
 }
 

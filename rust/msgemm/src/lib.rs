@@ -24,7 +24,9 @@ pub mod quantize;
 pub mod table;
 
 pub use format::{Codebook, Format};
-pub use gemm::{gemm, gemm_counted, gemm_into, Depth, GemmOptions, XLayout};
+pub use gemm::{
+    gemm, gemm_counted, gemm_into, gemm_into_layout, Depth, GemmOptions, XLayout, YLayout,
+};
 pub use kernels::Backend;
 pub use packed::PackedWeights;
 pub use plan::{Plan, TablePrecision};

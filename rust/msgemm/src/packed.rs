@@ -29,6 +29,7 @@ pub struct PackedWeights {
     tiled_scales: OnceLock<Vec<f32>>,
     tiled_zeros: OnceLock<Option<Vec<f32>>>,
     tiled_mirror_zeros: OnceLock<Vec<f32>>,
+    used_codes: OnceLock<Vec<bool>>,
 }
 
 impl Clone for PackedWeights {
@@ -46,6 +47,7 @@ impl Clone for PackedWeights {
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
+            used_codes: OnceLock::new(),
         }
     }
 }
@@ -247,6 +249,7 @@ impl PackedWeights {
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
+            used_codes: OnceLock::new(),
         })
     }
 
@@ -307,25 +310,115 @@ impl PackedWeights {
     /// The dequantized matrix `(M, K)` in float64, in the original column order:
     /// `s * (v[q] - z)` evaluated in float64.
     pub fn dequantize(&self) -> Vec<f64> {
-        let (k, g, groups, rb) = (self.k, self.group_size, self.groups(), self.row_bytes());
-        let vals = self.codebook.values();
-        let mut out = vec![0f64; self.m * k];
-        out.par_chunks_mut(k).enumerate().for_each(|(row, o)| {
-            let mut codes = vec![0u8; k];
-            self.codebook
-                .packing()
-                .unpack_row(&self.packed[row * rb..(row + 1) * rb], &mut codes);
-            for (j, &c) in codes.iter().enumerate() {
-                let s = f64::from(self.scales[row * groups + j / g]);
-                let z = self
-                    .zeros
-                    .as_ref()
-                    .map_or(0.0, |z| f64::from(z[row * groups + j / g]));
-                let dst = self.k_perm.as_ref().map_or(j, |p| p[j] as usize);
-                o[dst] = s * (f64::from(vals[c as usize]) - z);
-            }
-        });
+        let mut out = vec![0f64; self.m * self.k];
+        self.dequantize_into(&mut out);
         out
+    }
+
+    /// [`PackedWeights::dequantize`] into `out` (`M * K` values, every one written).
+    pub fn dequantize_into(&self, out: &mut [f64]) {
+        self.dequantize_with(out, |v| v)
+    }
+
+    /// [`PackedWeights::dequantize_f32`] into `out` (`M * K` values, every one written).
+    pub fn dequantize_f32_into(&self, out: &mut [f32]) {
+        self.dequantize_with(out, |v| v as f32)
+    }
+
+    /// The dequantized matrix `(M, K)` in float32, in the original column order: the float64
+    /// value `s * (v[q] - z)` rounded once to float32 (the same numbers as
+    /// `dequantize()` cast to float32, at half the memory traffic).
+    pub fn dequantize_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.m * self.k];
+        self.dequantize_f32_into(&mut out);
+        out
+    }
+
+    /// Row-parallel dequantization: per (row, group), the `V` values `s * (v[c] - z)` are
+    /// computed once in float64 and converted with `conv`, then every code is a table look-up
+    /// (a per-element evaluation when the group is shorter than the codebook, as for fp8).
+    fn dequantize_with<T: Copy + Default + Send + Sync>(
+        &self,
+        out: &mut [T],
+        conv: impl Fn(f64) -> T + Sync,
+    ) {
+        let (k, g, groups, rb) = (self.k, self.group_size, self.groups(), self.row_bytes());
+        assert_eq!(
+            out.len(),
+            self.m * k,
+            "dequantize: output of the wrong size"
+        );
+        let vals: Vec<f64> = self
+            .codebook
+            .values()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let levels = vals.len();
+        let nibbles = self.codebook.packing() == crate::format::Packing::Nibble
+            && self.k_perm.is_none()
+            && g.is_multiple_of(2)
+            && levels <= 16;
+        out.par_chunks_mut(k).enumerate().for_each_init(
+            || (vec![0u8; k], vec![T::default(); levels]),
+            |(codes, tab), (row, o)| {
+                let bytes = &self.packed[row * rb..(row + 1) * rb];
+                if nibbles {
+                    // 4-bit codes straight from the packed bytes (low nibble first) through a
+                    // 16-entry table per group.
+                    let mut t16 = [T::default(); 16];
+                    for (gi, (og, bg)) in o
+                        .chunks_exact_mut(g)
+                        .zip(bytes.chunks_exact(g / 2))
+                        .enumerate()
+                    {
+                        let s = f64::from(self.scales[row * groups + gi]);
+                        let z = self
+                            .zeros
+                            .as_ref()
+                            .map_or(0.0, |z| f64::from(z[row * groups + gi]));
+                        for (t, &v) in t16.iter_mut().zip(&vals) {
+                            *t = conv(s * (v - z));
+                        }
+                        for (pair, &b) in og.chunks_exact_mut(2).zip(bg) {
+                            pair[0] = t16[usize::from(b & 15)];
+                            pair[1] = t16[usize::from(b >> 4)];
+                        }
+                    }
+                    return;
+                }
+                self.codebook.packing().unpack_row(bytes, codes);
+                for (gi, cg) in codes.chunks_exact(g).enumerate() {
+                    let s = f64::from(self.scales[row * groups + gi]);
+                    let z = self
+                        .zeros
+                        .as_ref()
+                        .map_or(0.0, |z| f64::from(z[row * groups + gi]));
+                    let value = |c: u8| conv(s * (vals[c as usize] - z));
+                    let j0 = gi * g;
+                    match (&self.k_perm, levels <= g) {
+                        (None, true) => {
+                            for (t, &v) in tab.iter_mut().zip(&vals) {
+                                *t = conv(s * (v - z));
+                            }
+                            for (d, &c) in o[j0..j0 + g].iter_mut().zip(cg) {
+                                *d = tab[c as usize];
+                            }
+                        }
+                        (None, false) => {
+                            for (d, &c) in o[j0..j0 + g].iter_mut().zip(cg) {
+                                *d = value(c);
+                            }
+                        }
+                        (Some(p), _) => {
+                            for (j, &c) in cg.iter().enumerate() {
+                                o[p[j0 + j] as usize] = value(c);
+                            }
+                        }
+                    }
+                }
+            },
+        );
     }
 
     /// The tile layout for `depth` (built on first use, then cached).
@@ -360,9 +453,12 @@ impl PackedWeights {
             .as_deref()
     }
 
-    /// Effective zero points of the mirrored codebook `v - shift`: `z - shift` (0 - shift
-    /// without zero points), tiled `[g][row_block][64]`. Padding rows stay 0.
+    /// Effective zero points of the shifted codebook `v - shift`: `z - shift` (0 - shift
+    /// without zero points), tiled `[g][row_block][64]`. Padding rows stay 0. The shift is
+    /// always the codebook's mirror shift (mirrored tables, or centred `i8` tables), so one
+    /// cached copy serves every call.
     pub fn tiled_mirror_zeros(&self, shift: f32) -> &[f32] {
+        debug_assert!(self.codebook.mirror().is_some_and(|m| m.shift == shift));
         self.tiled_mirror_zeros.get_or_init(|| {
             let groups = self.groups();
             let eff: Vec<f32> = match &self.zeros {
@@ -370,6 +466,40 @@ impl PackedWeights {
                 None => vec![-shift; self.m * groups],
             };
             tile_per_group(&eff, self.m, groups)
+        })
+    }
+
+    /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).
+    /// The `i8` tables are scaled to the values that can be looked up (e.g. symmetric int4
+    /// weights never use code 0 = -8).
+    pub fn used_codes(&self) -> &[bool] {
+        self.used_codes.get_or_init(|| {
+            let (k, rb) = (self.k, self.row_bytes());
+            let packing = self.codebook.packing();
+            let seen = self
+                .packed
+                .par_chunks(rb)
+                .fold(
+                    || (vec![0u8; k], [false; 256]),
+                    |(mut codes, mut seen), bytes| {
+                        packing.unpack_row(bytes, &mut codes);
+                        for &c in &codes {
+                            seen[c as usize] = true;
+                        }
+                        (codes, seen)
+                    },
+                )
+                .map(|(_, seen)| seen)
+                .reduce(
+                    || [false; 256],
+                    |mut a, b| {
+                        for (x, y) in a.iter_mut().zip(b) {
+                            *x |= y;
+                        }
+                        a
+                    },
+                );
+            seen[..self.codebook.levels()].to_vec()
         })
     }
 
@@ -403,6 +533,8 @@ mod tests {
         // row 0: packed columns (1-1)*1, (2-1)*1, (3-0)*2, (4-0)*2 -> original columns 3,2,1,0
         assert_eq!(&w[..4], &[8.0, 6.0, 1.0, 0.0]);
         assert_eq!(&w[4..], &[0.0, -4.0, 2.0, 1.5]);
+        let w32 = pw.dequantize_f32();
+        assert!(w.iter().zip(&w32).all(|(&a, &b)| a as f32 == b));
         assert_eq!(pw.codes(), codes);
     }
 

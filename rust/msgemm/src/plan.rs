@@ -13,7 +13,8 @@ pub enum TablePrecision {
     /// Exact integer tables: activations quantized to int8 per (column, group), integer (or
     /// power-of-two scaled dyadic) codebooks, int16 entries, exact int32 partial sums.
     I16,
-    /// Fast mode: float tables rounded to int8 with one scale per (column, group), exact
+    /// Fast mode: float tables rounded to int8 with one scale per (column, group) and an
+    /// integer multiplier per tuple (`table::i8_scaling`), exact
     /// integer partial sums.
     I8,
 }
@@ -69,6 +70,9 @@ pub struct Plan {
     /// True when the kernel applies the zero-point term `- z * zsum` (zero points present, or
     /// mirror with a non-zero shift).
     pub zero_term: bool,
+    /// The shift of the table codebook: the mirror's, or the centring of `i8` tables with zero
+    /// points (see [`Plan::new`]); 0 otherwise. The effective zero points are `z - shift`.
+    pub shift: f32,
     /// The codebook the tables are built from: `v - shift` (shift 0 without mirror); invalid
     /// fp8 codes read 0.
     pub table_values: Vec<f32>,
@@ -76,6 +80,10 @@ pub struct Plan {
     pub int_values: Option<Vec<i32>>,
     /// `i16` mode: the power of two that makes the codebook integer.
     pub int_exp: i32,
+    /// `i8` mode without mirror: the codes that occur in the weights (`None`: all). The
+    /// int8 scale of each table covers only the entries whose digits are all such codes;
+    /// the others are never looked up (they saturate at +-127).
+    pub i8_used: Option<Vec<bool>>,
 }
 
 impl Plan {
@@ -107,7 +115,16 @@ impl Plan {
         } else {
             None
         };
-        let shift = mirror.map_or(0.0, |m| m.shift);
+        // Mirror: tables of `v - shift`. `i8` tables of weights with zero points are centred the
+        // same way (the zero points absorb the shift, so the zero-point term is free): their
+        // entries then span `+-(V-1)/2 sum|x|` instead of up to `(V-1) sum|x|`, a finer int8 grid.
+        let shift = match mirror {
+            Some(m) => m.shift,
+            None if precision == TablePrecision::I8 && has_zeros => {
+                codebook.mirror().map_or(0.0, |m| m.shift)
+            }
+            None => 0.0,
+        };
         let tuples = Tuples::new(group_size, depth);
         let slot = match mirror {
             Some(mi) => mi.stored_entries(depth),
@@ -160,10 +177,41 @@ impl Plan {
             precision,
             mirror,
             zero_term: has_zeros || shift != 0.0,
+            shift,
             table_values,
             int_values,
             int_exp,
+            i8_used: None,
         })
+    }
+
+    /// Restricts the `i8` table scales to the codes that occur in the weights (`used[c]` for
+    /// every code; see [`Plan::i8_used`]). No effect for other precisions, with mirror, or when
+    /// every code (or none) occurs.
+    pub fn with_used_codes(mut self, used: &[bool]) -> Plan {
+        if self.precision == TablePrecision::I8
+            && self.mirror.is_none()
+            && used.len() == self.levels
+            && used.iter().any(|&u| u)
+            && !used.iter().all(|&u| u)
+        {
+            self.i8_used = Some(used.to_vec());
+        }
+        self
+    }
+
+    /// True when every digit of table index `idx` (depth `r`) is a code that occurs in the
+    /// weights (always true without [`Plan::i8_used`]).
+    #[inline]
+    pub fn entry_used(&self, mut idx: usize, r: usize) -> bool {
+        match &self.i8_used {
+            None => true,
+            Some(u) => (0..r).all(|_| {
+                let c = idx % self.levels;
+                idx /= self.levels;
+                u[c]
+            }),
+        }
     }
 
     /// Depth d.

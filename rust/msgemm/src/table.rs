@@ -43,6 +43,9 @@ pub struct TableSet {
     pub tscale: Vec<f32>,
     /// `[g - g0][n - n0]`.
     pub zsum: Vec<f32>,
+    /// `i8` tables: the integer multiplier of every tuple, `[g - g0][n - n0][tuple]`
+    /// (see [`i8_scaling`]); empty for the other precisions.
+    pub mult: Vec<u8>,
 }
 
 impl TableSet {
@@ -65,6 +68,11 @@ impl TableSet {
             data,
             tscale: vec![0.0; ng * nc],
             zsum: vec![0.0; ng * nc],
+            mult: if plan.precision == TablePrecision::I8 {
+                vec![1; ng * nc * plan.tuples.per_group]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -86,6 +94,13 @@ impl TableSet {
     #[inline]
     pub fn gn(&self, g: usize, n: usize) -> usize {
         (g - self.groups.start) * self.cols.len() + (n - self.cols.start)
+    }
+
+    /// The `i8` multipliers of the tuples of `(g, n)` (absolute).
+    #[inline]
+    pub fn mults(&self, g: usize, n: usize) -> &[u8] {
+        let o = self.gn(g, n) * self.per_group;
+        &self.mult[o..o + self.per_group]
     }
 
     /// Bytes of table entries.
@@ -224,20 +239,119 @@ pub fn seq_sum(xs: &[f32]) -> f32 {
     it.fold(first, |s, &x| s + x)
 }
 
-/// Rounds one group's float tables to int8: `maxabs` over the entries, `rcp = 127 / maxabs`,
-/// `q = clamp(round_ties_even(T * rcp), -127, 127)`, `t = maxabs / 127`. Returns `t`
-/// (0 and all-zero entries when `maxabs = 0`).
-pub fn quantize_tables_i8(tables: &[f32], out: &mut [i8]) -> f32 {
-    let maxabs = tables.iter().fold(0f32, |m, &x| m.max(x.abs()));
-    if maxabs == 0.0 {
-        out.fill(0);
+/// Tuples of a group whose int8 entries the kernels may sum in int16 before widening: the
+/// multipliers of every chunk of `I8_CHUNK` consecutive tuples (from the start of the group)
+/// add up to at most [`I8_BUDGET`], so `|sum m_p e_p| <= 127 * 258 < 2^15`.
+pub const I8_CHUNK: usize = 64;
+/// `floor(i16::MAX / 127)`.
+pub const I8_BUDGET: u32 = 258;
+/// Largest multiplier: a pair `127 (m_a + m_b)` must stay within `i16::MAX` (`vpmaddubsw`).
+pub const I8_MULT_MAX: u32 = 127;
+
+/// Smallest integer `m >= 1` with `127 m >= v` (exact for `0 <= v <= 2^17`): the ceiling of
+/// an approximate quotient, corrected by one either way (its error is far below one).
+#[inline(always)]
+fn ceil_127(v: f32) -> u32 {
+    // ceil without `ceilf` (a library call on baseline x86-64): round to nearest, then up
+    // by one if that went down.
+    let d = v * (1.0 / 127.0);
+    let r = round_small(d);
+    let mut m = (r + f32::from(u8::from(r < d))).max(1.0);
+    // branch-free corrections (the loops below vectorize); 127 m is exact
+    m -= f32::from(u8::from(m > 1.0 && 127.0 * (m - 1.0) >= v));
+    m += f32::from(u8::from(127.0 * m < v));
+    m as u32
+}
+
+/// `sum_p m_p(M)` of one chunk is within the int16 budget.
+#[inline(always)]
+fn chunk_fits(q: &[f32], mf: f32) -> bool {
+    q.iter().map(|&v| ceil_127(v * mf)).sum::<u32>() <= I8_BUDGET
+}
+
+/// The int8 scaling of one `(group, column)` block of tables (spec section 4, `KERNELS.md`).
+///
+/// `amax[p]` is `max |entry|` of tuple `p`'s f32 table, `A = max_p amax[p]`. Tuple `p` gets the
+/// integer multiplier `m_p = max(1, ceil(q_p M / 127))`, `q_p = amax[p] * (127 / A)`, so its
+/// entries are rounded on the grid `m_p * tscale` with `tscale = A / (127 M)`: close to a
+/// table of its own (`amax[p] / 127`), while the kernels still add exact integers
+/// `m_p e_p` (the multiplier is the `vpmaddubsw` operand that was 1). `M` is the largest value
+/// in `1..=127` with `sum m_p <= 258` over every chunk of [`I8_CHUNK`] tuples (int16 partial
+/// sums). The sums grow with `M`, so the feasible `M` are a prefix: the search starts at
+/// `M0 = floor((258 - n) 127 / sum q)` (feasible since `m_p < q_p M / 127 + 1`) and walks to
+/// the first infeasible value (a step or two in practice). Writes `mult[p] = m_p` and
+/// `rm[p]`, the factor the entries of tuple `p` are multiplied by before rounding; returns
+/// `tscale`.
+///
+/// `A = 0`: multipliers 1, `rm = 0`, `tscale = 0`. A non-finite `127 / A` (subnormal `A`):
+/// `M = 1`, `rm = 127 / A` (the entries then saturate; the kernels still agree).
+///
+/// `#[inline]`: the SIMD builds inline it into their target-feature code (wider vectors, the
+/// same IEEE operations, so the same result).
+#[inline]
+pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
+    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
+    if a == 0.0 {
+        mult.fill(1);
+        rm.fill(0.0);
         return 0.0;
     }
-    let rcp = 127.0f32 / maxabs;
-    for (q, &x) in out.iter_mut().zip(tables) {
-        *q = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i8;
+    let rcp = 127.0f32 / a;
+    if !rcp.is_finite() {
+        mult.fill(1);
+        rm.fill(rcp);
+        return a / 127.0;
     }
-    maxabs / 127.0
+    // q_p in `rm` (scratch until the end).
+    for (q, &x) in rm.iter_mut().zip(amax) {
+        *q = x * rcp;
+    }
+    let q = &*rm;
+    let feasible = |mm: u32| -> bool {
+        let mf = mm as f32;
+        (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| chunk_fits(c, mf))
+    };
+    // Start from a value the bound m_p < q_p M / 127 + 1 guarantees (with a margin for the
+    // float arithmetic); the exact answer is found by the checks either way.
+    let m0 = q
+        .chunks(I8_CHUNK)
+        .map(|c| {
+            let sq = c.iter().sum::<f32>();
+            let room = (I8_BUDGET as usize).saturating_sub(c.len()) as f32;
+            if sq > 0.0 {
+                (room * 127.0 / sq * (1.0 - 1.0 / 65536.0)).floor()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(f32::INFINITY, f32::min)
+        .clamp(1.0, I8_MULT_MAX as f32) as u32;
+    let mut mm = m0;
+    if feasible(mm) {
+        while mm < I8_MULT_MAX && feasible(mm + 1) {
+            mm += 1;
+        }
+    } else {
+        while mm > 1 && !feasible(mm) {
+            mm -= 1;
+        }
+    }
+    let mf = mm as f32;
+    let rcp_m = rcp * mf;
+    for (m, r) in mult.iter_mut().zip(rm.iter_mut()) {
+        let mp = ceil_127(*r * mf);
+        *m = mp as u8;
+        *r = rcp_m / mp as f32;
+    }
+    a / (127.0 * mf)
+}
+
+/// Rounds one table to int8 with the factor `rm`: `clamp(round_ties_even(T * rm), -127, 127)`.
+#[inline]
+pub fn round_table_i8(table: &[f32], rm: f32, out: &mut [i8]) {
+    for (q, &x) in out.iter_mut().zip(table) {
+        *q = round_small((x * rm).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i8;
+    }
 }
 
 /// Builds the tables of one `(group g, column n)` block (scalar reference build).
@@ -264,7 +378,7 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
             let zsum = if plan.zero_term { seq_sum(xg) } else { 0.0 };
             (1.0, zsum)
         }
-        BlockOut::I8(out) => {
+        BlockOut::I8(out, mult) => {
             let mut f = vec![0f32; tp.per_group * slot];
             let mut prod = vec![0f32; tp.depth * v];
             for t in 0..tp.per_group {
@@ -277,7 +391,27 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
                     &mut f[t * slot..(t + 1) * slot],
                 );
             }
-            let tsc = quantize_tables_i8(&f, out);
+            // max |entry| of each tuple over the entries that can be looked up
+            let amax: Vec<f32> = f
+                .chunks_exact(slot)
+                .enumerate()
+                .map(|(t, tab)| {
+                    let r = tp.depth_of(t);
+                    tab.iter()
+                        .enumerate()
+                        .filter(|&(i, _)| plan.entry_used(i, r))
+                        .fold(0f32, |m, (_, &x)| m.max(x.abs()))
+                })
+                .collect();
+            let mut rm = vec![0f32; tp.per_group];
+            let tsc = i8_scaling(&amax, mult, &mut rm);
+            for ((o, tab), &r) in out
+                .chunks_exact_mut(slot)
+                .zip(f.chunks_exact(slot))
+                .zip(&rm)
+            {
+                round_table_i8(tab, r, o);
+            }
             let zsum = if plan.zero_term && tsc != 0.0 {
                 seq_sum(xg) / tsc
             } else {
@@ -315,7 +449,8 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
 pub enum BlockOut<'a> {
     F32(&'a mut [f32]),
     I16(&'a mut [i16]),
-    I8(&'a mut [i8]),
+    /// Entries and the per-tuple multipliers.
+    I8(&'a mut [i8], &'a mut [u8]),
 }
 
 /// Builds the tables of `groups x cols` with the scalar build, in parallel over `(g, n)`
@@ -356,13 +491,14 @@ pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .collect(),
         TableData::I8(d) => d
             .par_chunks_mut(blen)
+            .zip(set.mult.par_chunks_mut(plan.tuples.per_group))
             .enumerate()
-            .map(|(i, out)| {
+            .map(|(i, (out, mult))| {
                 let (g, n) = (groups.start + i / nc, cols.start + i % nc);
                 build_block(
                     plan,
                     &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
-                    BlockOut::I8(out),
+                    BlockOut::I8(out, mult),
                 )
             })
             .collect(),
@@ -447,6 +583,41 @@ mod tests {
     }
 
     #[test]
+    fn i8_multipliers_respect_the_int16_budget() {
+        // 64 tuples of similar size: M near 258 / 64 * 127 / q_avg; a chunk may never exceed
+        // the budget and M is the largest such value.
+        let amax: Vec<f32> = (0..150)
+            .map(|i| 1.0 + ((i * 37) % 11) as f32 * 0.3)
+            .collect();
+        let mut mult = vec![0u8; 150];
+        let mut rm = vec![0f32; 150];
+        let t = i8_scaling(&amax, &mut mult, &mut rm);
+        let a = amax.iter().fold(0f32, |m, &x| m.max(x));
+        let mm = (a / 127.0 / t).round() as u32;
+        for c in mult.chunks(I8_CHUNK) {
+            assert!(c.iter().map(|&m| u32::from(m)).sum::<u32>() <= I8_BUDGET);
+        }
+        let q: Vec<f32> = amax.iter().map(|&x| x * (127.0 / a)).collect();
+        let next: Vec<u32> = q.iter().map(|&v| ceil_127(v * (mm + 1) as f32)).collect();
+        assert!(
+            next.chunks(I8_CHUNK)
+                .any(|c| c.iter().sum::<u32>() > I8_BUDGET),
+            "M not maximal"
+        );
+        // entries of each tuple stay within +-127 after scaling
+        for (&x, &r) in amax.iter().zip(&rm) {
+            assert!(x * r <= 127.0 + 1e-3);
+        }
+        assert!(ceil_127(127.0) == 1 && ceil_127(127.5) == 2 && ceil_127(0.0) == 1);
+        for m in 1..1000u32 {
+            let v = 127.0 * m as f32;
+            assert_eq!(ceil_127(v), m);
+            assert_eq!(ceil_127(v + v * f32::EPSILON), m + 1);
+            assert_eq!(ceil_127(v - v * f32::EPSILON), m);
+        }
+    }
+
+    #[test]
     fn round_small_is_round_ties_even() {
         for i in -2000..=2000 {
             let x = i as f32 * 0.25 + 0.001 * (i % 7) as f32;
@@ -461,10 +632,25 @@ mod tests {
         let p8 = plan(Format::Int4, 2, 8, TablePrecision::I8, false);
         let xg = [1.0f32, -2.0, 0.5, 4.0, 0.0, 3.0, -1.0, 2.0];
         let mut out = vec![0i8; 4 * 256];
-        let (t, _) = build_block(&p8, &xg, BlockOut::I8(&mut out));
+        let mut mult = vec![0u8; 4];
+        let (t, _) = build_block(&p8, &xg, BlockOut::I8(&mut out, &mut mult));
         assert!(out.iter().any(|&q| q.abs() == 127));
-        // maxabs of the group's tables: tuple 1, x = (0.5, 4), codes (-8, -8): |-4 - 32| = 36
-        assert_eq!(t, 36.0 / 127.0);
+        // maxabs of the group's tables: tuple 1, x = (0.5, 4), codes (-8, -8): |-4 - 32| = 36;
+        // the others 23, 24, 23; m_p = ceil(127 amax_p / 36 * M / 127) must add up to at most
+        // 258: M = 87 gives 56 + 87 + 58 + 56 = 257 (M = 88: 57 + 88 + 59 + 57 = 261).
+        assert_eq!(mult, vec![56, 87, 58, 56]);
+        assert_eq!(t, 36.0 / (127.0 * 87.0));
+        // every entry is on its tuple's grid: |T - e m t| <= m t / 2
+        let mut f = vec![0f32; 256];
+        let mut prod = vec![0f32; 32];
+        for tt in 0..4 {
+            build_f32_table(&p8, &xg[2 * tt..2 * tt + 2], &mut prod, &mut f);
+            let step = f64::from(mult[tt]) * f64::from(t);
+            for (i, &e) in out[256 * tt..256 * (tt + 1)].iter().enumerate() {
+                let err = (f64::from(f[i]) - f64::from(e) * step).abs();
+                assert!(err <= step / 2.0 * (1.0 + 1e-5), "tuple {tt} entry {i}");
+            }
+        }
         let p16 = plan(Format::Int4, 2, 8, TablePrecision::I16, false);
         let mut out = vec![0i16; 4 * 256];
         let (a, _) = build_block(&p16, &xg, BlockOut::I16(&mut out));

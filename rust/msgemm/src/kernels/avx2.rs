@@ -156,7 +156,6 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
         let lay = job.layout;
         let pg = plan.tuples.per_group;
         let mir = mirror_consts(plan);
-        let row_first = job.row_blocks.start * ROW_BLOCK;
         let ones = _mm256_set1_epi8(1);
         let zero = _mm256_setzero_si256();
         let hv = [
@@ -169,19 +168,23 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
         ];
         let mut words = [0i16; 16];
         let mut acc = [0i32; ROW_BLOCK];
+        // Row blocks outside, columns inside: a row block's indices are read from memory once
+        // and from L1 for the other columns.
         for g in tabs.groups.clone() {
-            for n in tabs.cols.clone() {
-                let gn = tabs.gn(g, n);
-                let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
-                let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
-                // Bytes readable from `tp` (16-byte table loads must stay inside the buffer).
-                let tab_end = tab.len() - tabs.offset(g, n, 0);
-                for b in job.row_blocks.clone() {
-                    let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+            for b in job.row_blocks.clone() {
+                let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+                for n in tabs.cols.clone() {
+                    let gn = tabs.gn(g, n);
+                    let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
+                    let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
+                    // Bytes readable from `tp` (16-byte table loads must stay inside the buffer).
+                    let tab_end = tab.len() - tabs.offset(g, n, 0);
                     acc.fill(0);
                     let mut t = 0;
+                    let mults = tabs.mults(g, n);
                     while t < pg {
-                        let end = (t + 256).min(pg);
+                        // Chunks over which the build keeps the multipliers' sum <= 258.
+                        let end = (t + crate::table::I8_CHUNK).min(pg);
                         // Pair sums of the two 32-row halves: [half][lo, hi].
                         let mut a = [[zero; 2]; 2];
                         while t < end {
@@ -193,6 +196,9 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                                 zero
                             };
                             let (w0, w1) = (usize::from(t + 1 == pg), usize::from(t + 2 == pg));
+                            // The tuples' multipliers in the two bytes of every 16-bit lane.
+                            let m1 = if two { mults[t + 1] } else { 0 };
+                            let mul = _mm256_set1_epi16(i16::from_le_bytes([mults[t], m1]));
                             for (h, ah) in a.iter_mut().enumerate() {
                                 let i0 =
                                     _mm256_loadu_si256(ip.add(t * 64 + 32 * h) as *const __m256i);
@@ -207,11 +213,11 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                                 };
                                 ah[0] = _mm256_add_epi16(
                                     ah[0],
-                                    _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(e0, e1)),
+                                    _mm256_maddubs_epi16(mul, _mm256_unpacklo_epi8(e0, e1)),
                                 );
                                 ah[1] = _mm256_add_epi16(
                                     ah[1],
-                                    _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(e0, e1)),
+                                    _mm256_maddubs_epi16(mul, _mm256_unpackhi_epi8(e0, e1)),
                                 );
                             }
                             t += if two { 2 } else { 1 };
@@ -228,7 +234,7 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                     for (lane, &p) in acc.iter().enumerate().take(rows) {
-                        let yi = (b * ROW_BLOCK + lane - row_first) * plan.n + n;
+                        let yi = job.y_index(b * ROW_BLOCK + lane, n);
                         let z = job.zeros.map_or(0.0, |z| z[sz + lane]);
                         y[yi] = epilogue(plan, p as f32, job.scales[sz + lane], z, tsc, zs, y[yi]);
                     }
@@ -247,7 +253,6 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
         let lay = job.layout;
         let pg = plan.tuples.per_group;
         let mir = mirror_consts(plan);
-        let row_first = job.row_blocks.start * ROW_BLOCK;
         let hv = [
             _mm256_set1_epi32(mir.h[0] - 1),
             _mm256_set1_epi32(mir.h[1] - 1),
@@ -300,7 +305,7 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                     for (lane, &pv) in p.iter().enumerate().take(rows) {
-                        let yi = (b * ROW_BLOCK + lane - row_first) * plan.n + n;
+                        let yi = job.y_index(b * ROW_BLOCK + lane, n);
                         let z = job.zeros.map_or(0.0, |z| z[sz + lane]);
                         y[yi] = epilogue(plan, pv, job.scales[sz + lane], z, tsc, zs, y[yi]);
                     }

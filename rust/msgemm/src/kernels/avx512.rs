@@ -43,7 +43,8 @@ pub struct Avx512;
 pub static AVX512: Avx512 = Avx512;
 
 /// Row blocks that share one table load in the integer kernels.
-const RB_TILE: usize = 8;
+const RB_TILE: usize = 4;
+const PF_ON: bool = true;
 
 fn cpu_ok() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -293,6 +294,8 @@ struct Epi<'a> {
     zeros: Option<&'a [f32]>,
     tsc: f32,
     zs: f32,
+    /// Floats per column of the job's `y`.
+    span: usize,
 }
 
 /// Applies the epilogue of one (row block, group, column) with partial sums `p` (row order).
@@ -325,23 +328,14 @@ unsafe fn epilogue(
                 u = _mm512_mul_ps(u, tsc);
             }
             let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.as_ptr().add(sz + 16 * q)), u);
-            let yo = y0 + 16 * q * plan.n + n;
-            if plan.n == 1 {
-                let yp = y.as_mut_ptr().add(yo);
-                if lanes == 16 {
-                    _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
-                } else {
-                    let m: __mmask16 = (1u16 << lanes) - 1;
-                    let yv = _mm512_maskz_loadu_ps(m, yp);
-                    _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
-                }
+            // Column-major y: 16 consecutive rows.
+            let yp = y.as_mut_ptr().add(y0 + n * e.span + 16 * q);
+            if lanes == 16 {
+                _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
             } else {
-                let mut tmp = [0f32; 16];
-                _mm512_storeu_ps(tmp.as_mut_ptr(), su);
-                for (l, &v) in tmp.iter().enumerate().take(lanes) {
-                    let yi = yo + l * plan.n;
-                    y[yi] += v;
-                }
+                let m: __mmask16 = (1u16 << lanes) - 1;
+                let yv = _mm512_maskz_loadu_ps(m, yp);
+                _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
             }
         }
     }
@@ -407,6 +401,7 @@ unsafe fn drive_int(
                 zeros: job.zeros,
                 tsc: tabs.tscale[gn],
                 zs: tabs.zsum[gn],
+                span: job.span(),
             };
             let mut rb = job.row_blocks.start;
             while rb < job.row_blocks.end {
@@ -458,7 +453,7 @@ unsafe fn drive_int(
                     }
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let y0 = (b * ROW_BLOCK - geo.row_first) * plan.n;
+                    let y0 = b * ROW_BLOCK - geo.row_first;
                     unsafe { epilogue(&epi, &pf, sz, rows, y, y0, n) };
                 }
                 rb += nrb;
@@ -471,104 +466,316 @@ unsafe fn drive_int(
 // i8 tables
 // ---------------------------------------------------------------------------------------------
 
-/// Sums of `R` row blocks (indices at `ix + r * rb_stride`) against the tables of one
-/// (group, column) (`tab`, `per_group` slots of `slot` bytes), added to `acc` in row order.
+/// Tuples whose weighted int16 pair sums are accumulated before they are widened to int32
+/// (the chunk over which the build keeps `sum m_p <= 258`).
+const I8_CHUNK: usize = table::I8_CHUNK;
+
+/// 64 byte lookups into a table of `NZ` registers without mirror (256 entries: two
+/// `vpermi2b` and a blend on the index MSB).
+#[inline(always)]
+unsafe fn lut_plain<const NZ: usize>(t: &[__m512i; 4], idx: __m512i) -> __m512i {
+    // SAFETY: the callers run with AVX-512 BW + VBMI enabled.
+    unsafe { lut::<NZ>(t, idx) }
+}
+
+/// The table of one tuple in `NZ` registers: plain loads where the register is full, a
+/// masked load for a partial last one.
+#[inline(always)]
+unsafe fn load_table_fast<const NZ: usize>(p: *const u8, masks: &[u64; 4]) -> [__m512i; 4] {
+    // SAFETY: full registers lie inside the slot; masked-off bytes are not accessed.
+    unsafe {
+        let mut t = [_mm512_setzero_si512(); 4];
+        for (i, ti) in t.iter_mut().enumerate().take(NZ) {
+            *ti = if i + 1 < NZ || masks[i] == u64::MAX {
+                _mm512_loadu_si512(p.add(64 * i) as *const __m512i)
+            } else {
+                _mm512_maskz_loadu_epi8(masks[i], p.add(64 * i) as *const i8)
+            };
+        }
+        t
+    }
+}
+
+/// Mirror constants of one tuple (`w` = 1 for the last tuple of a group).
+#[derive(Clone, Copy)]
+struct MirVec {
+    h: [__m512i; 2],
+    c: [__m512i; 2],
+}
+
+/// The entries of one tuple for 64 rows (`idx` from `p`), with the mirror applied.
+#[inline(always)]
+unsafe fn lookup<const NZ: usize, const MIR: u8>(
+    t: &[__m512i; 4],
+    p: *const u8,
+    mv: &MirVec,
+    w: usize,
+) -> __m512i {
+    // SAFETY: `p` points at 64 index bytes of the layout; features enabled by the callers.
+    unsafe {
+        let idx = _mm512_loadu_si512(p as *const __m512i);
+        if MIR == MIR_NONE {
+            lut_plain::<NZ>(t, idx)
+        } else {
+            lut_mirror::<NZ, MIR>(t, idx, mv.h[w], mv.c[w])
+        }
+    }
+}
+
+/// Adds the weighted pairwise int16 sums `m0 e0 + m1 e1` of two tuples' entries of one row
+/// block to `acc` (`mul` holds the multipliers `(m0, m1)` in the two bytes of every 16-bit
+/// lane; `acc[0]`: rows `16L + j`, `acc[1]`: rows `16L + 8 + j`, `L` the 128-bit lane, `j < 8`).
+#[inline(always)]
+unsafe fn add_pair(acc: &mut [__m512i; 2], e0: __m512i, e1: __m512i, mul: __m512i) {
+    // SAFETY: features enabled by the callers.
+    unsafe {
+        let lo = _mm512_unpacklo_epi8(e0, e1);
+        let hi = _mm512_unpackhi_epi8(e0, e1);
+        acc[0] = _mm512_add_epi16(acc[0], _mm512_maddubs_epi16(mul, lo));
+        acc[1] = _mm512_add_epi16(acc[1], _mm512_maddubs_epi16(mul, hi));
+    }
+}
+
+/// One pair of tuples for one row block, 256-entry tables without mirror, in inline
+/// assembly: the same instructions as [`lookup`] + [`add_pair`] (`vpermi2b` of each table
+/// half, a blend on the index MSB, `vpunpck[lh]bw`, `vpmaddubsw`, `vpaddw`), but with
+/// the tables, multipliers and accumulators pinned in registers (the compiler otherwise
+/// copies table registers for `vpermt2b`, recomputes the MSB mask with a compare, and
+/// spills accumulators).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair256(
+    ta: &[__m512i; 4],
+    tb: &[__m512i; 4],
+    mult: __m512i,
+    p: *const u8,
+    acc: &mut [__m512i; 2],
+) {
+    // SAFETY: `p` points at 128 readable index bytes (two tuples of one row block); the
+    // callers run with AVX-512 BW + VBMI enabled.
+    unsafe {
+        std::arch::asm!(
+            "vmovdqu64 {x0}, zmmword ptr [{p}]",
+            "vmovdqu64 {x1}, zmmword ptr [{p} + 64]",
+            "vpmovb2m {k0}, {x0}",
+            "vpmovb2m {k1}, {x1}",
+            "vmovdqa64 {y0}, {x0}",
+            "vmovdqa64 {y1}, {x1}",
+            "vpermi2b {x0}, {a0}, {a1}",
+            "vpermi2b {y0}, {a2}, {a3}",
+            "vpermi2b {x1}, {b0}, {b1}",
+            "vpermi2b {y1}, {b2}, {b3}",
+            "vmovdqu8 {x0} {{{k0}}}, {y0}",
+            "vmovdqu8 {x1} {{{k1}}}, {y1}",
+            "vpunpcklbw {y0}, {x0}, {x1}",
+            "vpunpckhbw {y1}, {x0}, {x1}",
+            "vpmaddubsw {y0}, {m}, {y0}",
+            "vpmaddubsw {y1}, {m}, {y1}",
+            "vpaddw {c0}, {c0}, {y0}",
+            "vpaddw {c1}, {c1}, {y1}",
+            p = in(reg) p,
+            a0 = in(zmm_reg) ta[0],
+            a1 = in(zmm_reg) ta[1],
+            a2 = in(zmm_reg) ta[2],
+            a3 = in(zmm_reg) ta[3],
+            b0 = in(zmm_reg) tb[0],
+            b1 = in(zmm_reg) tb[1],
+            b2 = in(zmm_reg) tb[2],
+            b3 = in(zmm_reg) tb[3],
+            m = in(zmm_reg) mult,
+            c0 = inout(zmm_reg) acc[0],
+            c1 = inout(zmm_reg) acc[1],
+            x0 = out(zmm_reg) _,
+            x1 = out(zmm_reg) _,
+            y0 = out(zmm_reg) _,
+            y1 = out(zmm_reg) _,
+            k0 = out(kreg) _,
+            k1 = out(kreg) _,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+}
+
+/// Integer partial sums of an `R x C` tile (R row blocks, C columns) over the tuples of one
+/// group: `sums[r * C + c]` receives, in row order, the exact sums of row block `r` against
+/// the tables of column `c`. Each index load feeds `C` lookups, each table load `R`.
+///
+/// `rows[r]`: indices of tuple 0 of the group for row block `r`; `tabs[c]`: table of tuple 0
+/// of column `c`. While it runs, the index lines `[pf.offset, pf.offset + pf.len)` of the next
+/// tile are prefetched into L2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
-    ix_base: *const u8,
-    pf: Prefetch,
-    ix: *const u8,
-    rb_stride: usize,
-    tab: *const u8,
+unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize>(
+    rows: &[*const u8; R],
+    tabs: &[*const u8; C],
+    mults: &[*const u8; C],
     slot: usize,
     per_group: usize,
     masks: &[u64; 4],
     mp: &MirParams,
     perm: &(__m512i, __m512i),
-    acc: &mut [[i32; 64]; RB_TILE],
+    ix_base: *const u8,
+    pf: Prefetch,
+    sums: &mut [[i32; 64]; 8],
 ) {
     unsafe {
-        let ones = _mm512_set1_epi8(1);
         let zero = _mm512_setzero_si512();
-        let hv = [
-            _mm512_set1_epi8(mp.h[0] as i8),
-            _mm512_set1_epi8(mp.h[1] as i8),
-        ];
-        let cv = [
-            _mm512_set1_epi8(mp.c[0] as i8),
-            _mm512_set1_epi8(mp.c[1] as i8),
-        ];
+        let mv = MirVec {
+            h: [
+                _mm512_set1_epi8(mp.h[0] as i8),
+                _mm512_set1_epi8(mp.h[1] as i8),
+            ],
+            c: [
+                _mm512_set1_epi8(mp.c[0] as i8),
+                _mm512_set1_epi8(mp.c[1] as i8),
+            ],
+        };
         let last = per_group - 1;
-        // Pointers advance by one 64-byte slot (indices) / one table per tuple.
-        let mut rows: [*const u8; R] = std::array::from_fn(|r| ix.add(r * rb_stride));
-        let mut tp = tab;
-        // Prefetch into L2 (T1: more misses in flight than L1 allows; measured faster warm and
-        // cold than T0): 2R lines of the next tile per pair of tuples (a hint: overshooting the
-        // next tile's region is harmless, hence `wrapping_add`).
+        // Prefetch `2 R` lines of the next tile per pair of tuples: the next tile has as many
+        // index bytes as this one (or fewer), so the stream keeps pace.
         let mut pfp = ix_base.wrapping_add(pf.offset);
-        let pf_on = pf.len > 0;
-        let mut t = 0;
-        while t < per_group {
-            // int16 pair sums: at most 128 pairs of |127| + |127| per chunk.
-            let end = (t + 256).min(per_group);
-            let mut alo = [zero; R];
-            let mut ahi = [zero; R];
-            // Pairs of tuples; an odd last tuple is paired with zeros.
-            while t < end {
-                let two = t + 1 < end;
-                if pf_on {
+        let pf_end = pfp.wrapping_add(pf.len);
+        let mut t0 = 0;
+        while t0 < per_group {
+            let end = (t0 + I8_CHUNK).min(per_group);
+            let mut acc = [[[zero; 2]; C]; R];
+            // Full pairs that do not contain the last tuple of the group (whose mirror
+            // constants may differ); the rest after.
+            let full_end = if MIR == MIR_NONE || end < per_group {
+                end
+            } else {
+                last
+            };
+            let mut t = t0;
+            while t + 1 < full_end {
+                if PF_ON && pfp < pf_end {
                     for i in 0..2 * R {
                         _mm_prefetch::<_MM_HINT_T1>(pfp.wrapping_add(64 * i) as *const i8);
                     }
                     pfp = pfp.wrapping_add(128 * R);
                 }
-                let w0 = if MIR == MIR_NONE {
-                    0
-                } else {
-                    usize::from(t == last)
-                };
-                let w1 = if MIR == MIR_NONE {
-                    0
-                } else {
-                    usize::from(t + 1 == last)
-                };
-                let tb0 = load_table::<NZ>(tp, masks);
-                let tb1 = if two {
-                    load_table::<NZ>(tp.add(slot), masks)
-                } else {
-                    tb0
-                };
-                for r in 0..R {
-                    let e0 = lut_mirror::<NZ, MIR>(
-                        &tb0,
-                        _mm512_loadu_si512(rows[r] as *const __m512i),
-                        hv[w0],
-                        cv[w0],
-                    );
-                    let e1 = if two {
-                        lut_mirror::<NZ, MIR>(
-                            &tb1,
-                            _mm512_loadu_si512(rows[r].add(64) as *const __m512i),
-                            hv[w1],
-                            cv[w1],
-                        )
-                    } else {
-                        zero
-                    };
-                    let lo = _mm512_unpacklo_epi8(e0, e1);
-                    let hi = _mm512_unpackhi_epi8(e0, e1);
-                    alo[r] = _mm512_add_epi16(alo[r], _mm512_maddubs_epi16(ones, lo));
-                    ahi[r] = _mm512_add_epi16(ahi[r], _mm512_maddubs_epi16(ones, hi));
-                    rows[r] = rows[r].wrapping_add(if two { 128 } else { 64 });
+                for c in 0..C {
+                    let ta = load_table_fast::<NZ>(tabs[c].add(t * slot), masks);
+                    let tb = load_table_fast::<NZ>(tabs[c].add((t + 1) * slot), masks);
+                    // The two tuples' multipliers, one per byte of every 16-bit lane.
+                    let mp2 = (mults[c].add(t) as *const i16).read_unaligned();
+                    let mul = _mm512_set1_epi16(mp2);
+                    for r in 0..R {
+                        if NZ == 4 && MIR == MIR_NONE {
+                            pair256(&ta, &tb, mul, rows[r].add(64 * t), &mut acc[r][c]);
+                        } else {
+                            let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, 0);
+                            let e1 = lookup::<NZ, MIR>(&tb, rows[r].add(64 * t + 64), &mv, 0);
+                            add_pair(&mut acc[r][c], e0, e1, mul);
+                        }
+                    }
                 }
-                tp = tp.wrapping_add(if two { 2 * slot } else { slot });
-                t += if two { 2 } else { 1 };
+                t += 2;
             }
-            t = end;
+            // Remaining tuples of the chunk (0, 1 or 2; the group's last one may be among
+            // them), one at a time paired with zeros.
+            while t < end {
+                let w = usize::from(t == last);
+                for c in 0..C {
+                    let ta = load_table::<NZ>(tabs[c].add(t * slot), masks);
+                    let mul = _mm512_set1_epi16(i16::from(*mults[c].add(t)));
+                    for r in 0..R {
+                        let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, w);
+                        add_pair(&mut acc[r][c], e0, zero, mul);
+                    }
+                }
+                t += 1;
+            }
             for r in 0..R {
-                flush16(alo[r], ahi[r], perm, false, &mut acc[r]);
+                for c in 0..C {
+                    widen16(
+                        acc[r][c][0],
+                        acc[r][c][1],
+                        perm,
+                        t0 > 0,
+                        &mut sums[r * C + c],
+                    );
+                }
+            }
+            t0 = end;
+        }
+    }
+}
+
+/// Widens the int16 pair accumulators `(lo, hi)` of one row block to int32 in row order,
+/// stored into (`add = false`) or added to (`add = true`) `out`.
+#[inline(always)]
+unsafe fn widen16(
+    lo: __m512i,
+    hi: __m512i,
+    perm: &(__m512i, __m512i),
+    add: bool,
+    out: &mut [i32; 64],
+) {
+    // SAFETY: features enabled by the callers; 64-element arrays, 16 lanes at offset 16q.
+    unsafe {
+        let nat = [
+            _mm512_permutex2var_epi16(lo, perm.0, hi),
+            _mm512_permutex2var_epi16(lo, perm.1, hi),
+        ];
+        for (h, v) in nat.iter().enumerate() {
+            for q in 0..2 {
+                let half = if q == 0 {
+                    _mm512_castsi512_si256(*v)
+                } else {
+                    _mm512_extracti64x4_epi64::<1>(*v)
+                };
+                let mut w = _mm512_cvtepi16_epi32(half);
+                let p = out.as_mut_ptr().add(32 * h + 16 * q) as *mut __m512i;
+                if add {
+                    w = _mm512_add_epi32(_mm512_loadu_si512(p), w);
+                }
+                _mm512_storeu_si512(p, w);
+            }
+        }
+    }
+}
+
+/// The epilogue of one (row block, group, column) from integer partial sums in row order,
+/// into `dst` (64 consecutive floats, `rows` of them valid).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn epilogue_block(
+    plan: &Plan,
+    sums: &[i32; 64],
+    scales: *const f32,
+    zeros: *const f32,
+    tsc: f32,
+    zs: f32,
+    dst: *mut f32,
+    rows: usize,
+) {
+    // SAFETY: `scales` / `zeros` point at 64 floats of the tiled arrays, `dst` at `rows`
+    // writable floats; features enabled by the callers.
+    unsafe {
+        let tscv = _mm512_set1_ps(tsc);
+        let zsv = _mm512_set1_ps(zs);
+        for q in 0..4 {
+            let lanes = rows.saturating_sub(16 * q).min(16);
+            if lanes == 0 {
+                break;
+            }
+            let p = _mm512_loadu_si512(sums.as_ptr().add(16 * q) as *const __m512i);
+            let mut u = _mm512_cvtepi32_ps(p);
+            if plan.zero_term {
+                let z = _mm512_loadu_ps(zeros.add(16 * q));
+                u = _mm512_sub_ps(u, _mm512_mul_ps(z, zsv));
+            }
+            u = _mm512_mul_ps(u, tscv);
+            let su = _mm512_mul_ps(_mm512_loadu_ps(scales.add(16 * q)), u);
+            let yp = dst.add(16 * q);
+            if lanes == 16 {
+                _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
+            } else {
+                let m: __mmask16 = (1u16 << lanes) - 1;
+                let yv = _mm512_maskz_loadu_ps(m, yp);
+                _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
             }
         }
     }
@@ -610,6 +817,11 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
     unsafe { dispatch_nz_mir!(nz, mp.kind, run_i8_t, job, ix, tab, y, &mp) }
 }
 
+/// The i8 driver: for each group, column tiles of 4, 2 or 1 columns, each swept over the
+/// job's row blocks in tiles of 2, 4 or 8 row blocks (16 int16 accumulators either way).
+/// With `N > 1`, `y` is accumulated in a column-major copy of the job's rows (the epilogue
+/// then writes 16 consecutive floats) and copied back at the end; the float operations on
+/// every `y[m, n]` are the contract's, in group order, so the result is the same.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
@@ -626,27 +838,108 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
     let masks = table_masks(slot);
     let perm = perm_vectors();
     let pg = plan.tuples.per_group;
-    let stride = pg * ROW_BLOCK;
-    unsafe {
-        drive_int(job, y, RB_TILE, |g, n, rb, nrb, pf, acc| {
-            let ib = ix.as_ptr();
-            let ip = ix.as_ptr().add(lay.slot(g, rb, 0));
-            let tp = tab.as_ptr().add(tabs.offset(g, n, 0)) as *const u8;
-            match nrb {
-                8 => {
-                    i8_tile::<NZ, MIR, 8>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
-                }
-                4 => {
-                    i8_tile::<NZ, MIR, 4>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
-                }
-                2 => {
-                    i8_tile::<NZ, MIR, 2>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
-                }
-                _ => {
-                    i8_tile::<NZ, MIR, 1>(ib, pf, ip, stride, tp, slot, pg, &masks, mp, &perm, acc)
+    let rb_stride = pg * ROW_BLOCK;
+    let rbs = job.row_blocks.clone();
+    let row_first = rbs.start * ROW_BLOCK;
+    let cols = tabs.cols.clone();
+    let span = job.span();
+    let mut sums = [[0i32; 64]; 8];
+    let ib = ix.as_ptr();
+    let tb = tab.as_ptr() as *const u8;
+    for g in tabs.groups.clone() {
+        let mut rb = rbs.start;
+        while rb < rbs.end {
+            // Full tiles, then single row blocks.
+            let nrb = if rbs.end - rb >= RB_TILE { RB_TILE } else { 1 };
+            // The next tile (in loop order), to prefetch while the first column runs.
+            let next = if rb + nrb < rbs.end {
+                Some((rb + nrb, g))
+            } else if g + 1 < tabs.groups.end {
+                Some((rbs.start, g + 1))
+            } else {
+                None
+            };
+            let pf = next.map_or(Prefetch { offset: 0, len: 0 }, |(b, gg)| Prefetch {
+                offset: lay.slot(gg, b, 0),
+                len: (rbs.end - b).min(RB_TILE) * rb_stride,
+            });
+            if let Some((b, gg)) = next {
+                // The next tile's scales and zero points: short strided streams that the
+                // hardware prefetchers miss.
+                let off = (gg * plan.row_blocks + b) * ROW_BLOCK;
+                let lines = (rbs.end - b).min(RB_TILE) * (ROW_BLOCK * 4 / 64);
+                for i in 0..lines {
+                    let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
+                    _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
+                    if let Some(z) = job.zeros {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            z.as_ptr().wrapping_add(off + 16 * i) as *const i8
+                        );
+                    }
                 }
             }
-        });
+            let row_ptr = |r: usize| unsafe { ib.add(lay.slot(g, rb + r, 0)) };
+            // Columns one after the other over the same row tile: its indices (`nrb` x 4 KiB
+            // for int4 g128) are loaded from memory once and re-read from L1 for the other
+            // columns; each column's tables stream from L2.
+            for n in cols.clone() {
+                let tab_ptr = |_c: usize| unsafe { tb.add(tabs.offset(g, n, 0)) };
+                let mult_ptr = |_c: usize| tabs.mults(g, n).as_ptr();
+                let pfn = if n == cols.start {
+                    pf
+                } else {
+                    Prefetch { offset: 0, len: 0 }
+                };
+                macro_rules! tile {
+                    ($r:literal) => {
+                        unsafe {
+                            i8_tile::<NZ, MIR, $r, 1>(
+                                &std::array::from_fn(row_ptr),
+                                &std::array::from_fn(tab_ptr),
+                                &std::array::from_fn(mult_ptr),
+                                slot,
+                                pg,
+                                &masks,
+                                mp,
+                                &perm,
+                                ib,
+                                pfn,
+                                &mut sums,
+                            )
+                        }
+                    };
+                }
+                if nrb == RB_TILE {
+                    tile!(4)
+                } else {
+                    tile!(1)
+                }
+                let gn = tabs.gn(g, n);
+                for (r, sum) in sums.iter().enumerate().take(nrb) {
+                    let b = rb + r;
+                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
+                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
+                    let zp = job
+                        .zeros
+                        .map_or(std::ptr::null(), |z| z.as_ptr().wrapping_add(sz));
+                    let off = b * ROW_BLOCK - row_first;
+                    let dst = y.as_mut_ptr().wrapping_add(n * span + off);
+                    unsafe {
+                        epilogue_block(
+                            plan,
+                            sum,
+                            job.scales.as_ptr().add(sz),
+                            zp,
+                            tabs.tscale[gn],
+                            tabs.zsum[gn],
+                            dst,
+                            rows,
+                        )
+                    };
+                }
+            }
+            rb += nrb;
+        }
     }
 }
 
@@ -860,6 +1153,7 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
                     zeros: job.zeros,
                     tsc: tabs.tscale[gn],
                     zs: tabs.zsum[gn],
+                    span: job.span(),
                 };
                 let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
                 for b in job.row_blocks.clone() {
@@ -905,7 +1199,7 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
                     }
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let y0 = (b * ROW_BLOCK - geo.row_first) * plan.n;
+                    let y0 = b * ROW_BLOCK - geo.row_first;
                     epilogue(&epi, &pf, sz, rows, y, y0, n);
                 }
             }
@@ -939,8 +1233,9 @@ fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .collect(),
         TableData::I8(d) => d
             .par_chunks_mut(blen)
+            .zip(set.mult.par_chunks_mut(plan.tuples.per_group))
             .enumerate()
-            .map(|(i, out)| unsafe { build_block_i8(plan, xg(i), out, digits) })
+            .map(|(i, (out, mult))| unsafe { build_block_i8(plan, xg(i), out, mult, digits) })
             .collect(),
         TableData::I16(_) => unreachable!("no SIMD build for i16 tables"),
     };
@@ -1082,26 +1377,79 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
     )
 }
 
-/// `max |T|` over the f32 tables of one group, in closed form: `fl(a + b)` and `fl(v * x)` are
-/// monotonic, so the largest (smallest) entry of a tuple is the left-to-right sum of the
-/// largest (smallest) products of each digit. `None` when a value is not finite (the scalar
-/// build then handles the block, including its NaN conventions).
-fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
+/// `max |T|` of every tuple's f32 table of one group (into `out`), in closed form:
+/// `fl(a + b)` and `fl(v * x)` are monotonic, so the largest (smallest) entry of a tuple is
+/// the left-to-right sum of the largest (smallest) products of each digit. False when a value
+/// is not finite (the scalar build then handles the block, including its NaN conventions).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn tuple_maxabs(plan: &Plan, xg: &[f32], out: &mut [f32]) -> bool {
     let tv = &plan.table_values;
-    let ext = |vals: &[f32]| {
-        vals.iter()
-            .fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), &v| {
-                (a.max(v), b.min(v))
+    // Extremes over the codes `0..upto` that can be looked up (`plan.i8_used`).
+    let ext = |upto: usize| {
+        tv[..upto]
+            .iter()
+            .enumerate()
+            .fold((f32::NEG_INFINITY, f32::INFINITY), |(a, b), (c, &v)| {
+                if plan.i8_used.as_ref().is_none_or(|u| u[c]) {
+                    (a.max(v), b.min(v))
+                } else {
+                    (a, b)
+                }
             })
     };
-    let all = ext(tv);
+    let all = ext(plan.levels);
     let half = match plan.mirror {
-        Some(_) => ext(&tv[..plan.levels.div_ceil(2)]),
+        Some(_) => ext(plan.levels.div_ceil(2)),
         None => all,
     };
     let tp = plan.tuples;
-    let mut m = 0f32;
-    for t in 0..tp.per_group {
+    // Full-depth tuples 16 at a time (the products' max / min give the same `|hi|`, `|lo|` as
+    // the per-sign choice below: equal values differ at most in the sign of zero).
+    let full = if tp.last_depth == tp.depth {
+        tp.per_group
+    } else {
+        tp.per_group - 1
+    };
+    let simd = full / 16 * 16;
+    // SAFETY: the SIMD builds run with AVX-512 F enabled (checked by `build_tables`); the
+    // gathered indices `t * d + j < G` lie inside `xg`.
+    unsafe {
+        let d = tp.depth as i32;
+        let base = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(d),
+        );
+        let sign = _mm512_set1_ps(-0.0);
+        let mut bad = _mm512_setzero_ps();
+        for t0 in (0..simd).step_by(16) {
+            let (mut hi, mut lo) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for j in 0..tp.depth {
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32((t0 * tp.depth + j) as i32));
+                let x = _mm512_i32gather_ps::<4>(idx, xg.as_ptr());
+                let (vmax, vmin) = if j + 1 == tp.depth { half } else { all };
+                let p1 = _mm512_mul_ps(_mm512_set1_ps(vmax), x);
+                let p2 = _mm512_mul_ps(_mm512_set1_ps(vmin), x);
+                let (pmax, pmin) = (_mm512_max_ps(p1, p2), _mm512_min_ps(p1, p2));
+                if j == 0 {
+                    hi = pmax;
+                    lo = pmin;
+                } else {
+                    hi = _mm512_add_ps(hi, pmax);
+                    lo = _mm512_add_ps(lo, pmin);
+                }
+            }
+            // Non-finite sums (inf - inf gives NaN): `x - x` is NaN for both.
+            bad = _mm512_or_ps(bad, _mm512_sub_ps(hi, hi));
+            bad = _mm512_or_ps(bad, _mm512_sub_ps(lo, lo));
+            let m = _mm512_max_ps(_mm512_andnot_ps(sign, hi), _mm512_andnot_ps(sign, lo));
+            _mm512_storeu_ps(out.as_mut_ptr().add(t0), m);
+        }
+        // `bad` is all-zero bits unless some lane was NaN (inf - inf or NaN input).
+        if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(bad, bad) != 0 {
+            return false;
+        }
+    }
+    for (t, o) in out.iter_mut().enumerate().take(tp.per_group).skip(simd) {
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
         let (mut hi, mut lo) = (0f32, 0f32);
@@ -1122,47 +1470,57 @@ fn block_maxabs(plan: &Plan, xg: &[f32]) -> Option<f32> {
             }
         }
         if !hi.is_finite() || !lo.is_finite() {
-            return None;
+            return false;
         }
-        m = m.max(hi.abs()).max(lo.abs());
+        *o = hi.abs().max(lo.abs());
     }
-    Some(m)
+    true
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]) -> (f32, f32) {
-    let maxabs = match block_maxabs(plan, xg) {
-        Some(m) => m,
-        None => return table::build_block(plan, xg, BlockOut::I8(out)),
-    };
-    if maxabs == 0.0 {
+unsafe fn build_block_i8(
+    plan: &Plan,
+    xg: &[f32],
+    out: &mut [i8],
+    mult: &mut [u8],
+    digits: &[u32],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let mut amax = [0f32; 256];
+    let mut rms = [0f32; 256];
+    if tp.per_group > amax.len() || !tuple_maxabs(plan, xg, &mut amax[..tp.per_group]) {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    let tsc = table::i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]);
+    if tsc == 0.0 {
         // All entries 0, tscale 0, zsum 0 (as the scalar build).
         out.fill(0);
         return (0.0, 0.0);
     }
-    let rcp = 127.0f32 / maxabs;
-    if !rcp.is_finite() {
-        return table::build_block(plan, xg, BlockOut::I8(out));
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
-    let tsc = maxabs / 127.0;
-    let tp = plan.tuples;
     let vals = codebook_vector(plan);
-    let rv = _mm512_set1_ps(rcp);
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for t in 0..tp.per_group {
+    for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
         let used = plan.used_entries(r);
         let dst = unsafe { out.as_mut_ptr().add(t * plan.slot) };
+        // Entries times the tuple's factor, rounded (|T * rm| <= 127 up to rounding for the
+        // entries that can be looked up, so the saturating packs do not saturate them; the
+        // entries of codes absent from the weights are unspecified).
+        let rv = _mm512_set1_ps(rm);
         unsafe {
             if plan.levels == 16 && r == 2 && used == 256 {
-                // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c].
+                // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c]
+                // (p1 through memory: broadcasts from memory are loads, not shuffles).
                 let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0]));
-                let x1 = xg[k0 + 1];
+                let mut p1 = [0f32; 16];
+                _mm512_storeu_ps(p1.as_mut_ptr(), _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + 1])));
                 for quad in 0..4 {
                     let e = |c: usize| {
-                        let row =
-                            _mm512_add_ps(p0, _mm512_set1_ps(plan.table_values[4 * quad + c] * x1));
+                        let row = _mm512_add_ps(p0, _mm512_set1_ps(p1[4 * quad + c]));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
                     let a = _mm512_packs_epi32(e(0), e(1));
@@ -1173,8 +1531,7 @@ unsafe fn build_block_i8(plan: &Plan, xg: &[f32], out: &mut [i8], digits: &[u32]
                 continue;
             }
             // Four chunks of 16 rounded entries packed to 64 bytes per store: `vpackssdw`,
-            // `vpacksswb` (saturation never triggers: |q| <= 127 since |T| <= maxabs) and a
-            // dword permutation undoing the per-lane interleave.
+            // `vpacksswb` and a dword permutation undoing the per-lane interleave.
             let mut q4 = [_mm512_setzero_si512(); 4];
             table_entries(plan, vals, digits, &xg[k0..k0 + r], |q, e| {
                 // round-to-nearest-even (the MXCSR default), as `round_ties_even`.

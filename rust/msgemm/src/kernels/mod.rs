@@ -86,6 +86,20 @@ pub struct RowJob<'a> {
     pub row_blocks: Range<usize>,
 }
 
+impl RowJob<'_> {
+    /// Floats per column of the job's `y` (column-major): `row_blocks.len() * 64`.
+    #[inline]
+    pub fn span(&self) -> usize {
+        self.row_blocks.len() * crate::layout::ROW_BLOCK
+    }
+
+    /// Index in the job's `y` of row `m` (absolute) and column `n`.
+    #[inline]
+    pub fn y_index(&self, m: usize, n: usize) -> usize {
+        n * self.span() + m - self.row_blocks.start * crate::layout::ROW_BLOCK
+    }
+}
+
 /// A phase-2 kernel (and optionally a phase-1 table builder).
 pub trait LutKernel: Sync {
     /// The backend this kernel implements.
@@ -98,9 +112,10 @@ pub trait LutKernel: Sync {
     fn supports(&self, plan: &Plan) -> bool;
 
     /// Adds the job's groups into `y`: rows `job.row_blocks.start*64 ..
-    /// min(job.row_blocks.end*64, plan.m)`, all `plan.n` columns, row-major (row stride
-    /// `plan.n`); only the columns `job.tables.cols` are touched. Called only when
-    /// `available()` and `supports(plan)` are true.
+    /// min(job.row_blocks.end*64, plan.m)`, all `plan.n` columns, column-major with
+    /// [`RowJob::span`] floats per column (row `m`, column `n` at
+    /// `y[n * span + m - row_blocks.start*64]`); only the columns `job.tables.cols` and rows
+    /// `< plan.m` are touched. Called only when `available()` and `supports(plan)` are true.
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]);
 
     /// Builds `set` (allocated with [`TableSet::zeroed`]) from `xt` (X transposed and

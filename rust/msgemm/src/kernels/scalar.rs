@@ -44,6 +44,18 @@ pub trait Entry: Copy + Send + Sync {
     fn add(acc: Self::Acc, e: Self) -> Self::Acc;
     fn sub(acc: Self::Acc, e: Self) -> Self::Acc;
     fn to_f32(acc: Self::Acc) -> f32;
+    /// `acc + m * e` (the `i8` tuple multipliers; `m = 1` for the other precisions).
+    #[inline]
+    fn add_m(acc: Self::Acc, e: Self, m: u8) -> Self::Acc {
+        debug_assert!(m == 1);
+        Self::add(acc, e)
+    }
+    /// `acc - m * e`.
+    #[inline]
+    fn sub_m(acc: Self::Acc, e: Self, m: u8) -> Self::Acc {
+        debug_assert!(m == 1);
+        Self::sub(acc, e)
+    }
 }
 
 impl Entry for f32 {
@@ -88,6 +100,14 @@ impl Entry for i16 {
 
 impl Entry for i8 {
     type Acc = i32;
+    #[inline]
+    fn add_m(acc: i32, e: i8, m: u8) -> i32 {
+        acc + i32::from(m) * i32::from(e)
+    }
+    #[inline]
+    fn sub_m(acc: i32, e: i8, m: u8) -> i32 {
+        acc - i32::from(m) * i32::from(e)
+    }
     #[inline]
     fn zero() -> i32 {
         0
@@ -145,13 +165,12 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
     let plan = job.plan;
     let tabs = job.tables;
     let lay = job.layout;
-    let n_total = plan.n;
-    let row_first = job.row_blocks.start * ROW_BLOCK;
     let tp = plan.tuples;
     // Mirror thresholds and index maps for the two tuple depths of a group.
     let half = |r: usize| plan.used_entries(r);
     let (half_d, half_last) = (half(tp.depth), half(tp.last_depth));
     let mut acc = [E::zero(); ROW_BLOCK];
+    let ones = vec![1u8; tp.per_group];
     for rb in job.row_blocks.clone() {
         let rows = (plan.m - rb * ROW_BLOCK).min(ROW_BLOCK);
         for g in tabs.groups.clone() {
@@ -160,6 +179,12 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
             let zeros = job.zeros.map(|z| &z[sz..sz + ROW_BLOCK]);
             for n in tabs.cols.clone() {
                 acc.fill(E::zero());
+                // `i8` tables: the per-tuple multipliers (1 for the other precisions).
+                let mults: &[u8] = if tabs.mult.is_empty() {
+                    &ones
+                } else {
+                    tabs.mults(g, n)
+                };
                 if plan.mirror.is_none() && I::RANGE == 256 && tabs.slot >= 256 {
                     // Byte indices into >= 256-entry tables: one row at a time with its sum in a
                     // register, tuples in ascending order (the same order as below).
@@ -169,12 +194,13 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                     let block = &tab[t0..t0 + tp.per_group * tabs.slot];
                     for (lane, a) in acc.iter_mut().enumerate().take(rows) {
                         let mut sum = E::zero();
-                        for (tt, ii) in block
+                        for ((tt, ii), &m) in block
                             .chunks_exact(tabs.slot)
                             .zip(idx.chunks_exact(ROW_BLOCK))
+                            .zip(mults)
                         {
                             if let Some(t256) = tt.first_chunk::<256>() {
-                                sum = E::add(sum, t256[ii[lane].get() & 255]);
+                                sum = E::add_m(sum, t256[ii[lane].get() & 255], m);
                             }
                         }
                         *a = sum;
@@ -183,17 +209,18 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                     for t in 0..tp.per_group {
                         let slot = &ix[lay.slot(g, rb, t)..lay.slot(g, rb, t) + ROW_BLOCK];
                         let table = &tab[tabs.offset(g, n, t)..tabs.offset(g, n, t) + tabs.slot];
+                        let m = mults[t];
                         match plan.mirror {
                             None => match table.first_chunk::<256>() {
                                 // Byte indices into a 256-entry table: no bounds checks needed.
                                 Some(t256) if I::RANGE == 256 => {
                                     for (a, i) in acc.iter_mut().zip(slot) {
-                                        *a = E::add(*a, t256[i.get() & 255]);
+                                        *a = E::add_m(*a, t256[i.get() & 255], m);
                                     }
                                 }
                                 _ => {
                                     for (a, i) in acc.iter_mut().zip(slot) {
-                                        *a = E::add(*a, table[i.get()]);
+                                        *a = E::add_m(*a, table[i.get()], m);
                                     }
                                 }
                             },
@@ -207,9 +234,9 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                                 for (a, i) in acc.iter_mut().zip(slot) {
                                     let i = i.get();
                                     *a = if i < h {
-                                        E::add(*a, table[i])
+                                        E::add_m(*a, table[i], m)
                                     } else {
-                                        E::sub(*a, table[mi.index(i, r)])
+                                        E::sub_m(*a, table[mi.index(i, r)], m)
                                     };
                                 }
                             }
@@ -219,7 +246,7 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                 let gn = tabs.gn(g, n);
                 let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
                 for lane in 0..rows {
-                    let yi = (rb * ROW_BLOCK + lane - row_first) * n_total + n;
+                    let yi = job.y_index(rb * ROW_BLOCK + lane, n);
                     let z = zeros.map_or(0.0, |z| z[lane]);
                     y[yi] = epilogue(plan, E::to_f32(acc[lane]), scales[lane], z, tsc, zs, y[yi]);
                 }

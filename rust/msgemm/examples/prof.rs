@@ -1,0 +1,101 @@
+//! Profiling harness (not committed): phase timings, min of many.
+use maleki_common::{pool, rng};
+use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
+use maleki_msgemm::kernels::{self, Backend, RowJob};
+use maleki_msgemm::table::TableSet;
+use maleki_msgemm::{
+    gemm_into, quantize, Depth, Format, GemmOptions, QuantizeOptions, TablePrecision,
+};
+use std::time::Instant;
+
+fn gaussian(len: usize, seed: u64) -> Vec<f32> {
+    let mut r = rng::stream(seed, 0);
+    (0..len)
+        .map(|_| rng::standard_normal(&mut r) as f32)
+        .collect()
+}
+fn tmin(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best * 1e3
+}
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let ns: Vec<usize> = args
+        .get(2)
+        .map(|s| s.split(',').map(|v| v.parse().unwrap()).collect())
+        .unwrap_or(vec![1]);
+    let fmt = args.get(3).map(|s| s.as_str()).unwrap_or("int4");
+    let reps: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(300);
+    pool::set_num_threads(threads).unwrap();
+    let m: usize = std::env::var("M")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4096);
+    let k = 4096usize;
+    let (f, g, d) = match fmt {
+        "int2" => (Format::Int2, 64, 4),
+        "ternary" => (Format::Ternary, 128, 5),
+        "uint4" => (Format::Uint4, 128, 2),
+        "nf4" => (Format::Nf4, 128, 2),
+        _ => (Format::Int4, 128, 2),
+    };
+    let w = gaussian(m * k, 1);
+    let qo = QuantizeOptions {
+        group_size: Some(g),
+        symmetric: Some(fmt != "uint4"),
+        ..QuantizeOptions::new(f)
+    };
+    let pw = quantize(&w, m, k, &qo).unwrap();
+    for &n in &ns {
+        let x = gaussian(k * n, 2);
+        let mut y = vec![0f32; m * n];
+        let opts = GemmOptions {
+            depth: Depth::Fixed(d),
+            precision: TablePrecision::I8,
+            backend: Backend::Auto,
+            mirror: false,
+        };
+        let r = if n > 4 { reps / 10 + 3 } else { reps };
+        let total = tmin(r, || {
+            pool::install(|| {
+                gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
+            })
+        });
+        let p = plan(&pw, n, &opts).unwrap();
+        let kern = kernels::select(Backend::Auto, &p).unwrap();
+        let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned();
+        let mut set = TableSet::zeroed(&p, 0..p.groups, 0..n);
+        let build = tmin(r, || {
+            pool::install(|| {
+                if !kern.build_tables(&p, &xt, &mut set) {
+                    maleki_msgemm::table::build_scalar(&p, &xt, &mut set);
+                }
+            })
+        });
+        let layout = pw.layout(d).unwrap();
+        let mut y2 = vec![0f32; m * n];
+        let acc = if set.nbytes() <= maleki_msgemm::gemm::TABLE_BUDGET {
+            tmin(r, || {
+                let job = RowJob {
+                    plan: &p,
+                    layout,
+                    scales: pw.tiled_scales(),
+                    zeros: pw.tiled_zeros(),
+                    tables: &set,
+                    row_blocks: 0..p.row_blocks,
+                };
+                kern.accumulate(&job, &mut y2);
+            })
+        } else {
+            f64::NAN
+        };
+        println!("{fmt} threads={threads} n={n} backend={} total {total:.3} ms  build {build:.3} ms  accumulate(1 thread, all rows) {acc:.3} ms", kern.backend().name());
+    }
+}
