@@ -1,4 +1,5 @@
-//! Profiling harness (not committed): phase timings, min of many.
+//! Profiling harness: table build and accumulate timed apart (min of many repeats).
+//! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS` (env M = rows).
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, RowJob};
