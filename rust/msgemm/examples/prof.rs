@@ -97,6 +97,46 @@ fn main() {
         } else {
             f64::NAN
         };
+        let alloc = tmin(r, || {
+            std::hint::black_box(TableSet::zeroed(&p, 0..p.groups, 0..n));
+        });
+        let par = if set.nbytes() <= maleki_msgemm::gemm::TABLE_BUDGET {
+            use rayon::prelude::*;
+            let rb: usize = std::env::var("RB")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(8);
+            tmin(r, || {
+                pool::install(|| {
+                    y2.par_chunks_mut(rb * 64 * n)
+                        .enumerate()
+                        .for_each(|(i, yc)| {
+                            let job = RowJob {
+                                plan: &p,
+                                layout,
+                                scales: pw.tiled_scales(),
+                                zeros: pw.tiled_zeros(),
+                                tables: &set,
+                                row_blocks: i * rb..((i + 1) * rb).min(p.row_blocks),
+                            };
+                            kern.accumulate(&job, yc);
+                        })
+                })
+            })
+        } else {
+            f64::NAN
+        };
+        let tplan = tmin(r, || {
+            std::hint::black_box(plan(&pw, n, &opts).unwrap());
+        });
+        let ttr = tmin(r, || {
+            std::hint::black_box(transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned());
+        });
+        let tsel = tmin(r, || {
+            std::hint::black_box(kernels::select(Backend::Auto, &p).unwrap());
+        });
+        println!("  plan {tplan:.4} transpose {ttr:.4} select {tsel:.4}");
+        println!("  alloc {alloc:.3} ms  parallel accumulate {par:.3} ms");
         println!("{fmt} threads={threads} n={n} backend={} total {total:.3} ms  build {build:.3} ms  accumulate(1 thread, all rows) {acc:.3} ms", kern.backend().name());
     }
 }

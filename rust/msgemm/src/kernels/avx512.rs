@@ -1517,7 +1517,10 @@ unsafe fn build_block_i8(
                 // (p1 through memory: broadcasts from memory are loads, not shuffles).
                 let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0]));
                 let mut p1 = [0f32; 16];
-                _mm512_storeu_ps(p1.as_mut_ptr(), _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + 1])));
+                _mm512_storeu_ps(
+                    p1.as_mut_ptr(),
+                    _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + 1])),
+                );
                 for quad in 0..4 {
                     let e = |c: usize| {
                         let row = _mm512_add_ps(p0, _mm512_set1_ps(p1[4 * quad + c]));
