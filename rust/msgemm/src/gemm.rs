@@ -7,6 +7,7 @@
 //! tables do not depend on the split, so results are bitwise identical on any thread count.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use maleki_common::{Error, Result};
 use rayon::prelude::*;
@@ -309,27 +310,51 @@ pub fn run_plan(
         scratch.resize(plan.row_blocks * ROW_BLOCK * n, 0.0);
         &mut scratch
     };
-    for (groups, cols) in table_chunks(plan) {
-        let mut set = TableSet::zeroed(plan, groups, cols);
+    // Builds the tables of one chunk into `spare`'s memory when there is one.
+    let build = |spare: Option<TableSet>, (groups, cols): (Range<usize>, Range<usize>)| {
+        let mut set = match spare {
+            Some(mut s) => {
+                s.reuse(plan, groups, cols);
+                s
+            }
+            None => TableSet::zeroed(plan, groups, cols),
+        };
         if !kernel.build_tables(plan, xt, &mut set) {
             table::build_scalar(plan, xt, &mut set);
         }
-        let set = &set;
-        yk.par_chunks_mut(task_len)
-            .enumerate()
-            .for_each(|(i, ychunk)| {
-                let rb0 = i * per_task;
-                let rb1 = (rb0 + per_task).min(plan.row_blocks);
-                let job = RowJob {
-                    plan,
-                    layout,
-                    scales,
-                    zeros,
-                    tables: set,
-                    row_blocks: rb0..rb1,
-                };
-                kernel.accumulate(&job, ychunk);
-            });
+        set
+    };
+    // Large N takes several passes (table chunks within the budget). The next chunk's tables
+    // are built while the current chunk's lookups run (two sets, swapped), so that the short
+    // parallel builds do not leave a thread idle between passes. Each pass adds into every
+    // row of `yk` in pass order, so the result does not depend on the schedule.
+    let mut chunks = table_chunks(plan).into_iter();
+    let mut current = chunks.next().map(|c| build(None, c));
+    let mut spare: Option<TableSet> = None;
+    while let Some(set) = current.take() {
+        let next_chunk = chunks.next();
+        let (next, ()) = rayon::join(
+            || next_chunk.map(|c| build(spare.take(), c)),
+            || {
+                yk.par_chunks_mut(task_len)
+                    .enumerate()
+                    .for_each(|(i, ychunk)| {
+                        let rb0 = i * per_task;
+                        let rb1 = (rb0 + per_task).min(plan.row_blocks);
+                        let job = RowJob {
+                            plan,
+                            layout,
+                            scales,
+                            zeros,
+                            tables: &set,
+                            row_blocks: rb0..rb1,
+                        };
+                        kernel.accumulate(&job, ychunk);
+                    })
+            },
+        );
+        spare = Some(set);
+        current = next;
     }
     if n > 1 {
         let m = plan.m;

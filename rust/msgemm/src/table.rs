@@ -76,6 +76,34 @@ impl TableSet {
         }
     }
 
+    /// Re-targets the set to `groups x cols` of the same plan, keeping its allocation.
+    ///
+    /// Entries are not cleared: every build writes each entry a lookup can reach (the same
+    /// entries in every block of a plan), and entries no index reaches never affect a result.
+    /// `tscale`, `zsum` and `mult` are reset as in [`TableSet::zeroed`]. Passes over large
+    /// `N` reuse one set this way instead of zeroing fresh memory each time (a fresh set
+    /// cost as much as the build itself, and the zeroing thread's cache lines then moved
+    /// to the building threads).
+    pub fn reuse(&mut self, plan: &Plan, groups: Range<usize>, cols: Range<usize>) {
+        let blocks = groups.len() * cols.len();
+        let len = blocks * plan.tuples.per_group * plan.slot;
+        match &mut self.data {
+            TableData::F32(v) => v.resize(len, 0.0),
+            TableData::I16(v) => v.resize(len, 0),
+            TableData::I8(v) => v.resize(len, 0),
+        }
+        self.tscale.clear();
+        self.tscale.resize(blocks, 0.0);
+        self.zsum.clear();
+        self.zsum.resize(blocks, 0.0);
+        if self.precision == TablePrecision::I8 {
+            self.mult.clear();
+            self.mult.resize(blocks * plan.tuples.per_group, 1);
+        }
+        self.groups = groups;
+        self.cols = cols;
+    }
+
     /// Entries of one `(group, column)` block: `per_group * slot`.
     #[inline]
     pub fn block_len(&self) -> usize {

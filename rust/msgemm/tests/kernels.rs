@@ -167,26 +167,40 @@ fn transposed_input_layout_gives_the_same_bits() {
 
 #[test]
 fn table_sets_split_over_groups_and_columns_give_the_same_bits() {
-    // A shape whose tables exceed the per-set budget forces several group chunks.
+    // A shape whose tables exceed the per-set budget forces several passes (table sets
+    // reused, the next one built while the current one is looked up): the same bits as one
+    // column at a time, on 1 and 2 threads.
     let pw = weights(Format::Int4, 70, 4096, 32, 5);
     let n = 64;
     let x = gaussianish(4096 * n, 6);
-    let opts = GemmOptions {
-        precision: TablePrecision::F32,
-        depth: Depth::Fixed(3),
-        ..Default::default()
-    };
-    let plan = gemm::plan(&pw, n, &opts).unwrap();
-    assert!(maleki_msgemm::table::block_bytes(&plan) * n * plan.groups > gemm::TABLE_BUDGET);
-    let y = gemm::gemm(&pw, &x, n, &opts).unwrap();
-    let mut single = Vec::new();
-    for c in 0..n {
-        let xc: Vec<f32> = (0..4096).map(|kk| x[kk * n + c]).collect();
-        single.push(gemm::gemm(&pw, &xc, 1, &opts).unwrap());
-    }
-    for r in 0..70 {
+    for (precision, depth) in [(TablePrecision::F32, 3), (TablePrecision::I8, 2)] {
+        let opts = GemmOptions {
+            precision,
+            depth: Depth::Fixed(depth),
+            ..Default::default()
+        };
+        let plan = gemm::plan(&pw, n, &opts).unwrap();
+        assert!(maleki_msgemm::table::block_bytes(&plan) * n * plan.groups > gemm::TABLE_BUDGET);
+        let mut single = Vec::new();
         for c in 0..n {
-            assert_eq!(y[r * n + c].to_bits(), single[c][r].to_bits());
+            let xc: Vec<f32> = (0..4096).map(|kk| x[kk * n + c]).collect();
+            single.push(gemm::gemm(&pw, &xc, 1, &opts).unwrap());
+        }
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let y = pool.install(|| gemm::gemm(&pw, &x, n, &opts).unwrap());
+            for r in 0..70 {
+                for c in 0..n {
+                    assert_eq!(
+                        y[r * n + c].to_bits(),
+                        single[c][r].to_bits(),
+                        "{precision:?} threads {threads} row {r} column {c}"
+                    );
+                }
+            }
         }
     }
 }
