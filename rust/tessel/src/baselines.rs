@@ -22,8 +22,16 @@ use crate::simulate::{simulate, Orders};
 
 /// The generator names (aliases: `1f1b_plus`, `interleaved`, `inference`, dashes for
 /// underscores).
-pub const BASELINES: &[&str] =
-    &["gpipe", "1f1b", "1f1b+", "chimera", "interleaved_1f1b", "zb_h1", "zb_h2", "inference_pipe"];
+pub const BASELINES: &[&str] = &[
+    "gpipe",
+    "1f1b",
+    "1f1b+",
+    "chimera",
+    "interleaved_1f1b",
+    "zb_h1",
+    "zb_h2",
+    "inference_pipe",
+];
 
 /// Largest accepted `nmicros * nblocks` (keeps a typo from allocating gigabytes).
 pub const MAX_JOBS: usize = 1 << 24;
@@ -57,7 +65,10 @@ pub fn canonical(name: &str) -> Result<&'static str> {
         _ => {
             return Err(Error::invalid(
                 "name",
-                format!("unknown baseline {name:?}; the baselines are {}", BASELINES.join(", ")),
+                format!(
+                    "unknown baseline {name:?}; the baselines are {}",
+                    BASELINES.join(", ")
+                ),
             ))
         }
     })
@@ -72,25 +83,58 @@ pub fn baseline(name: &str, premise: Arc<Premise>, nmicros: usize) -> Result<Bas
     if nmicros.saturating_mul(premise.nblocks()) > MAX_JOBS {
         return Err(Error::invalid(
             "nmicros",
-            format!("{nmicros} micro-batches x {} blocks exceeds {MAX_JOBS} jobs", premise.nblocks()),
+            format!(
+                "{nmicros} micro-batches x {} blocks exceeds {MAX_JOBS} jobs",
+                premise.nblocks()
+            ),
         ));
     }
     let (premise, nm, orders, params) = match name {
         "gpipe" => (premise.clone(), nmicros, gpipe(&premise, nmicros), 1),
         "1f1b" => (premise.clone(), nmicros, one_f_one_b(&premise, nmicros), 1),
-        "1f1b+" => (premise.clone(), nmicros, one_f_one_b_plus(&premise, nmicros)?, 1),
+        "1f1b+" => (
+            premise.clone(),
+            nmicros,
+            one_f_one_b_plus(&premise, nmicros)?,
+            1,
+        ),
         "chimera" => {
             let (q, nm, o) = chimera(&premise, nmicros)?;
             (q, nm, o, 2)
         }
-        "interleaved_1f1b" => (premise.clone(), nmicros, interleaved_1f1b(&premise, nmicros)?, 1),
-        "zb_h1" => (premise.clone(), nmicros, zero_bubble(&premise, nmicros, 1)?, 1),
-        "zb_h2" => (premise.clone(), nmicros, zero_bubble(&premise, nmicros, 2)?, 1),
-        "inference_pipe" => (premise.clone(), nmicros, inference_pipe(&premise, nmicros)?, 1),
+        "interleaved_1f1b" => (
+            premise.clone(),
+            nmicros,
+            interleaved_1f1b(&premise, nmicros)?,
+            1,
+        ),
+        "zb_h1" => (
+            premise.clone(),
+            nmicros,
+            zero_bubble(&premise, nmicros, 1)?,
+            1,
+        ),
+        "zb_h2" => (
+            premise.clone(),
+            nmicros,
+            zero_bubble(&premise, nmicros, 2)?,
+            1,
+        ),
+        "inference_pipe" => (
+            premise.clone(),
+            nmicros,
+            inference_pipe(&premise, nmicros)?,
+            1,
+        ),
         _ => unreachable!("canonical names only"),
     };
     let schedule = simulate(premise, nm, &orders)?;
-    Ok(Baseline { name, schedule, orders, parameter_memory: params })
+    Ok(Baseline {
+        name,
+        schedule,
+        orders,
+        parameter_memory: params,
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -160,10 +204,20 @@ pub fn pipeline_stages_in(p: &Premise, subset: &[bool], allow_multi: bool) -> Op
         return None;
     }
     let dev = |g: usize| p.block(g).devices[0];
-    let mut stages: Vec<Stage> =
-        fwd.iter().map(|&g| Stage { device: dev(g), forward: g, backward: None, weight: None }).collect();
+    let mut stages: Vec<Stage> = fwd
+        .iter()
+        .map(|&g| Stage {
+            device: dev(g),
+            forward: g,
+            backward: None,
+            weight: None,
+        })
+        .collect();
     if !bwd.is_empty() {
-        if bwd.len() != s || !reaches(&reach, fwd[s - 1], bwd[0]) || bwd.windows(2).any(|w| !reaches(&reach, w[0], w[1])) {
+        if bwd.len() != s
+            || !reaches(&reach, fwd[s - 1], bwd[0])
+            || bwd.windows(2).any(|w| !reaches(&reach, w[0], w[1]))
+        {
             return None;
         }
         for (k, &g) in bwd.iter().enumerate() {
@@ -179,7 +233,10 @@ pub fn pipeline_stages_in(p: &Premise, subset: &[bool], allow_multi: bool) -> Op
             return None;
         }
         for &w in &wgt {
-            let &(b, _) = p.preds(w).iter().find(|&&(b, _)| p.block(b).kind == Kind::Backward)?;
+            let &(b, _) = p
+                .preds(w)
+                .iter()
+                .find(|&&(b, _)| p.block(b).kind == Kind::Backward)?;
             let st = stages.iter_mut().find(|st| st.backward == Some(b))?;
             if st.weight.is_some() || dev(w) != st.device {
                 return None;
@@ -199,7 +256,8 @@ pub fn pipeline_stages(p: &Premise, allow_multi: bool) -> Option<Vec<Stage>> {
 fn backward_phase(p: &Premise) -> Vec<bool> {
     let mut ph = vec![false; p.nblocks()];
     for &g in p.topo_order() {
-        ph[g] = matches!(p.block(g).kind, Kind::Backward | Kind::Weight) || p.preds(g).iter().any(|&(q, _)| ph[q]);
+        ph[g] = matches!(p.block(g).kind, Kind::Backward | Kind::Weight)
+            || p.preds(g).iter().any(|&(q, _)| ph[q]);
     }
     ph
 }
@@ -208,8 +266,12 @@ fn backward_phase(p: &Premise) -> Vec<bool> {
 fn orders_by_key<K: Ord>(p: &Premise, nm: usize, key: impl Fn(usize, usize) -> K) -> Orders {
     (0..p.ndevs())
         .map(|d| {
-            let mut v: Vec<(K, usize, usize)> =
-                p.blocks_on(d).iter().flat_map(|&g| (0..nm).map(move |j| (j, g))).map(|(j, g)| (key(j, g), j, g)).collect();
+            let mut v: Vec<(K, usize, usize)> = p
+                .blocks_on(d)
+                .iter()
+                .flat_map(|&g| (0..nm).map(move |j| (j, g)))
+                .map(|(j, g)| (key(j, g), j, g))
+                .collect();
             v.sort_by(|a, b| a.0.cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
             v.into_iter().map(|(_, j, g)| (j, g)).collect()
         })
@@ -219,7 +281,9 @@ fn orders_by_key<K: Ord>(p: &Premise, nm: usize, key: impl Fn(usize, usize) -> K
 /// Per-device orders from starts (ties by micro-batch, then block), leaving out `skip` blocks.
 fn orders_from_starts(p: &Premise, nm: usize, starts: &[i64], skip: &[bool]) -> Orders {
     let n = p.nblocks();
-    orders_by_key(p, nm, |j, g| (if skip[g] { i64::MAX } else { starts[j * n + g] }, j, g))
+    orders_by_key(p, nm, |j, g| {
+        (if skip[g] { i64::MAX } else { starts[j * n + g] }, j, g)
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -261,11 +325,25 @@ pub fn inflight_caps(p: &Premise) -> Vec<usize> {
     (0..p.ndevs())
         .map(|d| {
             let single = |g: &&usize| p.block(**g).devices.len() == 1;
-            let first = p.blocks_on(d).iter().filter(single).filter(|&&g| p.block(g).memory > 0).map(|&g| p.heads()[g]).min();
-            let last = p.blocks_on(d).iter().filter(single).filter(|&&g| p.block(g).memory < 0).map(|&g| p.heads()[g]).max();
+            let first = p
+                .blocks_on(d)
+                .iter()
+                .filter(single)
+                .filter(|&&g| p.block(g).memory > 0)
+                .map(|&g| p.heads()[g])
+                .min();
+            let last = p
+                .blocks_on(d)
+                .iter()
+                .filter(single)
+                .filter(|&&g| p.block(g).memory < 0)
+                .map(|&g| p.heads()[g])
+                .max();
             let nd = p.ndevs();
             match (first, last) {
-                (Some(a), Some(b)) if b > a => (2 * ((b - a + per - 1) / per).max(1) as usize).min(nd),
+                (Some(a), Some(b)) if b > a => {
+                    (2 * ((b - a + per - 1) / per).max(1) as usize).min(nd)
+                }
                 (Some(_), Some(_)) => 2.min(nd),
                 _ => usize::MAX,
             }
@@ -361,7 +439,10 @@ pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
         return Ok(one_f_one_b(p, nm));
     }
     if multi.iter().all(|&m| m) {
-        return Err(Error::invalid("premise", "1f1b+ needs single-device pipeline blocks; every block here spans several devices"));
+        return Err(Error::invalid(
+            "premise",
+            "1f1b+ needs single-device pipeline blocks; every block here spans several devices",
+        ));
     }
     // (start, end) of each single-device job on a common time axis.
     let mut t0 = vec![0i64; nm * n];
@@ -384,7 +465,9 @@ pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
                             (t0[j * n + b], t1[j * n + b]) = (2 * step, 2 * step + 1);
                             (t0[j * n + w], t1[j * n + w]) = (2 * step + 1, 2 * step + 2);
                         }
-                        (Some(b), None) => (t0[j * n + b], t1[j * n + b]) = (2 * step, 2 * step + 2),
+                        (Some(b), None) => {
+                            (t0[j * n + b], t1[j * n + b]) = (2 * step, 2 * step + 2)
+                        }
                         _ => {}
                     }
                 }
@@ -392,7 +475,9 @@ pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
         }
         None => {
             let caps = inflight_caps(p);
-            let starts = Greedy::new(p, nm, caps, multi.clone()).run().ok_or_else(greedy_stalled)?;
+            let starts = Greedy::new(p, nm, caps, multi.clone())
+                .run()
+                .ok_or_else(greedy_stalled)?;
             for k in 0..nm * n {
                 t0[k] = starts[k];
                 t1[k] = starts[k] + if multi[k % n] { 0 } else { p.span(k % n) };
@@ -409,12 +494,22 @@ pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
             if !multi[v] {
                 continue;
             }
-            let desc = (0..n).filter(|&w| !multi[w] && w != v && reaches(&reach, v, w)).map(|w| t0[j * n + w]).min();
-            let anc = (0..n).filter(|&u| !multi[u] && u != v && reaches(&reach, u, v)).map(|u| t1[j * n + u]).max();
+            let desc = (0..n)
+                .filter(|&w| !multi[w] && w != v && reaches(&reach, v, w))
+                .map(|w| t0[j * n + w])
+                .min();
+            let anc = (0..n)
+                .filter(|&u| !multi[u] && u != v && reaches(&reach, u, v))
+                .map(|u| t1[j * n + u])
+                .max();
             let mut a = if !ph[v] { desc.or(anc) } else { anc.or(desc) }.unwrap_or(0);
             // Monotone along edges so that orders never contradict the data flow.
             for &(q, _) in p.preds(v) {
-                a = a.max(if multi[q] { anchor[j * n + q] } else { t1[j * n + q] });
+                a = a.max(if multi[q] {
+                    anchor[j * n + q]
+                } else {
+                    t1[j * n + q]
+                });
             }
             anchor[j * n + v] = a;
         }
@@ -441,8 +536,14 @@ pub fn interleaved_1f1b(p: &Premise, nm: usize) -> Result<Orders> {
             )
         })?;
     let v = stages.len() / nd;
-    if stages.iter().any(|s| s.backward.is_none() || s.weight.is_some()) {
-        return Err(Error::invalid("premise", "interleaved_1f1b needs a training premise with whole backward blocks"));
+    if stages
+        .iter()
+        .any(|s| s.backward.is_none() || s.weight.is_some())
+    {
+        return Err(Error::invalid(
+            "premise",
+            "interleaved_1f1b needs a training premise with whole backward blocks",
+        ));
     }
     if v == 1 {
         return Ok(textbook_1f1b(p, nm, &stages));
@@ -458,7 +559,14 @@ pub fn interleaved_1f1b(p: &Premise, nm: usize) -> Result<Orders> {
     for (d, o) in orders.iter_mut().enumerate() {
         let mb = |k: usize| (k / (nd * v)) * nd + k % nd;
         let f = |k: usize| (mb(k), stages[((k / nd) % v) * nd + d].forward);
-        let b = |k: usize| (mb(k), stages[(v - 1 - (k / nd) % v) * nd + d].backward.expect("checked"));
+        let b = |k: usize| {
+            (
+                mb(k),
+                stages[(v - 1 - (k / nd) % v) * nd + d]
+                    .backward
+                    .expect("checked"),
+            )
+        };
         let warm = ((nd - d - 1) * 2 + (v - 1) * nd).min(total);
         o.extend((0..warm).map(f));
         for i in 0..total - warm {
@@ -518,16 +626,34 @@ pub fn bidirectional(p: &Premise) -> Result<Premise> {
     let mut blocks: Vec<Block> = Vec::new();
     let mut edges: Vec<Edge> = Vec::new();
     for (tag, mirror) in [("down", false), ("up", true)] {
-        let dev = |s: usize| if mirror { stages[ns - 1 - s].device } else { stages[s].device };
+        let dev = |s: usize| {
+            if mirror {
+                stages[ns - 1 - s].device
+            } else {
+                stages[s].device
+            }
+        };
         let mut chain = Vec::new();
         for (s, st) in stages.iter().enumerate() {
             let b = p.block(st.forward);
-            blocks.push(Block::new(format!("{}/{tag}", b.name), b.span, vec![dev(s)], b.memory, b.kind));
+            blocks.push(Block::new(
+                format!("{}/{tag}", b.name),
+                b.span,
+                vec![dev(s)],
+                b.memory,
+                b.kind,
+            ));
             chain.push(blocks.len() - 1);
         }
         for (s, st) in stages.iter().enumerate().rev() {
             let b = p.block(st.backward.expect("checked"));
-            blocks.push(Block::new(format!("{}/{tag}", b.name), b.span, vec![dev(s)], b.memory, b.kind));
+            blocks.push(Block::new(
+                format!("{}/{tag}", b.name),
+                b.span,
+                vec![dev(s)],
+                b.memory,
+                b.kind,
+            ));
             chain.push(blocks.len() - 1);
         }
         edges.extend(chain.windows(2).map(|w| Edge::new(w[0], w[1])));
@@ -578,7 +704,10 @@ fn components(p: &Premise) -> Vec<Vec<usize>> {
 pub fn chimera(p: &Arc<Premise>, nmicros: usize) -> Result<(Arc<Premise>, usize, Orders)> {
     let nd = p.ndevs();
     if nd < 2 || !nd.is_multiple_of(2) {
-        return Err(Error::invalid("premise", format!("chimera needs an even number of devices, got {nd}")));
+        return Err(Error::invalid(
+            "premise",
+            format!("chimera needs an even number of devices, got {nd}"),
+        ));
     }
     let n = p.nblocks();
     let comps = components(p);
@@ -589,7 +718,11 @@ pub fn chimera(p: &Arc<Premise>, nmicros: usize) -> Result<(Arc<Premise>, usize,
                 let mut mask = vec![false; n];
                 c.iter().for_each(|&g| mask[g] = true);
                 pipeline_stages_in(p, &mask, false).filter(|st| {
-                    st.len() == nd && one_stage_per_device(st) && st.iter().all(|s| s.backward.is_some() && s.weight.is_none())
+                    st.len() == nd
+                        && one_stage_per_device(st)
+                        && st
+                            .iter()
+                            .all(|s| s.backward.is_some() && s.weight.is_none())
                 })
             })
             .collect()
@@ -612,7 +745,8 @@ pub fn chimera(p: &Arc<Premise>, nmicros: usize) -> Result<(Arc<Premise>, usize,
                 .map(|c| {
                     let mut mask = vec![false; n];
                     c.iter().for_each(|&g| mask[g] = true);
-                    pipeline_stages_in(&q, &mask, false).expect("bidirectional() builds two pipelines")
+                    pipeline_stages_in(&q, &mask, false)
+                        .expect("bidirectional() builds two pipelines")
                 })
                 .collect();
             (q, nmicros / 2, pipes)
@@ -639,7 +773,9 @@ pub fn chimera(p: &Arc<Premise>, nmicros: usize) -> Result<(Arc<Premise>, usize,
 // The list-scheduling greedy.
 
 fn greedy_stalled() -> Error {
-    Error::Numerical("internal: the list-scheduling greedy made no progress (please report this premise)".into())
+    Error::Numerical(
+        "internal: the list-scheduling greedy made no progress (please report this premise)".into(),
+    )
 }
 
 /// Event-driven list scheduling: at each decision time, the eligible jobs (predecessors
@@ -662,7 +798,13 @@ struct Greedy<'a> {
 
 impl<'a> Greedy<'a> {
     fn new(p: &'a Premise, nm: usize, caps: Vec<usize>, skip: Vec<bool>) -> Self {
-        Greedy { p, nm, caps, skip, phase_barrier: false }
+        Greedy {
+            p,
+            nm,
+            caps,
+            skip,
+            phase_barrier: false,
+        }
     }
 
     /// Starts of every job (`None` only if the greedy stalled, which its fallback rule
@@ -689,10 +831,18 @@ impl<'a> Greedy<'a> {
         let mut held = vec![0i64; nd * nm];
         let mut inflight = vec![0usize; nd];
         // Running jobs as (end, job); completions release successors.
-        let mut running: std::collections::BinaryHeap<std::cmp::Reverse<(i64, usize)>> = Default::default();
+        let mut running: std::collections::BinaryHeap<std::cmp::Reverse<(i64, usize)>> =
+            Default::default();
         // Forward-phase jobs not yet dispatched, per device (for the phase barrier).
-        let mut fwd_left: Vec<usize> =
-            (0..nd).map(|d| p.blocks_on(d).iter().filter(|&&g| !ph[g] && !self.skip[g]).count() * nm).collect();
+        let mut fwd_left: Vec<usize> = (0..nd)
+            .map(|d| {
+                p.blocks_on(d)
+                    .iter()
+                    .filter(|&&g| !ph[g] && !self.skip[g])
+                    .count()
+                    * nm
+            })
+            .collect();
         let mut left = total;
         for (k, &np) in npred.iter().enumerate().take(n) {
             if np == 0 {
@@ -735,7 +885,12 @@ impl<'a> Greedy<'a> {
                 }
             }
             cands.clear();
-            cands.extend(eligible.iter().copied().filter(|&k| ready[k] <= t && fifo_ok(k, &dispatched)));
+            cands.extend(
+                eligible
+                    .iter()
+                    .copied()
+                    .filter(|&k| ready[k] <= t && fifo_ok(k, &dispatched)),
+            );
             cands.sort_by_key(|&k| key(k));
             let mut reserved = vec![false; nd];
             let mut capped: Option<usize> = None;
@@ -750,7 +905,10 @@ impl<'a> Greedy<'a> {
                 // Only single-device blocks count towards the in-flight cap (the cap is about
                 // stage activations; a tensor-parallel block's memory is held by everyone).
                 let opens: Vec<usize> = if p.block(g).memory > 0 && !multi[g] {
-                    devs.iter().copied().filter(|&d| held[d * nm + k / n] <= 0).collect()
+                    devs.iter()
+                        .copied()
+                        .filter(|&d| held[d * nm + k / n] <= 0)
+                        .collect()
                 } else {
                     Vec::new()
                 };
@@ -784,7 +942,10 @@ impl<'a> Greedy<'a> {
                     dispatched[k] = true;
                     left -= 1;
                     if !ph[k % n] {
-                        p.block(k % n).devices.iter().for_each(|&d| fwd_left[d] -= 1);
+                        p.block(k % n)
+                            .devices
+                            .iter()
+                            .for_each(|&d| fwd_left[d] -= 1);
                     }
                     running.push(std::cmp::Reverse((t + p.span(k % n), k)));
                     eligible.retain(|&x| x != k);
@@ -839,7 +1000,14 @@ impl<'a> Greedy<'a> {
     }
 
     /// Job `k` ended at `e`: its successors in the same micro-batch may become eligible.
-    fn release(&self, k: usize, e: i64, npred: &mut [usize], ready: &mut [i64], eligible: &mut Vec<usize>) {
+    fn release(
+        &self,
+        k: usize,
+        e: i64,
+        npred: &mut [usize],
+        ready: &mut [i64],
+        eligible: &mut Vec<usize>,
+    ) {
         let p = self.p;
         let n = p.nblocks();
         let (j, g) = (k / n, k % n);
@@ -878,7 +1046,11 @@ mod tests {
                 for name in ["gpipe", "1f1b"] {
                     let b = baseline(name, p.clone(), nm).unwrap();
                     assert!(validate(&b.schedule, 10).is_valid(), "{name} D={d} N={nm}");
-                    assert_eq!(b.schedule.makespan(), ((nm + d - 1) * 4) as i64, "{name} D={d} N={nm}");
+                    assert_eq!(
+                        b.schedule.makespan(),
+                        ((nm + d - 1) * 4) as i64,
+                        "{name} D={d} N={nm}"
+                    );
                 }
                 let b = baseline("1f1b", p.clone(), nm).unwrap();
                 let want: Vec<i64> = (0..d).map(|k| (d - k).min(nm) as i64).collect();
@@ -908,16 +1080,48 @@ mod tests {
     fn every_baseline_is_valid_where_it_applies() {
         for d in [2, 4] {
             for nm in [2, 4, 8] {
-                for name in ["vshape", "mshape", "nnshape", "kshape", "xshape", "mllm", "finetune", "alphafold", "zb_v", "interleaved", "wave"] {
+                for name in [
+                    "vshape",
+                    "mshape",
+                    "nnshape",
+                    "kshape",
+                    "xshape",
+                    "mllm",
+                    "finetune",
+                    "alphafold",
+                    "zb_v",
+                    "interleaved",
+                    "wave",
+                ] {
                     let p = prem(name, d);
-                    for b in ["gpipe", "1f1b", "1f1b+", "chimera", "interleaved_1f1b", "zb_h1", "zb_h2"] {
+                    for b in [
+                        "gpipe",
+                        "1f1b",
+                        "1f1b+",
+                        "chimera",
+                        "interleaved_1f1b",
+                        "zb_h1",
+                        "zb_h2",
+                    ] {
                         match baseline(b, p.clone(), nm) {
                             Ok(r) => {
                                 let rep = validate(&r.schedule, 5);
-                                assert!(rep.is_valid(), "{b} on {name} D={d} N={nm}: {:?}", rep.violations);
-                                assert!(r.schedule.makespan() >= r.schedule.premise.makespan_lower_bound(r.schedule.nmicros));
+                                assert!(
+                                    rep.is_valid(),
+                                    "{b} on {name} D={d} N={nm}: {:?}",
+                                    rep.violations
+                                );
+                                assert!(
+                                    r.schedule.makespan()
+                                        >= r.schedule
+                                            .premise
+                                            .makespan_lower_bound(r.schedule.nmicros)
+                                );
                             }
-                            Err(e) => assert!(matches!(e, Error::InvalidArgument { .. }), "{b} on {name}: {e}"),
+                            Err(e) => assert!(
+                                matches!(e, Error::InvalidArgument { .. }),
+                                "{b} on {name}: {e}"
+                            ),
                         }
                     }
                 }

@@ -114,7 +114,11 @@ impl<const K: usize> Bits<K> {
     /// doubling: O(K log len).
     pub fn arc_starts(self, len: usize, p: usize) -> Self {
         if len >= p {
-            return if self.count() as usize == p && len == p { self } else { Self::ZERO };
+            return if self.count() as usize == p && len == p {
+                self
+            } else {
+                Self::ZERO
+            };
         }
         let mut y = self;
         let mut have = 1;
@@ -167,7 +171,11 @@ impl<const K: usize> Bits<K> {
     /// The distance `k >= 0` from residue `r0` back to the first set bit at `(r0 - k) mod p`.
     pub fn prev_set(&self, r0: usize, p: usize) -> Option<usize> {
         let (w0, b0) = (r0 / 64, r0 % 64);
-        let mask = if b0 == 63 { u64::MAX } else { (1u64 << (b0 + 1)) - 1 };
+        let mask = if b0 == 63 {
+            u64::MAX
+        } else {
+            (1u64 << (b0 + 1)) - 1
+        };
         let mut word = self.0[w0] & mask;
         let mut w = w0;
         loop {
@@ -185,7 +193,11 @@ impl<const K: usize> Bits<K> {
             let word = self.0[w];
             if word != 0 {
                 let i = w * 64 + 63 - word.leading_zeros() as usize;
-                return if i > r0 && i < p { Some(r0 + p - i) } else { None };
+                return if i > r0 && i < p {
+                    Some(r0 + p - i)
+                } else {
+                    None
+                };
             }
         }
         None
@@ -221,7 +233,9 @@ mod tests {
     use super::*;
 
     fn naive_starts(b: &Bits<2>, len: usize, p: usize) -> Vec<usize> {
-        (0..p).filter(|&r| (0..len).all(|k| b.test((r + k) % p))).collect()
+        (0..p)
+            .filter(|&r| (0..len).all(|k| b.test((r + k) % p)))
+            .collect()
     }
 
     #[test]

@@ -17,7 +17,18 @@ pub(crate) fn check(
 ) -> Result<(), String> {
     let n = p.nblocks();
     if starts.len() != n * nmicros {
-        return Err(format!("expected {} starts, got {}", n * nmicros, starts.len()));
+        return Err(format!(
+            "expected {} starts, got {}",
+            n * nmicros,
+            starts.len()
+        ));
+    }
+    if memory.len() < p.ndevs() {
+        return Err(format!(
+            "expected {} memory caps, got {}",
+            p.ndevs(),
+            memory.len()
+        ));
     }
     let s = |j: usize, g: usize| starts[j * n + g];
     for j in 0..nmicros {
@@ -31,11 +42,14 @@ pub(crate) fn check(
                 }
             }
             if fifo && j > 0 && s(j, g) <= s(j - 1, g) {
-                return Err(format!("V4: job ({g}, {j}) does not start after ({g}, {})", j - 1));
+                return Err(format!(
+                    "V4: job ({g}, {j}) does not start after ({g}, {})",
+                    j - 1
+                ));
             }
         }
     }
-    for d in 0..p.ndevs() {
+    for (d, &cap) in memory.iter().enumerate().take(p.ndevs()) {
         let mut iv: Vec<(i64, i64, i64)> = Vec::new();
         for &g in p.blocks_on(d) {
             for j in 0..nmicros {
@@ -45,14 +59,20 @@ pub(crate) fn check(
         iv.sort_unstable();
         for w in iv.windows(2) {
             if w[1].0 < w[0].1 {
-                return Err(format!("V2: two jobs overlap on device {d} at time {}", w[1].0));
+                return Err(format!(
+                    "V2: two jobs overlap on device {d} at time {}",
+                    w[1].0
+                ));
             }
         }
-        if memory[d] == UNLIMITED {
+        if cap == UNLIMITED {
             continue;
         }
-        let mut ev: Vec<(i64, i64)> =
-            iv.iter().filter(|x| x.2 != 0).map(|&(a, b, mu)| (conv.effect_time(a, b - a, mu), mu)).collect();
+        let mut ev: Vec<(i64, i64)> = iv
+            .iter()
+            .filter(|x| x.2 != 0)
+            .map(|&(a, b, mu)| (conv.effect_time(a, b - a, mu), mu))
+            .collect();
         ev.sort_unstable();
         let mut level = 0;
         let mut k = 0;
@@ -62,8 +82,10 @@ pub(crate) fn check(
                 level += ev[k].1;
                 k += 1;
             }
-            if level > memory[d] {
-                return Err(format!("V3: memory {level} on device {d} at time {t} exceeds the cap {}", memory[d]));
+            if level > cap {
+                return Err(format!(
+                    "V3: memory {level} on device {d} at time {t} exceeds the cap {cap}"
+                ));
             }
         }
     }

@@ -57,7 +57,10 @@ pub struct Completion {
 
 fn makespan(p: &Premise, starts: &[i64]) -> i64 {
     let n = p.nblocks();
-    (0..starts.len()).map(|k| starts[k] + p.span(k % n)).max().unwrap_or(0)
+    (0..starts.len())
+        .map(|k| starts[k] + p.span(k % n))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Compaction: jobs in order of (start, topological rank), each at the latest of its
@@ -142,8 +145,11 @@ fn device_sequences(p: &Premise, nmicros: usize, starts: &[i64]) -> Vec<Vec<usiz
     let n = p.nblocks();
     (0..p.ndevs())
         .map(|d| {
-            let mut v: Vec<usize> =
-                p.blocks_on(d).iter().flat_map(|&g| (0..nmicros).map(move |j| j * n + g)).collect();
+            let mut v: Vec<usize> = p
+                .blocks_on(d)
+                .iter()
+                .flat_map(|&g| (0..nmicros).map(move |j| j * n + g))
+                .collect();
             v.sort_unstable_by_key(|&k| (starts[k], k));
             v
         })
@@ -156,8 +162,18 @@ fn steady_sequences(p: &Premise, t: &Template, lo: usize, hi: usize) -> Vec<Vec<
     let rank = p.topo_rank();
     (0..p.ndevs())
         .map(|d| {
-            let mut v: Vec<usize> = p.blocks_on(d).iter().flat_map(|&g| (lo..hi).map(move |j| j * n + g)).collect();
-            v.sort_unstable_by_key(|&k| (t.starts[k % n] + (k / n) as i64 * t.period, rank[k % n], k / n));
+            let mut v: Vec<usize> = p
+                .blocks_on(d)
+                .iter()
+                .flat_map(|&g| (lo..hi).map(move |j| j * n + g))
+                .collect();
+            v.sort_unstable_by_key(|&k| {
+                (
+                    t.starts[k % n] + (k / n) as i64 * t.period,
+                    rank[k % n],
+                    k / n,
+                )
+            });
             v
         })
         .collect()
@@ -177,7 +193,11 @@ pub struct RampOptions {
 
 impl Default for RampOptions {
     fn default() -> Self {
-        RampOptions { node_budget: 20_000, transplant_budget: 0, deadline: None }
+        RampOptions {
+            node_budget: 20_000,
+            transplant_budget: 0,
+            deadline: None,
+        }
     }
 }
 
@@ -194,12 +214,20 @@ pub fn complete(
 ) -> Result<Completion> {
     let unrolled = t.unroll(nmicros);
     let compacted = compact(p, nmicros, &unrolled);
-    let mut best = Completion { makespan: makespan(p, &compacted), starts: compacted, method: Method::Compacted };
+    let mut best = Completion {
+        makespan: makespan(p, &compacted),
+        starts: compacted,
+        method: Method::Compacted,
+    };
     if let Some(ro) = ramp {
         if let Some(s) = ramp_search(p, t, nmicros, memory, conv, ro, progress)? {
             let c = makespan(p, &s);
             if c < best.makespan && check(p, nmicros, &s, memory, conv, true).is_ok() {
-                best = Completion { starts: s, makespan: c, method: Method::RampSearch };
+                best = Completion {
+                    starts: s,
+                    makespan: c,
+                    method: Method::RampSearch,
+                };
             }
         }
     }
@@ -273,14 +301,26 @@ pub fn ramp_search(
             return Ok(None);
         }
         let forced = forced_range(p, t, nmicros, k, nmicros.saturating_sub(k));
-        return improve(p, t, nmicros, memory, conv, forced.as_ref(), &opts, progress);
+        return improve(
+            p,
+            t,
+            nmicros,
+            memory,
+            conv,
+            forced.as_ref(),
+            &opts,
+            progress,
+        );
     }
     // Both ramps at once on a short instance, then transplanted to N.
     let ns = 3 * k + 1;
     if ns * n > 4096 || ro.transplant_budget == 0 {
         return Ok(None);
     }
-    let opts = ExactOptions { node_budget: ro.transplant_budget, ..opts };
+    let opts = ExactOptions {
+        node_budget: ro.transplant_budget,
+        ..opts
+    };
     let forced = forced_range(p, t, ns, k, ns - k);
     let Some(small) = improve(p, t, ns, memory, conv, forced.as_ref(), &opts, progress)? else {
         return Ok(None);
@@ -292,14 +332,27 @@ pub fn ramp_search(
 /// template order) to `nmicros`: per device, the prefix up to the last warm-up job, the
 /// template order of the full middle, and the suffix from the first cool-down job with its
 /// micro-batches shifted by `nmicros - ns`.
-fn transplant(p: &Premise, t: &Template, k: usize, ns: usize, nmicros: usize, small: &[i64]) -> Option<Vec<i64>> {
+fn transplant(
+    p: &Premise,
+    t: &Template,
+    k: usize,
+    ns: usize,
+    nmicros: usize,
+    small: &[i64],
+) -> Option<Vec<i64>> {
     let n = p.nblocks();
     let shift = nmicros - ns;
     let seq_small = device_sequences(p, ns, small);
     let steady_small = steady_sequences(p, t, k, ns - k);
     let steady_full = steady_sequences(p, t, k, nmicros - k);
     let mb = |x: usize| x / n;
-    let remap = |x: usize| if mb(x) >= k { (mb(x) + shift) * n + x % n } else { x };
+    let remap = |x: usize| {
+        if mb(x) >= k {
+            (mb(x) + shift) * n + x % n
+        } else {
+            x
+        }
+    };
     let mut seq = Vec::with_capacity(p.ndevs());
     for d in 0..p.ndevs() {
         let s = &seq_small[d];
@@ -315,7 +368,11 @@ fn transplant(p: &Premise, t: &Template, k: usize, ns: usize, nmicros: usize, sm
         if w + c > ls || w > lf || c > lf || steady_small[d][..w] != steady_full[d][..w] {
             return None;
         }
-        if !steady_small[d][ls - c..].iter().zip(&steady_full[d][lf - c..]).all(|(&a, &b)| remap(a) == b) {
+        if !steady_small[d][ls - c..]
+            .iter()
+            .zip(&steady_full[d][lf - c..])
+            .all(|(&a, &b)| remap(a) == b)
+        {
             return None;
         }
         let mut v: Vec<usize> = s[..cut].to_vec();
@@ -327,6 +384,12 @@ fn transplant(p: &Premise, t: &Template, k: usize, ns: usize, nmicros: usize, sm
 }
 
 /// Completion without a ramp search and without progress (tests, quick callers).
-pub fn complete_quick(p: &Premise, t: &Template, nmicros: usize, memory: &[i64], conv: MemoryConvention) -> Completion {
+pub fn complete_quick(
+    p: &Premise,
+    t: &Template,
+    nmicros: usize,
+    memory: &[i64],
+    conv: MemoryConvention,
+) -> Completion {
     complete(p, t, nmicros, memory, conv, None, &NoProgress).expect("compaction cannot fail")
 }

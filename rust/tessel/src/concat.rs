@@ -74,7 +74,10 @@ pub fn splits(p: &Premise, t: &Template) -> Vec<Split> {
         .map(|cut| {
             let w: Vec<i64> = t.starts.iter().map(|a| (a - cut).div_euclid(per)).collect();
             let wmax = w.iter().copied().max().unwrap_or(0);
-            Split { cut, counts: w.iter().map(|&x| (wmax - x) as usize).collect() }
+            Split {
+                cut,
+                counts: w.iter().map(|&x| (wmax - x) as usize).collect(),
+            }
         })
         .collect()
 }
@@ -112,7 +115,16 @@ pub fn ramps(
     // Window index of the first window in which every block appears.
     let wmax = (t.starts[0] - split.cut).div_euclid(t.period) + c[0] as i64;
     let zeros = vec![0usize; n];
-    let warm = exact::run_range(p, k, &zeros, c, memory, Some(unrolled.clone()), opts, progress)?;
+    let warm = exact::run_range(
+        p,
+        k,
+        &zeros,
+        c,
+        memory,
+        Some(unrolled.clone()),
+        opts,
+        progress,
+    )?;
     let lo: Vec<usize> = c.iter().map(|&x| x + 1).collect();
     let hi = vec![k; n];
     let t_cool = split.cut + (wmax + 1) * t.period;
@@ -130,13 +142,22 @@ pub fn ramp_lower_bounds(p: &Premise, split: &Split) -> (i64, i64) {
     let k = split.window_micros();
     let c = &split.counts;
     let lo: Vec<usize> = c.iter().map(|&x| x + 1).collect();
-    (exact::range_lower_bound(p, k, &vec![0; n], c), exact::range_lower_bound(p, k, &lo, &vec![k; n]))
+    (
+        exact::range_lower_bound(p, k, &vec![0; n], c),
+        exact::range_lower_bound(p, k, &lo, &vec![k; n]),
+    )
 }
 
 /// Joins warm-up, `nmicros - k + 1` windows and cool-down by their per-device orders and
 /// times them as soon as possible. None when `nmicros < k` (or the orders deadlock, which a
 /// valid template and valid ramps rule out).
-pub fn assemble(p: &Premise, t: &Template, split: &Split, ramps: &Ramps, nmicros: usize) -> Option<Vec<i64>> {
+pub fn assemble(
+    p: &Premise,
+    t: &Template,
+    split: &Split,
+    ramps: &Ramps,
+    nmicros: usize,
+) -> Option<Vec<i64>> {
     let n = p.nblocks();
     let k = split.window_micros();
     if nmicros < k {
@@ -151,7 +172,10 @@ pub fn assemble(p: &Premise, t: &Template, split: &Split, ramps: &Ramps, nmicros
     let mut seq = Vec::with_capacity(p.ndevs());
     for d in 0..p.ndevs() {
         let on = p.blocks_on(d);
-        let mut v: Vec<usize> = on.iter().flat_map(|&g| (0..c[g]).map(move |j| j * n + g)).collect();
+        let mut v: Vec<usize> = on
+            .iter()
+            .flat_map(|&g| (0..c[g]).map(move |j| j * n + g))
+            .collect();
         v.sort_unstable_by_key(|&x| (ws[x], x));
         let mut window: Vec<usize> = on.to_vec();
         window.sort_unstable_by_key(|&g| (offset(g), g));
@@ -159,7 +183,10 @@ pub fn assemble(p: &Premise, t: &Template, split: &Split, ramps: &Ramps, nmicros
         for r in 0..=shift {
             v.extend(window.iter().map(|&g| (c[g] + r) * n + g));
         }
-        let mut cool: Vec<usize> = on.iter().flat_map(|&g| (c[g] + 1..k).map(move |j| j * n + g)).collect();
+        let mut cool: Vec<usize> = on
+            .iter()
+            .flat_map(|&g| (c[g] + 1..k).map(move |j| j * n + g))
+            .collect();
         cool.sort_unstable_by_key(|&x| (cs[x], x));
         v.extend(cool.iter().map(|&x| x + shift * n));
         seq.push(v);
@@ -181,7 +208,12 @@ pub struct ConcatOptions {
 
 impl Default for ConcatOptions {
     fn default() -> Self {
-        ConcatOptions { node_budget: 1_000, max_splits: 12, assemble: 4, deadline: None }
+        ConcatOptions {
+            node_budget: 1_000,
+            max_splits: 12,
+            assemble: 4,
+            deadline: None,
+        }
     }
 }
 
@@ -243,8 +275,10 @@ pub fn best(
         memo_limit: 1 << 18,
         ..Default::default()
     };
-    let solved: Vec<Result<Option<Ramps>>> =
-        solves.par_iter().map(|(i, s)| ramps(p, &templates[*i], s, memory, &eo, progress)).collect();
+    let solved: Vec<Result<Option<Ramps>>> = solves
+        .par_iter()
+        .map(|(i, s)| ramps(p, &templates[*i], s, memory, &eo, progress))
+        .collect();
     let solved: Vec<Option<Ramps>> = solved
         .into_iter()
         .map(|r| match r {
@@ -258,7 +292,10 @@ pub fn best(
         .enumerate()
         .filter_map(|(q, (i, s, id))| {
             let r = solved[*id].as_ref()?;
-            Some((r.concatenated_makespan(templates[*i].period, s.window_micros(), nmicros), q))
+            Some((
+                r.concatenated_makespan(templates[*i].period, s.window_micros(), nmicros),
+                q,
+            ))
         })
         .collect();
     ranked.sort_unstable();
@@ -271,8 +308,17 @@ pub fn best(
             let starts = assemble(p, &templates[*i], s, r, nmicros)?;
             check(p, nmicros, &starts, memory, conv, true).ok()?;
             let n = p.nblocks();
-            let makespan = (0..starts.len()).map(|x| starts[x] + p.span(x % n)).max().unwrap_or(0);
-            Some(Concatenation { template: *i, split: s.clone(), starts, makespan, concatenated })
+            let makespan = (0..starts.len())
+                .map(|x| starts[x] + p.span(x % n))
+                .max()
+                .unwrap_or(0);
+            Some(Concatenation {
+                template: *i,
+                split: s.clone(),
+                starts,
+                makespan,
+                concatenated,
+            })
         })
         .collect();
     Ok(built.into_iter().flatten().min_by_key(|c| c.makespan))

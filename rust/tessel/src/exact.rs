@@ -52,7 +52,12 @@ pub struct ExactOptions {
 
 impl Default for ExactOptions {
     fn default() -> Self {
-        ExactOptions { node_budget: 50_000_000, deadline: None, memo_limit: 4_000_000, order: BranchOrder::LongestTail }
+        ExactOptions {
+            node_budget: 50_000_000,
+            deadline: None,
+            memo_limit: 4_000_000,
+            order: BranchOrder::LongestTail,
+        }
     }
 }
 
@@ -99,10 +104,15 @@ pub fn solve(
         return Err(Error::invalid("nmicros", "must be at least 1"));
     }
     if nmicros > u16::MAX as usize {
-        return Err(Error::invalid("nmicros", format!("at most {} for the exact solver", u16::MAX)));
+        return Err(Error::invalid(
+            "nmicros",
+            format!("at most {} for the exact solver", u16::MAX),
+        ));
     }
     crate::repetend::check_memory_caps(premise, memory)?;
-    run(premise, nmicros, memory, convention, None, incumbent, opts, progress)
+    run(
+        premise, nmicros, memory, convention, None, incumbent, opts, progress,
+    )
 }
 
 /// Runs the SGS branch-and-bound. Returns `Ok(None)` when no schedule better than the
@@ -122,7 +132,10 @@ pub(crate) fn run(
     let mut s = Sgs::new(premise, nmicros, memory, forced, None, opts, progress);
     if let Some(st) = incumbent {
         if st.len() == s.njobs {
-            let mk = (0..st.len()).map(|k| st[k] + premise.span(k % s.n)).max().unwrap_or(0);
+            let mk = (0..st.len())
+                .map(|k| st[k] + premise.span(k % s.n))
+                .max()
+                .unwrap_or(0);
             s.best = mk;
             s.best_starts = Some(st);
         }
@@ -133,7 +146,12 @@ pub(crate) fn run(
     }
     let proved = !s.stop;
     match s.best_starts {
-        Some(starts) => Ok(Some(ExactResult { starts, makespan: s.best, proved_optimal: proved, nodes: s.nodes })),
+        Some(starts) => Ok(Some(ExactResult {
+            starts,
+            makespan: s.best,
+            proved_optimal: proved,
+            nodes: s.nodes,
+        })),
         None if proved => Err(Error::Infeasible(format!(
             "no schedule of {nmicros} micro-batches fits the memory caps {memory:?}"
         ))),
@@ -162,8 +180,18 @@ pub(crate) fn run_range(
     progress: &dyn Progress,
 ) -> Result<Option<ExactResult>> {
     let n = premise.nblocks();
-    debug_assert!(lo.len() == n && hi.len() == n && (0..n).all(|g| lo[g] <= hi[g] && hi[g] <= nmicros));
-    let mut s = Sgs::new(premise, nmicros, memory, None, Some((lo, hi)), opts, progress);
+    debug_assert!(
+        lo.len() == n && hi.len() == n && (0..n).all(|g| lo[g] <= hi[g] && hi[g] <= nmicros)
+    );
+    let mut s = Sgs::new(
+        premise,
+        nmicros,
+        memory,
+        None,
+        Some((lo, hi)),
+        opts,
+        progress,
+    );
     if let Some(st) = incumbent {
         if st.len() == n * nmicros {
             s.best = (0..n)
@@ -179,15 +207,33 @@ pub(crate) fn run_range(
         return Err(Error::Cancelled);
     }
     let proved = !s.stop;
-    Ok(s.best_starts.map(|starts| ExactResult { starts, makespan: s.best, proved_optimal: proved, nodes: s.nodes }))
+    Ok(s.best_starts.map(|starts| ExactResult {
+        starts,
+        makespan: s.best,
+        proved_optimal: proved,
+        nodes: s.nodes,
+    }))
 }
 
 /// The root lower bound of [`run_range`]'s search: no schedule of the range is shorter.
-pub(crate) fn range_lower_bound(premise: &Premise, nmicros: usize, lo: &[usize], hi: &[usize]) -> i64 {
+pub(crate) fn range_lower_bound(
+    premise: &Premise,
+    nmicros: usize,
+    lo: &[usize],
+    hi: &[usize],
+) -> i64 {
     let opts = ExactOptions::default();
     let caps = vec![UNLIMITED; premise.ndevs()];
     let progress = maleki_common::progress::NoProgress;
-    let mut s = Sgs::new(premise, nmicros, &caps, None, Some((lo, hi)), &opts, &progress);
+    let mut s = Sgs::new(
+        premise,
+        nmicros,
+        &caps,
+        None,
+        Some((lo, hi)),
+        &opts,
+        &progress,
+    );
     s.bound()
 }
 
@@ -385,12 +431,18 @@ impl<'a> Sgs<'a> {
         let b = p.block(g);
         if let Some(fx) = self.forced {
             let id = j * self.n + g;
-            if fx.fixed[id] && !b.devices.iter().all(|&d| fx.seq[d].get(self.ptr[d]) == Some(&id)) {
+            if fx.fixed[id]
+                && !b
+                    .devices
+                    .iter()
+                    .all(|&d| fx.seq[d].get(self.ptr[d]) == Some(&id))
+            {
                 return None;
             }
         }
         for &d in &b.devices {
-            if b.memory > 0 && self.caps[d] != UNLIMITED && self.level[d] + b.memory > self.caps[d] {
+            if b.memory > 0 && self.caps[d] != UNLIMITED && self.level[d] + b.memory > self.caps[d]
+            {
                 return None;
             }
             t = t.max(self.free[d]);
@@ -414,7 +466,11 @@ impl<'a> Sgs<'a> {
                 e = e.max(self.free[d]);
             }
             for &(f, lag) in p.preds(g) {
-                let t = if self.c[f] > j { self.end(f, j) } else { self.est[f] + p.span(f) };
+                let t = if self.c[f] > j {
+                    self.end(f, j)
+                } else {
+                    self.est[f] + p.span(f)
+                };
                 e = e.max(t + lag);
             }
             self.est[g] = e;
@@ -461,7 +517,8 @@ impl<'a> Sgs<'a> {
             self.stop = true;
         }
         if self.nodes.is_multiple_of(4096) {
-            if self.progress.update(self.nodes, self.budget).is_break() || self.progress.cancelled() {
+            if self.progress.update(self.nodes, self.budget).is_break() || self.progress.cancelled()
+            {
                 self.cancelled = true;
                 self.stop = true;
             }

@@ -48,7 +48,11 @@ pub struct Document {
 
 impl Document {
     pub fn new(schedule: Schedule) -> Document {
-        Document { schedule, name: None, parameter_memory: 1 }
+        Document {
+            schedule,
+            name: None,
+            parameter_memory: 1,
+        }
     }
 }
 
@@ -57,15 +61,18 @@ fn bad(what: impl Into<String>) -> Error {
 }
 
 fn field<'a>(o: &'a Map<String, Value>, key: &str, ctx: &str) -> Result<&'a Value> {
-    o.get(key).ok_or_else(|| bad(format!("{ctx}: missing field {key:?}")))
+    o.get(key)
+        .ok_or_else(|| bad(format!("{ctx}: missing field {key:?}")))
 }
 
 fn as_obj<'a>(v: &'a Value, ctx: &str) -> Result<&'a Map<String, Value>> {
-    v.as_object().ok_or_else(|| bad(format!("{ctx}: expected an object")))
+    v.as_object()
+        .ok_or_else(|| bad(format!("{ctx}: expected an object")))
 }
 
 fn as_arr<'a>(v: &'a Value, ctx: &str) -> Result<&'a Vec<Value>> {
-    v.as_array().ok_or_else(|| bad(format!("{ctx}: expected a list")))
+    v.as_array()
+        .ok_or_else(|| bad(format!("{ctx}: expected a list")))
 }
 
 /// An integer, also from an integral float (the reference writes memory as a float).
@@ -86,7 +93,8 @@ fn as_index(v: &Value, ctx: &str) -> Result<usize> {
 }
 
 fn as_str<'a>(v: &'a Value, ctx: &str) -> Result<&'a str> {
-    v.as_str().ok_or_else(|| bad(format!("{ctx}: expected a string")))
+    v.as_str()
+        .ok_or_else(|| bad(format!("{ctx}: expected a string")))
 }
 
 fn parse_json(text: &str) -> Result<Value> {
@@ -119,7 +127,10 @@ pub fn premise_from_value(v: &Value) -> Result<Premise> {
     let o = as_obj(v, "premise")?;
     let ndevs = as_index(field(o, "ndevs", "premise")?, "premise.ndevs")?;
     let mut blocks = Vec::new();
-    for (g, b) in as_arr(field(o, "blocks", "premise")?, "premise.blocks")?.iter().enumerate() {
+    for (g, b) in as_arr(field(o, "blocks", "premise")?, "premise.blocks")?
+        .iter()
+        .enumerate()
+    {
         let ctx = format!("premise.blocks[{g}]");
         let bo = as_obj(b, &ctx)?;
         if let Some(gid) = bo.get("gid") {
@@ -132,7 +143,10 @@ pub fn premise_from_value(v: &Value) -> Result<Premise> {
             .map(|d| as_index(d, &format!("{ctx}.devices")))
             .collect::<Result<Vec<_>>>()?;
         blocks.push(Block::new(
-            bo.get("name").map(|n| as_str(n, &ctx).map(str::to_string)).transpose()?.unwrap_or_else(|| format!("g{g}")),
+            bo.get("name")
+                .map(|n| as_str(n, &ctx).map(str::to_string))
+                .transpose()?
+                .unwrap_or_else(|| format!("g{g}")),
             as_int(field(bo, "span", &ctx)?, &format!("{ctx}.span"))?,
             devices,
             as_int(field(bo, "memory", &ctx)?, &format!("{ctx}.memory"))?,
@@ -141,13 +155,18 @@ pub fn premise_from_value(v: &Value) -> Result<Premise> {
     }
     let edges_v = as_arr(field(o, "edges", "premise")?, "premise.edges")?;
     let lags: Vec<i64> = match o.get("lags") {
-        Some(l) if !l.is_null() => {
-            as_arr(l, "premise.lags")?.iter().map(|x| as_int(x, "premise.lags")).collect::<Result<Vec<_>>>()?
-        }
+        Some(l) if !l.is_null() => as_arr(l, "premise.lags")?
+            .iter()
+            .map(|x| as_int(x, "premise.lags"))
+            .collect::<Result<Vec<_>>>()?,
         _ => vec![0; edges_v.len()],
     };
     if lags.len() != edges_v.len() {
-        return Err(bad(format!("premise: {} lags for {} edges", lags.len(), edges_v.len())));
+        return Err(bad(format!(
+            "premise: {} lags for {} edges",
+            lags.len(),
+            edges_v.len()
+        )));
     }
     let mut edges = Vec::new();
     for (k, e) in edges_v.iter().enumerate() {
@@ -155,7 +174,11 @@ pub fn premise_from_value(v: &Value) -> Result<Premise> {
         if pair.len() != 2 {
             return Err(bad(format!("premise.edges[{k}]: expected [from, to]")));
         }
-        edges.push(Edge::with_lag(as_index(&pair[0], "premise.edges")?, as_index(&pair[1], "premise.edges")?, lags[k]));
+        edges.push(Edge::with_lag(
+            as_index(&pair[0], "premise.edges")?,
+            as_index(&pair[1], "premise.edges")?,
+            lags[k],
+        ));
     }
     Premise::new(ndevs, blocks, edges)
 }
@@ -177,7 +200,17 @@ pub fn premise_from_json(text: &str) -> Result<Premise> {
 pub fn to_json(doc: &Document) -> String {
     let s = &doc.schedule;
     let n = s.premise.nblocks();
-    let mem: Vec<Value> = s.memory.iter().map(|&m| if m == UNLIMITED { Value::Null } else { json!(m) }).collect();
+    let mem: Vec<Value> = s
+        .memory
+        .iter()
+        .map(|&m| {
+            if m == UNLIMITED {
+                Value::Null
+            } else {
+                json!(m)
+            }
+        })
+        .collect();
     let head = json!({
         "format": FORMAT,
         "name": doc.name,
@@ -224,21 +257,35 @@ pub fn from_json(text: &str) -> Result<Document> {
     let o = as_obj(&v, "schedule")?;
     match o.get("format").and_then(Value::as_str) {
         Some(FORMAT) => {}
-        Some(f) => return Err(bad(format!("unsupported format {f:?}; expected {FORMAT:?}"))),
-        None => return Err(bad(format!("missing \"format\": {FORMAT:?} (for Tessel's JSON use from_tessel_json)"))),
+        Some(f) => {
+            return Err(bad(format!(
+                "unsupported format {f:?}; expected {FORMAT:?}"
+            )))
+        }
+        None => {
+            return Err(bad(format!(
+                "missing \"format\": {FORMAT:?} (for Tessel's JSON use from_tessel_json)"
+            )))
+        }
     }
     let premise = Arc::new(premise_from_value(field(o, "premise", "schedule")?)?);
     let n = premise.nblocks();
     let nmicros = as_index(field(o, "nmicros", "schedule")?, "nmicros")?;
     let rows = as_arr(field(o, "starts", "schedule")?, "starts")?;
     if rows.len() != nmicros {
-        return Err(bad(format!("starts: {} rows for nmicros={nmicros}", rows.len())));
+        return Err(bad(format!(
+            "starts: {} rows for nmicros={nmicros}",
+            rows.len()
+        )));
     }
     let mut starts = Vec::with_capacity(nmicros * n);
     for (j, r) in rows.iter().enumerate() {
         let r = as_arr(r, "starts")?;
         if r.len() != n {
-            return Err(bad(format!("starts[{j}]: {} values for {n} blocks", r.len())));
+            return Err(bad(format!(
+                "starts[{j}]: {} values for {n} blocks",
+                r.len()
+            )));
         }
         for x in r {
             starts.push(as_int(x, &format!("starts[{j}]"))?);
@@ -247,24 +294,40 @@ pub fn from_json(text: &str) -> Result<Document> {
     let mut s = Schedule::new(premise, nmicros, starts)?;
     if let Some(m) = o.get("memory_limit").filter(|m| !m.is_null()) {
         let m = as_arr(m, "memory_limit")?;
-        let caps =
-            m.iter().map(|x| if x.is_null() { Ok(UNLIMITED) } else { as_int(x, "memory_limit") }).collect::<Result<Vec<_>>>()?;
+        let caps = m
+            .iter()
+            .map(|x| {
+                if x.is_null() {
+                    Ok(UNLIMITED)
+                } else {
+                    as_int(x, "memory_limit")
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
         s.memory = crate::model::memory_caps(s.premise.ndevs(), Some(&caps))?;
     }
     if let Some(c) = o.get("memory_convention").filter(|c| !c.is_null()) {
         s.convention = MemoryConvention::parse(as_str(c, "memory_convention")?)?;
     }
     if let Some(f) = o.get("fifo").filter(|f| !f.is_null()) {
-        s.fifo = f.as_bool().ok_or_else(|| bad("fifo: expected true or false"))?;
+        s.fifo = f
+            .as_bool()
+            .ok_or_else(|| bad("fifo: expected true or false"))?;
     }
     if let Some(p) = o.get("period").filter(|p| !p.is_null()) {
         s.period = Some(as_int(p, "period")?);
     }
     if let Some(t) = o.get("template").filter(|t| !t.is_null()) {
-        let t = as_arr(t, "template")?.iter().map(|x| as_int(x, "template")).collect::<Result<Vec<_>>>()?;
+        let t = as_arr(t, "template")?
+            .iter()
+            .map(|x| as_int(x, "template"))
+            .collect::<Result<Vec<_>>>()?;
         // K * nblocks values for a K-periodic schedule (the template of the K-fold premise).
         if t.is_empty() || t.len() % n != 0 {
-            return Err(bad(format!("template: {} values, not a multiple of {n} blocks", t.len())));
+            return Err(bad(format!(
+                "template: {} values, not a multiple of {n} blocks",
+                t.len()
+            )));
         }
         s.template = Some(t);
     }
@@ -284,7 +347,11 @@ pub fn from_json(text: &str) -> Result<Document> {
         Some(x) if !x.is_null() => as_int(x, "parameter_memory")?,
         _ => 1,
     };
-    Ok(Document { schedule: s, name, parameter_memory })
+    Ok(Document {
+        schedule: s,
+        name,
+        parameter_memory,
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -301,8 +368,10 @@ fn btype(k: Kind) -> &'static str {
 /// block, then micro-batch), memory as integers, and the repetend window (or `null`).
 pub fn to_tessel_json(s: &Schedule) -> String {
     let p = &*s.premise;
-    let mut jobs: Vec<(i64, usize, usize)> =
-        (0..s.nmicros).flat_map(|j| (0..p.nblocks()).map(move |g| (j, g))).map(|(j, g)| (s.start(j, g), g, j)).collect();
+    let mut jobs: Vec<(i64, usize, usize)> = (0..s.nmicros)
+        .flat_map(|j| (0..p.nblocks()).map(move |g| (j, g)))
+        .map(|(j, g)| (s.start(j, g), g, j))
+        .collect();
     jobs.sort_unstable();
     let blocks: Vec<Value> = jobs
         .iter()
@@ -312,7 +381,8 @@ pub fn to_tessel_json(s: &Schedule) -> String {
                    "gid": g, "step": t, "device": b.devices})
         })
         .collect();
-    json!({"ndevs": p.ndevs(), "blocks": blocks, "repetend": s.repetend.map(|(a, b)| vec![a, b])}).to_string()
+    json!({"ndevs": p.ndevs(), "blocks": blocks, "repetend": s.repetend.map(|(a, b)| vec![a, b])})
+        .to_string()
 }
 
 /// Reads the reference's JSON. With `premise`, every entry must match it (span, memory,
@@ -333,18 +403,29 @@ pub fn from_tessel_json(text: &str, premise: Option<Arc<Premise>>) -> Result<Sch
         devices: Vec<usize>,
     }
     let mut entries = Vec::new();
-    for (k, b) in as_arr(field(o, "blocks", "tessel schedule")?, "blocks")?.iter().enumerate() {
+    for (k, b) in as_arr(field(o, "blocks", "tessel schedule")?, "blocks")?
+        .iter()
+        .enumerate()
+    {
         let ctx = format!("blocks[{k}]");
         let bo = as_obj(b, &ctx)?;
         let bt = as_str(field(bo, "btype", &ctx)?, &ctx)?;
         if bt != "forward" && bt != "backward" {
-            return Err(bad(format!("{ctx}: btype must be \"forward\" or \"backward\", got {bt:?}")));
+            return Err(bad(format!(
+                "{ctx}: btype must be \"forward\" or \"backward\", got {bt:?}"
+            )));
         }
         let devices = match field(bo, "device", &ctx)? {
-            Value::Array(a) => a.iter().map(|d| as_index(d, &ctx)).collect::<Result<Vec<_>>>()?,
+            Value::Array(a) => a
+                .iter()
+                .map(|d| as_index(d, &ctx))
+                .collect::<Result<Vec<_>>>()?,
             x => vec![as_index(x, &ctx)?],
         };
-        let gid = bo.get("gid").filter(|g| !g.is_null()).ok_or_else(|| bad(format!("{ctx}: missing gid")))?;
+        let gid = bo
+            .get("gid")
+            .filter(|g| !g.is_null())
+            .ok_or_else(|| bad(format!("{ctx}: missing gid")))?;
         entries.push(Entry {
             mid: as_index(field(bo, "mid", &ctx)?, &ctx)?,
             gid: as_index(gid, &ctx)?,
@@ -364,7 +445,11 @@ pub fn from_tessel_json(text: &str, premise: Option<Arc<Premise>>) -> Result<Sch
             let n = entries.iter().map(|e| e.gid).max().expect("non-empty") + 1;
             let mut blocks: Vec<Option<Block>> = vec![None; n];
             for e in &entries {
-                let kind = if e.backward { Kind::Backward } else { Kind::Forward };
+                let kind = if e.backward {
+                    Kind::Backward
+                } else {
+                    Kind::Forward
+                };
                 let name = format!("{}{}", if e.backward { 'B' } else { 'F' }, e.gid);
                 let mut devs = e.devices.clone();
                 devs.sort_unstable();
@@ -372,19 +457,29 @@ pub fn from_tessel_json(text: &str, premise: Option<Arc<Premise>>) -> Result<Sch
                 match &blocks[e.gid] {
                     None => blocks[e.gid] = Some(b),
                     Some(x) if *x == b => {}
-                    Some(_) => return Err(bad(format!("gid {}: entries disagree on span, memory, type or devices", e.gid))),
+                    Some(_) => {
+                        return Err(bad(format!(
+                            "gid {}: entries disagree on span, memory, type or devices",
+                            e.gid
+                        )))
+                    }
                 }
             }
             let blocks = blocks
                 .into_iter()
                 .enumerate()
-                .map(|(g, b)| b.ok_or_else(|| bad(format!("gid {g} never appears (gids must be 0..n)"))))
+                .map(|(g, b)| {
+                    b.ok_or_else(|| bad(format!("gid {g} never appears (gids must be 0..n)")))
+                })
                 .collect::<Result<Vec<_>>>()?;
             Arc::new(Premise::chain(ndevs, blocks)?)
         }
     };
     if premise.ndevs() != ndevs {
-        return Err(bad(format!("ndevs {ndevs} does not match the premise's {}", premise.ndevs())));
+        return Err(bad(format!(
+            "ndevs {ndevs} does not match the premise's {}",
+            premise.ndevs()
+        )));
     }
     let n = premise.nblocks();
     let nmicros = entries.iter().map(|e| e.mid).max().expect("non-empty") + 1;
@@ -402,7 +497,11 @@ pub fn from_tessel_json(text: &str, premise: Option<Arc<Premise>>) -> Result<Sch
         let b = premise.block(e.gid);
         let mut devs = e.devices.clone();
         devs.sort_unstable();
-        if b.span != e.span || b.memory != e.memory || devs != b.devices || (btype(b.kind) == "backward") != e.backward {
+        if b.span != e.span
+            || b.memory != e.memory
+            || devs != b.devices
+            || (btype(b.kind) == "backward") != e.backward
+        {
             return Err(bad(format!(
                 "gid {} (mid {}): span {}, memory {}, devices {:?} do not match the premise's block {}",
                 e.gid,
@@ -439,7 +538,11 @@ fn letter(k: Kind) -> char {
 
 /// Whether device `d` runs several blocks of `kind` (tokens then carry the block).
 fn ambiguous(p: &Premise, d: usize, kind: Kind) -> bool {
-    p.blocks_on(d).iter().filter(|&&g| p.block(g).kind == kind).count() > 1
+    p.blocks_on(d)
+        .iter()
+        .filter(|&&g| p.block(g).kind == kind)
+        .count()
+        > 1
 }
 
 fn token(p: &Premise, d: usize, (j, g): Job) -> String {
@@ -471,12 +574,18 @@ pub fn to_text(s: &Schedule, compact: bool) -> Result<String> {
     }
     let c = s.makespan();
     if s.starts.iter().any(|&t| t < 0) {
-        return Err(Error::invalid("schedule", "the text grid needs starts >= 0"));
+        return Err(Error::invalid(
+            "schedule",
+            "the text grid needs starts >= 0",
+        ));
     }
     if c.saturating_mul(p.ndevs() as i64) > MAX_GRID_CELLS {
         return Err(Error::invalid(
             "schedule",
-            format!("the grid would have {c} x {} cells; use compact=True", p.ndevs()),
+            format!(
+                "the grid would have {c} x {} cells; use compact=True",
+                p.ndevs()
+            ),
         ));
     }
     let bounds: Vec<i64> = match s.repetend {
@@ -485,7 +594,10 @@ pub fn to_text(s: &Schedule, compact: bool) -> Result<String> {
         None => vec![],
     };
     if bounds.iter().any(|&x| x < 0 || x > c) {
-        return Err(Error::invalid("schedule", format!("the repetend {:?} lies outside [0, {c}]", s.repetend)));
+        return Err(Error::invalid(
+            "schedule",
+            format!("the repetend {:?} lies outside [0, {c}]", s.repetend),
+        ));
     }
     let mut out = String::new();
     for (d, o) in orders.iter().enumerate() {
@@ -542,7 +654,11 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
     let n = p.nblocks();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     if lines.len() != p.ndevs() {
-        return Err(bad(format!("{} rows for {} devices (one row per device)", lines.len(), p.ndevs())));
+        return Err(bad(format!(
+            "{} rows for {} devices (one row per device)",
+            lines.len(),
+            p.ndevs()
+        )));
     }
     // (j, g) -> start, as seen per device.
     let mut seen: HashMap<Job, i64> = HashMap::new();
@@ -561,19 +677,27 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
             }
             if item == "--" {
                 if let Some((job, left)) = cur.filter(|c| c.1 > 0) {
-                    return Err(bad(format!("device {d}: {} is cut short at time {t} ({left} units missing)", job_name(p, job))));
+                    return Err(bad(format!(
+                        "device {d}: {} is cut short at time {t} ({left} units missing)",
+                        job_name(p, job)
+                    )));
                 }
                 t += 1;
                 continue;
             }
             for unit in item.split('-') {
-                let (kind, j, gid) = parse_token(unit).ok_or_else(|| bad(format!("device {d}: bad token {unit:?} at time {t}")))?;
+                let (kind, j, gid) = parse_token(unit)
+                    .ok_or_else(|| bad(format!("device {d}: bad token {unit:?} at time {t}")))?;
                 // A continuation of the current job?
                 if let Some(((cj, cg), left)) = cur {
                     if left > 0 {
-                        let same = cj == j && p.block(cg).kind == kind && gid.is_none_or(|x| x == cg);
+                        let same =
+                            cj == j && p.block(cg).kind == kind && gid.is_none_or(|x| x == cg);
                         if !same {
-                            return Err(bad(format!("device {d}: {} is cut short at time {t}", job_name(p, (cj, cg)))));
+                            return Err(bad(format!(
+                                "device {d}: {} is cut short at time {t}",
+                                job_name(p, (cj, cg))
+                            )));
                         }
                         cur = Some(((cj, cg), left - 1));
                         t += 1;
@@ -583,13 +707,19 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
                 let g = match gid {
                     Some(g) => {
                         if g >= n || !p.block(g).on(d) || p.block(g).kind != kind {
-                            return Err(bad(format!("device {d}: token {unit:?} names no {kind} block of this device")));
+                            return Err(bad(format!(
+                                "device {d}: token {unit:?} names no {kind} block of this device"
+                            )));
                         }
                         g
                     }
                     None => {
-                        let cands: Vec<usize> =
-                            p.blocks_on(d).iter().copied().filter(|&g| p.block(g).kind == kind).collect();
+                        let cands: Vec<usize> = p
+                            .blocks_on(d)
+                            .iter()
+                            .copied()
+                            .filter(|&g| p.block(g).kind == kind)
+                            .collect();
                         let used = placed.entry((j, kind)).or_insert(0);
                         let g = *cands.get(*used).ok_or_else(|| {
                             bad(format!("device {d}: token {unit:?} at time {t}: no {kind} block left for micro-batch {j}"))
@@ -599,7 +729,10 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
                     }
                 };
                 if !on_this.insert((j, g)) {
-                    return Err(bad(format!("device {d}: {} appears twice", job_name(p, (j, g)))));
+                    return Err(bad(format!(
+                        "device {d}: {} appears twice",
+                        job_name(p, (j, g))
+                    )));
                 }
                 if let Some(&t0) = seen.get(&(j, g)) {
                     if t0 != t {
@@ -615,7 +748,10 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
             }
         }
         if let Some((job, left)) = cur.filter(|c| c.1 > 0) {
-            return Err(bad(format!("device {d}: {} is cut short at the end ({left} units missing)", job_name(p, job))));
+            return Err(bad(format!(
+                "device {d}: {} is cut short at the end ({left} units missing)",
+                job_name(p, job)
+            )));
         }
         bounds.push(here);
     }
@@ -629,8 +765,9 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
     let mut starts = vec![0i64; nmicros * n];
     for j in 0..nmicros {
         for g in 0..n {
-            starts[j * n + g] =
-                *seen.get(&(j, g)).ok_or_else(|| bad(format!("{} never appears", job_name(p, (j, g)))))?;
+            starts[j * n + g] = *seen
+                .get(&(j, g))
+                .ok_or_else(|| bad(format!("{} never appears", job_name(p, (j, g)))))?;
         }
     }
     // Every device must list each of its jobs (checked through the per-device counts).
@@ -643,7 +780,9 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
             .count() as i64;
         let units: i64 = p.blocks_on(d).iter().map(|&g| p.span(g)).sum::<i64>() * nmicros as i64;
         if got != units {
-            return Err(bad(format!("device {d}: {got} busy units, expected {units} for its {want} jobs")));
+            return Err(bad(format!(
+                "device {d}: {got} busy units, expected {units} for its {want} jobs"
+            )));
         }
     }
     let mut s = Schedule::new(premise.clone(), nmicros, starts)?;
@@ -654,7 +793,11 @@ pub fn from_text(text: &str, premise: Arc<Premise>) -> Result<Schedule> {
         [] => None,
         [a] => Some((*a, *a)),
         [a, b] => Some((*a, *b)),
-        _ => return Err(bad(format!("repetend marks at more than two times: {all:?}"))),
+        _ => {
+            return Err(bad(format!(
+                "repetend marks at more than two times: {all:?}"
+            )))
+        }
     };
     Ok(s)
 }
@@ -678,11 +821,19 @@ fn parse_token(tok: &str) -> Option<(Kind, usize, Option<usize>)> {
         Some((a, b)) => (a, Some(b)),
         None => (rest, None),
     };
-    let num = |s: &str| (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())).then(|| s.parse::<usize>().ok()).flatten();
-    Some((kind, num(mb)?, match gid {
-        Some(g) => Some(num(g)?),
-        None => None,
-    }))
+    let num = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse::<usize>().ok())
+            .flatten()
+    };
+    Some((
+        kind,
+        num(mb)?,
+        match gid {
+            Some(g) => Some(num(g)?),
+            None => None,
+        },
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -691,7 +842,10 @@ fn parse_token(tok: &str) -> Option<(Kind, usize, Option<usize>)> {
 /// Token mapping for the CSV: torch's `<stage><F|B|I|W><mb>` when the premise is a pipeline,
 /// `<gid><F|B|W|O><mb>` otherwise.
 enum CsvTokens {
-    Stages { of_block: Vec<(usize, char)>, by_action: HashMap<(usize, char), usize> },
+    Stages {
+        of_block: Vec<(usize, char)>,
+        by_action: HashMap<(usize, char), usize>,
+    },
     Blocks,
 }
 
@@ -701,7 +855,16 @@ fn csv_tokens(p: &Premise) -> CsvTokens {
     };
     let mut of_block = vec![(0usize, 'F'); p.nblocks()];
     let mut by_action = HashMap::new();
-    for (s, Stage { forward, backward, weight, .. }) in stages.iter().enumerate() {
+    for (
+        s,
+        Stage {
+            forward,
+            backward,
+            weight,
+            ..
+        },
+    ) in stages.iter().enumerate()
+    {
         let mut put = |g: usize, c: char| {
             of_block[g] = (s, c);
             by_action.insert((s, c), g);
@@ -714,7 +877,10 @@ fn csv_tokens(p: &Premise) -> CsvTokens {
             put(*w, 'W');
         }
     }
-    CsvTokens::Stages { of_block, by_action }
+    CsvTokens::Stages {
+        of_block,
+        by_action,
+    }
 }
 
 /// Writes per-device orders as torch's compute-only CSV.
@@ -725,7 +891,9 @@ pub fn orders_to_csv(p: &Premise, orders: &[Vec<Job>]) -> String {
         let row: Vec<String> = o
             .iter()
             .map(|&(j, g)| match &tokens {
-                CsvTokens::Stages { of_block, .. } => format!("{}{}{j}", of_block[g].0, of_block[g].1),
+                CsvTokens::Stages { of_block, .. } => {
+                    format!("{}{}{j}", of_block[g].0, of_block[g].1)
+                }
                 CsvTokens::Blocks => format!("{g}{}{j}", p.block(g).kind.letter()),
             })
             .collect();
@@ -756,7 +924,11 @@ pub fn csv_to_orders(text: &str, premise: &Premise) -> Result<(usize, Orders)> {
         r
     };
     if rows.len() != premise.ndevs() {
-        return Err(bad(format!("{} rows for {} devices (one row per rank)", rows.len(), premise.ndevs())));
+        return Err(bad(format!(
+            "{} rows for {} devices (one row per rank)",
+            rows.len(),
+            premise.ndevs()
+        )));
     }
     let mut orders: Orders = Vec::new();
     let mut nmicros = 0usize;
@@ -796,7 +968,11 @@ fn split_action(cell: &str) -> Option<(usize, char, usize)> {
     let mut chars = rest.chars();
     let act = chars.next()?;
     let mb = chars.as_str();
-    if a.is_empty() || mb.is_empty() || !mb.bytes().all(|c| c.is_ascii_digit()) || !"FBIWO".contains(act) {
+    if a.is_empty()
+        || mb.is_empty()
+        || !mb.bytes().all(|c| c.is_ascii_digit())
+        || !"FBIWO".contains(act)
+    {
         return None;
     }
     Some((a.parse().ok()?, act, mb.parse().ok()?))
@@ -822,7 +998,11 @@ mod tests {
         s.period = Some(6);
         s.template = Some((0..10).collect());
         s.repetend = Some((3, 9));
-        let doc = Document { schedule: s, name: Some("1f1b".into()), parameter_memory: 2 };
+        let doc = Document {
+            schedule: s,
+            name: Some("1f1b".into()),
+            parameter_memory: 2,
+        };
         let text = to_json(&doc);
         assert_eq!(from_json(&text).unwrap(), doc);
         assert!(from_json("{}").unwrap_err().to_string().contains("format"));
@@ -847,7 +1027,13 @@ mod tests {
 
     #[test]
     fn text_round_trip_with_repetend_inside_blocks() {
-        for (name, d) in [("vshape", 4), ("mshape", 4), ("xshape", 4), ("kshape", 4), ("zb_v", 3)] {
+        for (name, d) in [
+            ("vshape", 4),
+            ("mshape", 4),
+            ("xshape", 4),
+            ("kshape", 4),
+            ("zb_v", 3),
+        ] {
             let mut s = baseline("gpipe", prem(name, d), 4).unwrap().schedule;
             for rep in [None, Some((2, 11)), Some((5, 5)), Some((0, s.makespan()))] {
                 s.repetend = rep;
@@ -869,10 +1055,18 @@ mod tests {
         // Bare tokens on a device with two forward blocks (mshape's T_f and F_0).
         let m = prem("mshape", 2);
         let s = baseline("gpipe", m.clone(), 2).unwrap().schedule;
-        let strip = |t: &str| t.split('-').map(|u| u.split('.').next().unwrap()).collect::<Vec<_>>().join("-");
+        let strip = |t: &str| {
+            t.split('-')
+                .map(|u| u.split('.').next().unwrap())
+                .collect::<Vec<_>>()
+                .join("-")
+        };
         let full = to_text(&s, false).unwrap();
         assert!(full.contains(".0") && full.contains(".1"), "{full}");
-        let bare: String = full.lines().map(|l| l.split(' ').map(strip).collect::<Vec<_>>().join(" ") + "\n").collect();
+        let bare: String = full
+            .lines()
+            .map(|l| l.split(' ').map(strip).collect::<Vec<_>>().join(" ") + "\n")
+            .collect();
         assert_eq!(from_text(&bare, m).unwrap().starts, s.starts);
     }
 
@@ -880,16 +1074,25 @@ mod tests {
     fn csv_round_trip_and_torch_tokens() {
         let s = baseline("zb_h1", prem("zb_v", 4), 8).unwrap().schedule;
         let csv = to_csv(&s);
-        assert!(csv.starts_with("0F0,0F1,0F2,0F3,0I0,0W0,0F4,0I1,0W1"), "{csv}");
+        assert!(
+            csv.starts_with("0F0,0F1,0F2,0F3,0I0,0W0,0F4,0I1,0W1"),
+            "{csv}"
+        );
         assert!(csv.contains("3I0") && csv.contains("2W1"));
         let (nm, orders) = csv_to_orders(&csv, &s.premise).unwrap();
         assert_eq!(nm, 8);
-        assert_eq!(simulate(s.premise.clone(), nm, &orders).unwrap().starts, s.starts);
+        assert_eq!(
+            simulate(s.premise.clone(), nm, &orders).unwrap().starts,
+            s.starts
+        );
         // General premises use block tokens.
         let k = baseline("1f1b", prem("kshape", 4), 3).unwrap().schedule;
         let csv = to_csv(&k);
         let (nm, orders) = csv_to_orders(&csv, &k.premise).unwrap();
-        assert_eq!(simulate(k.premise.clone(), nm, &orders).unwrap().starts, k.starts);
+        assert_eq!(
+            simulate(k.premise.clone(), nm, &orders).unwrap().starts,
+            k.starts
+        );
         assert!(csv_to_orders("0SEND_F0\n", &prem("vshape", 1)).is_err());
         assert!(csv_to_orders("0F0,0B0\n", &prem("vshape", 2)).is_err());
     }

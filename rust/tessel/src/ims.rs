@@ -11,8 +11,15 @@ use crate::model::{MemoryConvention, Premise, UNLIMITED};
 use crate::template::{steady_peak, Template};
 
 /// The first template IMS finds at a period in `p_lo ..= p_hi`, if any.
-pub fn ims(p: &Premise, memory: &[i64], conv: MemoryConvention, p_lo: i64, p_hi: i64) -> Option<Template> {
-    (p_lo.max(p.period_lower_bound()).max(1)..=p_hi).find_map(|period| at_period(p, memory, conv, period))
+pub fn ims(
+    p: &Premise,
+    memory: &[i64],
+    conv: MemoryConvention,
+    p_lo: i64,
+    p_hi: i64,
+) -> Option<Template> {
+    (p_lo.max(p.period_lower_bound()).max(1)..=p_hi)
+        .find_map(|period| at_period(p, memory, conv, period))
 }
 
 fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -> Option<Template> {
@@ -31,9 +38,16 @@ fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -
         .filter(|&g| a[g].is_none() && p.preds(g).iter().all(|&(f, _)| a[f].is_some()))
         .max_by_key(|&g| (height[g], std::cmp::Reverse(g)))
     {
-        let est = p.preds(g).iter().map(|&(f, c)| a[f].unwrap_or(0) + p.span(f) + c).max().unwrap_or(0);
+        let est = p
+            .preds(g)
+            .iter()
+            .map(|&(f, c)| a[f].unwrap_or(0) + p.span(f) + c)
+            .max()
+            .unwrap_or(0);
         let fits = |x: i64, occ: &Vec<Vec<usize>>| {
-            p.block(g).devices.iter().all(|&d| (0..p.span(g)).all(|k| occ[d][(x + k).rem_euclid(period) as usize] == usize::MAX))
+            p.block(g).devices.iter().all(|&d| {
+                (0..p.span(g)).all(|k| occ[d][(x + k).rem_euclid(period) as usize] == usize::MAX)
+            })
         };
         let x = match (est..est + period).find(|&x| fits(x, &occ)) {
             Some(x) => x,
@@ -62,7 +76,10 @@ fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -
                     }
                     k += 1;
                 }
-                if evict.iter().any(|&h| p.preds(g).iter().any(|&(f, _)| f == h)) {
+                if evict
+                    .iter()
+                    .any(|&h| p.preds(g).iter().any(|&(f, _)| f == h))
+                {
                     return None;
                 }
                 budget = budget.saturating_sub(evict.len());
@@ -79,10 +96,17 @@ fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -
             }
         }
     }
-    let a: Vec<i64> = a.into_iter().map(|x| x.expect("every block placed")).collect();
+    let a: Vec<i64> = a
+        .into_iter()
+        .map(|x| x.expect("every block placed"))
+        .collect();
     let t = Template::new(period, a).normalised();
     let peaks = steady_peak(p, period, &t.starts, conv);
-    if peaks.iter().zip(memory).any(|(&pk, &m)| m != UNLIMITED && pk > m) {
+    if peaks
+        .iter()
+        .zip(memory)
+        .any(|(&pk, &m)| m != UNLIMITED && pk > m)
+    {
         return None;
     }
     // Evictions can leave an earlier-placed successor too early: keep only valid templates.

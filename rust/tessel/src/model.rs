@@ -8,8 +8,8 @@
 //! memory convention, FIFO flag) and, when it came from a periodic template, the period,
 //! the template and the repetend window.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -94,7 +94,13 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn new(name: impl Into<String>, span: i64, devices: Vec<usize>, memory: i64, kind: Kind) -> Block {
+    pub fn new(
+        name: impl Into<String>,
+        span: i64,
+        devices: Vec<usize>,
+        memory: i64,
+        kind: Kind,
+    ) -> Block {
         Block {
             name: name.into(),
             span,
@@ -167,10 +173,16 @@ impl Premise {
     /// on a device than it allocates.
     pub fn new(ndevs: usize, mut blocks: Vec<Block>, edges: Vec<Edge>) -> Result<Premise> {
         if ndevs == 0 || ndevs > MAX_DEVICES {
-            return Err(Error::invalid("ndevs", format!("must be in 1..={MAX_DEVICES}, got {ndevs}")));
+            return Err(Error::invalid(
+                "ndevs",
+                format!("must be in 1..={MAX_DEVICES}, got {ndevs}"),
+            ));
         }
         if blocks.is_empty() {
-            return Err(Error::invalid("blocks", "a premise needs at least one block"));
+            return Err(Error::invalid(
+                "blocks",
+                "a premise needs at least one block",
+            ));
         }
         let n = blocks.len();
         for (g, b) in blocks.iter_mut().enumerate() {
@@ -178,17 +190,28 @@ impl Premise {
             if !(1..=MAX_VALUE).contains(&b.span) {
                 return Err(Error::invalid(
                     "blocks",
-                    format!("{}: span must be an integer in 1..={MAX_VALUE}, got {}", who(), b.span),
+                    format!(
+                        "{}: span must be an integer in 1..={MAX_VALUE}, got {}",
+                        who(),
+                        b.span
+                    ),
                 ));
             }
             if b.memory.abs() > MAX_VALUE {
                 return Err(Error::invalid(
                     "blocks",
-                    format!("{}: |memory| must be at most {MAX_VALUE}, got {}", who(), b.memory),
+                    format!(
+                        "{}: |memory| must be at most {MAX_VALUE}, got {}",
+                        who(),
+                        b.memory
+                    ),
                 ));
             }
             if b.devices.is_empty() {
-                return Err(Error::invalid("blocks", format!("{}: the device set is empty", who())));
+                return Err(Error::invalid(
+                    "blocks",
+                    format!("{}: the device set is empty", who()),
+                ));
             }
             if let Some(&d) = b.devices.iter().find(|&&d| d >= ndevs) {
                 return Err(Error::invalid(
@@ -212,16 +235,25 @@ impl Premise {
             if e.from >= n || e.to >= n {
                 return Err(Error::invalid(
                     "edges",
-                    format!("edge {i} ({} -> {}) names a block outside 0..{n}", e.from, e.to),
+                    format!(
+                        "edge {i} ({} -> {}) names a block outside 0..{n}",
+                        e.from, e.to
+                    ),
                 ));
             }
             if e.from == e.to {
-                return Err(Error::invalid("edges", format!("edge {i} is a self-loop on block {}", e.from)));
+                return Err(Error::invalid(
+                    "edges",
+                    format!("edge {i} is a self-loop on block {}", e.from),
+                ));
             }
             if !(0..=MAX_VALUE).contains(&e.lag) {
                 return Err(Error::invalid(
                     "edges",
-                    format!("edge {i} ({} -> {}): lag must be in 0..={MAX_VALUE}, got {}", e.from, e.to, e.lag),
+                    format!(
+                        "edge {i} ({} -> {}): lag must be in 0..={MAX_VALUE}, got {}",
+                        e.from, e.to, e.lag
+                    ),
                 ));
             }
             if succs[e.from].iter().any(|&(h, _)| h == e.to) {
@@ -243,11 +275,19 @@ impl Premise {
         }
         let mut head = vec![0i64; n];
         for &g in &topo {
-            head[g] = preds[g].iter().map(|&(p, c)| head[p] + blocks[p].span + c).max().unwrap_or(0);
+            head[g] = preds[g]
+                .iter()
+                .map(|&(p, c)| head[p] + blocks[p].span + c)
+                .max()
+                .unwrap_or(0);
         }
         let mut tail = vec![0i64; n];
         for &g in topo.iter().rev() {
-            tail[g] = succs[g].iter().map(|&(h, c)| c + blocks[h].span + tail[h]).max().unwrap_or(0);
+            tail[g] = succs[g]
+                .iter()
+                .map(|&(h, c)| c + blocks[h].span + tail[h])
+                .max()
+                .unwrap_or(0);
         }
         let mut work = vec![0i64; ndevs];
         let mut on_device = vec![Vec::new(); ndevs];
@@ -284,7 +324,10 @@ impl Premise {
     /// under predecessors (what may have started at some time) has a negative sum.
     fn check_memory(&self) -> Result<()> {
         for d in 0..self.ndevs {
-            let total: i64 = self.on_device[d].iter().map(|&g| self.blocks[g].memory).sum();
+            let total: i64 = self.on_device[d]
+                .iter()
+                .map(|&g| self.blocks[g].memory)
+                .sum();
             if total != 0 {
                 return Err(Error::invalid(
                     "blocks",
@@ -294,15 +337,28 @@ impl Premise {
                     ),
                 ));
             }
-            if self.on_device[d].iter().all(|&g| self.blocks[g].memory >= 0) {
+            if self.on_device[d]
+                .iter()
+                .all(|&g| self.blocks[g].memory >= 0)
+            {
                 continue;
             }
-            let weight: Vec<i64> =
-                (0..self.nblocks()).map(|g| if self.blocks[g].on(d) { self.blocks[g].memory } else { 0 }).collect();
+            let weight: Vec<i64> = (0..self.nblocks())
+                .map(|g| {
+                    if self.blocks[g].on(d) {
+                        self.blocks[g].memory
+                    } else {
+                        0
+                    }
+                })
+                .collect();
             let (min_sum, ideal) = min_weight_ideal(&weight, &self.preds);
             if min_sum < 0 {
-                let names: Vec<String> =
-                    ideal.iter().filter(|&&g| self.blocks[g].on(d)).map(|&g| self.describe(g)).collect();
+                let names: Vec<String> = ideal
+                    .iter()
+                    .filter(|&&g| self.blocks[g].on(d))
+                    .map(|&g| self.describe(g))
+                    .collect();
                 return Err(Error::invalid(
                     "blocks",
                     format!(
@@ -374,7 +430,10 @@ impl Premise {
     }
     /// `CP = max_g head_g + s_g + tail_g`: the latency of one micro-batch alone.
     pub fn critical_path(&self) -> i64 {
-        (0..self.nblocks()).map(|g| self.head[g] + self.blocks[g].span + self.tail[g]).max().unwrap_or(0)
+        (0..self.nblocks())
+            .map(|g| self.head[g] + self.blocks[g].span + self.tail[g])
+            .max()
+            .unwrap_or(0)
     }
     /// `P_LB = max_d W_d`: no period (time per micro-batch in steady state) can be shorter.
     pub fn period_lower_bound(&self) -> i64 {
@@ -412,16 +471,29 @@ impl Premise {
 
     /// The premise of inference: the same blocks with every memory delta set to 0.
     pub fn without_memory(&self) -> Premise {
-        let blocks = self.blocks.iter().map(|b| Block { memory: 0, ..b.clone() }).collect();
-        Premise::new(self.ndevs, blocks, self.edges.clone()).expect("dropping memory keeps a premise valid")
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| Block {
+                memory: 0,
+                ..b.clone()
+            })
+            .collect();
+        Premise::new(self.ndevs, blocks, self.edges.clone())
+            .expect("dropping memory keeps a premise valid")
     }
 }
 
 /// Kahn's algorithm with the smallest ready index first; names a cycle when there is one.
-fn topological_order(blocks: &[Block], preds: &[Vec<(usize, i64)>], succs: &[Vec<(usize, i64)>]) -> Result<Vec<usize>> {
+fn topological_order(
+    blocks: &[Block],
+    preds: &[Vec<(usize, i64)>],
+    succs: &[Vec<(usize, i64)>],
+) -> Result<Vec<usize>> {
     let n = blocks.len();
     let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
-    let mut ready: BinaryHeap<Reverse<usize>> = (0..n).filter(|&g| indeg[g] == 0).map(Reverse).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> =
+        (0..n).filter(|&g| indeg[g] == 0).map(Reverse).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(Reverse(g)) = ready.pop() {
         order.push(g);
@@ -444,7 +516,11 @@ fn topological_order(blocks: &[Block], preds: &[Vec<(usize, i64)>], succs: &[Vec
     while seen[g] == usize::MAX {
         seen[g] = path.len();
         path.push(g);
-        g = preds[g].iter().map(|&(p, _)| p).find(|&p| left[p]).expect("a left block has a left predecessor");
+        g = preds[g]
+            .iter()
+            .map(|&(p, _)| p)
+            .find(|&p| left[p])
+            .expect("a left block has a left predecessor");
     }
     let mut cycle: Vec<usize> = path[seen[g]..].to_vec();
     cycle.reverse(); // predecessor walk -> edge direction
@@ -453,7 +529,10 @@ fn topological_order(blocks: &[Block], preds: &[Vec<(usize, i64)>], succs: &[Vec
         .chain(std::iter::once(&cycle[0]))
         .map(|&g| format!("{g} ({:?})", blocks[g].name))
         .collect();
-    Err(Error::invalid("edges", format!("the edges contain a cycle: {}", names.join(" -> "))))
+    Err(Error::invalid(
+        "edges",
+        format!("the edges contain a cycle: {}", names.join(" -> ")),
+    ))
 }
 
 /// The minimum of `sum(weight[g] for g in I)` over the ideals `I` (sets closed under
@@ -493,7 +572,11 @@ struct FlowNet {
 
 impl FlowNet {
     fn new(n: usize) -> Self {
-        FlowNet { adj: vec![Vec::new(); n], to: Vec::new(), cap: Vec::new() }
+        FlowNet {
+            adj: vec![Vec::new(); n],
+            to: Vec::new(),
+            cap: Vec::new(),
+        }
     }
     fn add(&mut self, u: usize, v: usize, c: i64) {
         self.adj[u].push(self.to.len());
@@ -603,11 +686,18 @@ pub fn memory_caps(ndevs: usize, caps: Option<&[i64]>) -> Result<Vec<i64>> {
         Some([m]) => vec![*m; ndevs],
         Some(c) if c.len() == ndevs => c.to_vec(),
         Some(c) => {
-            return Err(Error::shape("memory", format!("1 or ndevs={ndevs} values"), c.len()));
+            return Err(Error::shape(
+                "memory",
+                format!("1 or ndevs={ndevs} values"),
+                c.len(),
+            ));
         }
     };
     if let Some((d, m)) = v.iter().enumerate().find(|(_, &m)| m < 0) {
-        return Err(Error::invalid("memory", format!("the cap of device {d} is negative ({m})")));
+        return Err(Error::invalid(
+            "memory",
+            format!("the cap of device {d} is negative ({m})"),
+        ));
     }
     Ok(v)
 }
@@ -641,7 +731,11 @@ impl Schedule {
     pub fn new(premise: Arc<Premise>, nmicros: usize, starts: Vec<i64>) -> Result<Schedule> {
         let n = premise.nblocks();
         if nmicros.checked_mul(n) != Some(starts.len()) {
-            return Err(Error::shape("starts", format!("({nmicros}, {n})"), format!("{} values", starts.len())));
+            return Err(Error::shape(
+                "starts",
+                format!("({nmicros}, {n})"),
+                format!("{} values", starts.len()),
+            ));
         }
         let ndevs = premise.ndevs();
         Ok(Schedule {
@@ -672,7 +766,10 @@ impl Schedule {
     /// Makespan `C = max S + s` (0 for an empty schedule).
     pub fn makespan(&self) -> i64 {
         let n = self.premise.nblocks();
-        (0..self.starts.len()).map(|k| self.starts[k] + self.premise.span(k % n)).max().unwrap_or(0)
+        (0..self.starts.len())
+            .map(|k| self.starts[k] + self.premise.span(k % n))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Bubble ratio `1 - N sum_d W_d / (D C)` (0 for an empty schedule).
@@ -722,8 +819,14 @@ mod tests {
     use super::*;
 
     fn fb(ndevs: usize) -> Vec<Block> {
-        let mut v: Vec<Block> = (0..ndevs).map(|d| Block::new(format!("F{d}"), 1, vec![d], 1, Kind::Forward)).collect();
-        v.extend((0..ndevs).rev().map(|d| Block::new(format!("B{d}"), 3, vec![d], -1, Kind::Backward)));
+        let mut v: Vec<Block> = (0..ndevs)
+            .map(|d| Block::new(format!("F{d}"), 1, vec![d], 1, Kind::Forward))
+            .collect();
+        v.extend(
+            (0..ndevs)
+                .rev()
+                .map(|d| Block::new(format!("B{d}"), 3, vec![d], -1, Kind::Backward)),
+        );
         v
     }
 
@@ -747,22 +850,43 @@ mod tests {
         assert!(e.contains("at least one block"), "{e}");
         let mut b = fb(2);
         b[1].span = 0;
-        assert!(Premise::chain(2, b).unwrap_err().to_string().contains("span"));
+        assert!(Premise::chain(2, b)
+            .unwrap_err()
+            .to_string()
+            .contains("span"));
         let mut b = fb(2);
         b[0].devices = vec![];
-        assert!(Premise::chain(2, b).unwrap_err().to_string().contains("empty"));
+        assert!(Premise::chain(2, b)
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
         let mut b = fb(2);
         b[0].devices = vec![5];
-        assert!(Premise::chain(2, b).unwrap_err().to_string().contains("out of range"));
+        assert!(Premise::chain(2, b)
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
         let mut b = fb(2);
         b[0].memory = 2;
-        assert!(Premise::chain(2, b).unwrap_err().to_string().contains("unbalanced"));
+        assert!(Premise::chain(2, b)
+            .unwrap_err()
+            .to_string()
+            .contains("unbalanced"));
         // A cycle.
-        let e = Premise::new(2, fb(2), vec![Edge::new(0, 1), Edge::new(1, 2), Edge::new(2, 0)]).unwrap_err();
+        let e = Premise::new(
+            2,
+            fb(2),
+            vec![Edge::new(0, 1), Edge::new(1, 2), Edge::new(2, 0)],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("cycle"), "{e}");
         // A free that can run before its allocation: B0 alone is an ideal.
         let e = Premise::new(2, fb(2), vec![Edge::new(0, 1), Edge::new(1, 2)]).unwrap_err();
-        assert!(e.to_string().contains("negative running memory on device 0"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("negative running memory on device 0"),
+            "{e}"
+        );
         assert!(e.to_string().contains("B0"), "{e}");
         // Lags and duplicates.
         assert!(Premise::new(2, fb(2), vec![Edge::with_lag(0, 1, -1)]).is_err());

@@ -91,7 +91,10 @@ impl Default for Options {
 impl Options {
     /// The inference form with default spans.
     pub fn inference() -> Options {
-        Options { train: false, ..Options::default() }
+        Options {
+            train: false,
+            ..Options::default()
+        }
     }
 }
 
@@ -119,7 +122,10 @@ pub fn builtin(name: &str, ndevs: usize, opts: &Options) -> Result<Premise> {
         _ => {
             return Err(Error::invalid(
                 "name",
-                format!("unknown premise {name:?}; the built-in premises are {}", BUILTIN.join(", ")),
+                format!(
+                    "unknown premise {name:?}; the built-in premises are {}",
+                    BUILTIN.join(", ")
+                ),
             ))
         }
     }?;
@@ -148,7 +154,10 @@ impl<'a> Builder<'a> {
             return Err(Error::invalid("ndevs", "must be at least 1, got 0"));
         }
         if ndevs > crate::model::MAX_DEVICES {
-            return Err(Error::invalid("ndevs", format!("at most {}, got {ndevs}", crate::model::MAX_DEVICES)));
+            return Err(Error::invalid(
+                "ndevs",
+                format!("at most {}, got {ndevs}", crate::model::MAX_DEVICES),
+            ));
         }
         if let Some(a) = opts.act {
             if a < 0 {
@@ -160,7 +169,12 @@ impl<'a> Builder<'a> {
                 return Err(Error::invalid("tp_mem", format!("must be >= 0, got {a}")));
             }
         }
-        Ok(Builder { ndevs, opts, blocks: Vec::new(), edges: Vec::new() })
+        Ok(Builder {
+            ndevs,
+            opts,
+            blocks: Vec::new(),
+            edges: Vec::new(),
+        })
     }
 
     fn fwd(&self) -> Result<i64> {
@@ -177,10 +191,18 @@ impl<'a> Builder<'a> {
     }
     // The inference form keeps no activations.
     fn act(&self) -> i64 {
-        if self.train() { self.opts.act.unwrap_or(1) } else { 0 }
+        if self.train() {
+            self.opts.act.unwrap_or(1)
+        } else {
+            0
+        }
     }
     fn tp_mem(&self) -> i64 {
-        if self.train() { self.opts.tp_mem.unwrap_or(0) } else { 0 }
+        if self.train() {
+            self.opts.tp_mem.unwrap_or(0)
+        } else {
+            0
+        }
     }
     fn train(&self) -> bool {
         self.opts.train
@@ -190,14 +212,25 @@ impl<'a> Builder<'a> {
     }
     fn need(&self, min: usize, name: &str) -> Result<()> {
         if self.ndevs < min {
-            return Err(Error::invalid("ndevs", format!("{name} needs at least {min} devices, got {}", self.ndevs)));
+            return Err(Error::invalid(
+                "ndevs",
+                format!("{name} needs at least {min} devices, got {}", self.ndevs),
+            ));
         }
         Ok(())
     }
 
     /// Adds a block and returns its index.
-    fn add(&mut self, name: String, span: i64, devices: Vec<usize>, memory: i64, kind: Kind) -> usize {
-        self.blocks.push(Block::new(name, span, devices, memory, kind));
+    fn add(
+        &mut self,
+        name: String,
+        span: i64,
+        devices: Vec<usize>,
+        memory: i64,
+        kind: Kind,
+    ) -> usize {
+        self.blocks
+            .push(Block::new(name, span, devices, memory, kind));
         self.blocks.len() - 1
     }
     /// Chains the given blocks in order.
@@ -216,8 +249,11 @@ impl<'a> Builder<'a> {
         self.add(format!("B{d}"), span, vec![d], mem, Kind::Backward)
     }
     fn t(&mut self, name: &str, fwd: bool) -> Result<usize> {
-        let (span, mem, kind) =
-            if fwd { (self.tp_fwd()?, self.tp_mem(), Kind::Forward) } else { (self.tp_bwd()?, -self.tp_mem(), Kind::Backward) };
+        let (span, mem, kind) = if fwd {
+            (self.tp_fwd()?, self.tp_mem(), Kind::Forward)
+        } else {
+            (self.tp_bwd()?, -self.tp_mem(), Kind::Backward)
+        };
         let all = self.all();
         Ok(self.add(name.to_string(), span, all, mem, kind))
     }
@@ -263,7 +299,12 @@ impl<'a> Builder<'a> {
         let mut seq = [vec![t1f], front, vec![t2f], back].concat();
         if self.train() {
             let b = self.bwd(3)?;
-            seq.extend((k..self.ndevs).rev().map(|d| self.b(d, b, -a)).collect::<Vec<_>>());
+            seq.extend(
+                (k..self.ndevs)
+                    .rev()
+                    .map(|d| self.b(d, b, -a))
+                    .collect::<Vec<_>>(),
+            );
             seq.push(self.t("T2_b", false)?);
             seq.extend((0..k).rev().map(|d| self.b(d, b, -a)).collect::<Vec<_>>());
             seq.push(self.t("T1_b", false)?);
@@ -292,7 +333,12 @@ impl<'a> Builder<'a> {
         if self.train() {
             let b = self.bwd(3)?;
             seq.push(self.t("T2_b", false)?);
-            seq.extend((0..self.ndevs).rev().map(|d| self.b(d, b, -a)).collect::<Vec<_>>());
+            seq.extend(
+                (0..self.ndevs)
+                    .rev()
+                    .map(|d| self.b(d, b, -a))
+                    .collect::<Vec<_>>(),
+            );
             seq.push(self.t("T1_b", false)?);
         }
         self.link(&seq);
@@ -301,7 +347,10 @@ impl<'a> Builder<'a> {
 
     fn kshape(mut self) -> Result<Premise> {
         if self.ndevs < 2 || !self.ndevs.is_multiple_of(2) {
-            return Err(Error::invalid("ndevs", format!("kshape needs an even number of devices, got {}", self.ndevs)));
+            return Err(Error::invalid(
+                "ndevs",
+                format!("kshape needs an even number of devices, got {}", self.ndevs),
+            ));
         }
         let half = self.ndevs / 2;
         let (f, a) = (self.fwd()?, self.act());
@@ -368,7 +417,10 @@ impl<'a> Builder<'a> {
     fn chunks(&self, default: usize) -> Result<usize> {
         let v = self.opts.chunks.unwrap_or(default);
         if !(1..=64).contains(&v) {
-            return Err(Error::invalid("chunks", format!("must be in 1..=64, got {v}")));
+            return Err(Error::invalid(
+                "chunks",
+                format!("must be in 1..=64, got {v}"),
+            ));
         }
         Ok(v)
     }
@@ -399,8 +451,9 @@ impl<'a> Builder<'a> {
     fn wave(self) -> Result<Premise> {
         let w = self.chunks(1)?;
         let d = self.ndevs;
-        let stages: Vec<usize> =
-            (0..2 * w).flat_map(|s| (0..d).map(move |k| if s % 2 == 0 { k } else { d - 1 - k })).collect();
+        let stages: Vec<usize> = (0..2 * w)
+            .flat_map(|s| (0..d).map(move |k| if s % 2 == 0 { k } else { d - 1 - k }))
+            .collect();
         self.staged(&stages)
     }
 
@@ -428,7 +481,13 @@ impl<'a> Builder<'a> {
         let d = self.ndevs;
         let (f, a) = (self.fwd()?, self.act());
         let b = self.bwd(3)?;
-        let heavy = |base: i64, k: usize| if d > 1 && (k == 0 || k == d - 1) { 2 * base } else { base };
+        let heavy = |base: i64, k: usize| {
+            if d > 1 && (k == 0 || k == d - 1) {
+                2 * base
+            } else {
+                base
+            }
+        };
         let fsp = match &self.opts.fwd_spans {
             Some(v) => v.clone(),
             None => (0..d).map(|k| heavy(f, k)).collect(),
@@ -439,7 +498,11 @@ impl<'a> Builder<'a> {
         };
         for (name, v) in [("fwd_spans", &fsp), ("bwd_spans", &bsp)] {
             if v.len() != d {
-                return Err(Error::shape(name, format!("({d},)"), format!("({},)", v.len())));
+                return Err(Error::shape(
+                    name,
+                    format!("({d},)"),
+                    format!("({},)", v.len()),
+                ));
             }
             if let Some(s) = v.iter().find(|&&s| s < 1) {
                 return Err(Error::invalid(name, format!("spans must be >= 1, got {s}")));
@@ -488,14 +551,23 @@ mod tests {
         assert_eq!(m.critical_path(), 18);
         let nn = p("nnshape", 4);
         let names: Vec<&str> = nn.blocks().iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["T1_f", "F0", "F1", "T2_f", "F2", "F3", "B3", "B2", "T2_b", "B1", "B0", "T1_b"]);
+        assert_eq!(
+            names,
+            ["T1_f", "F0", "F1", "T2_f", "F2", "F3", "B3", "B2", "T2_b", "B1", "B0", "T1_b"]
+        );
         assert_eq!(nn.work(), &[8, 8, 8, 8]);
         let e = p("nnshape_eager", 4);
         let names: Vec<&str> = e.blocks().iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["T1_f", "F0", "T2_f", "F1", "F2", "F3", "B3", "B2", "B1", "T2_b", "B0", "T1_b"]);
+        assert_eq!(
+            names,
+            ["T1_f", "F0", "T2_f", "F1", "F2", "F3", "B3", "B2", "B1", "T2_b", "B0", "T1_b"]
+        );
         let ml = p("mllm", 2);
         let names: Vec<&str> = ml.blocks().iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["T1_f", "F0", "F1", "T2_f", "T2_b", "B1", "B0", "T1_b"]);
+        assert_eq!(
+            names,
+            ["T1_f", "F0", "F1", "T2_f", "T2_b", "B1", "B0", "T1_b"]
+        );
         let k = p("kshape", 4);
         assert_eq!(k.work(), &[6, 6, 6, 6]);
         assert_eq!(k.critical_path(), 2 + 1 + 1 + 6);
@@ -522,14 +594,29 @@ mod tests {
 
     #[test]
     fn bad_options_are_rejected() {
-        assert!(builtin("nope", 4, &Options::default()).unwrap_err().to_string().contains("unknown premise"));
+        assert!(builtin("nope", 4, &Options::default())
+            .unwrap_err()
+            .to_string()
+            .contains("unknown premise"));
         assert!(builtin("kshape", 3, &Options::default()).is_err());
         assert!(builtin("vshape", 0, &Options::default()).is_err());
-        let o = Options { fwd: Some(0), ..Options::default() };
-        assert!(builtin("vshape", 4, &o).unwrap_err().to_string().contains("fwd"));
-        let o = Options { fwd_spans: Some(vec![1, 2]), ..Options::default() };
+        let o = Options {
+            fwd: Some(0),
+            ..Options::default()
+        };
+        assert!(builtin("vshape", 4, &o)
+            .unwrap_err()
+            .to_string()
+            .contains("fwd"));
+        let o = Options {
+            fwd_spans: Some(vec![1, 2]),
+            ..Options::default()
+        };
         assert!(builtin("uneven", 4, &o).is_err());
-        let o = Options { act: Some(-1), ..Options::default() };
+        let o = Options {
+            act: Some(-1),
+            ..Options::default()
+        };
         assert!(builtin("vshape", 4, &o).is_err());
     }
 }

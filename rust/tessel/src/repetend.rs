@@ -132,12 +132,19 @@ pub fn check_memory_caps(premise: &Premise, memory: &[i64]) -> Result<()> {
 /// time). Each task reads the best `L` of the smaller periods (a shared atomic) and prunes
 /// templates that could not beat it; the reported outcomes do not depend on the thread count
 /// unless a budget or the deadline cuts a search short.
-pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progress) -> Result<Repetends> {
+pub fn construct(
+    premise: &Premise,
+    opts: &RepetendOptions,
+    progress: &dyn Progress,
+) -> Result<Repetends> {
     if opts.memory.len() != premise.ndevs() {
         return Err(Error::shape("memory", premise.ndevs(), opts.memory.len()));
     }
     if opts.delta_p < 0 {
-        return Err(Error::invalid("delta_p", format!("must be >= 0, got {}", opts.delta_p)));
+        return Err(Error::invalid(
+            "delta_p",
+            format!("must be >= 0, got {}", opts.delta_p),
+        ));
     }
     check_memory_caps(premise, &opts.memory)?;
     let p_lb = premise.period_lower_bound().max(1).max(opts.min_period);
@@ -170,7 +177,10 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
         }
         let bounds: Vec<AtomicI64> = (lo..=hi).map(|_| AtomicI64::new(i64::MAX)).collect();
         // Smaller periods already searched bound every task of this batch.
-        let prior: Vec<(i64, i64)> = results.iter().filter_map(|r| Some((r.period, r.length(premise)?))).collect();
+        let prior: Vec<(i64, i64)> = results
+            .iter()
+            .filter_map(|r| Some((r.period, r.length(premise)?)))
+            .collect();
         let out: Vec<Result<PeriodOutcome>> = (lo..=hi)
             .into_par_iter()
             .map(|p| {
@@ -203,17 +213,31 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
                 opts.memory
             )));
         }
-        return Ok(Repetends { min_period: None, min_period_proved: false, periods: Vec::new(), nodes });
+        return Ok(Repetends {
+            min_period: None,
+            min_period_proved: false,
+            periods: Vec::new(),
+            nodes,
+        });
     };
-    let min_period_proved =
-        results.iter().filter(|r| r.period < ps).all(|r| r.exhausted) && p_lb == premise.period_lower_bound().max(1);
+    let min_period_proved = results
+        .iter()
+        .filter(|r| r.period < ps)
+        .all(|r| r.exhausted)
+        && p_lb == premise.period_lower_bound().max(1);
     // Keep the periods of the window that beat every smaller period (the rule of
     // `RepetendOptions::nmicros`); a period beaten this way keeps only its first template.
     let nm1 = opts.nmicros.saturating_sub(1).min(1 << 20) as i64;
     let mut periods: Vec<PeriodOutcome> = Vec::new();
-    for mut r in results.into_iter().filter(|r| r.period >= ps && r.period <= ps + opts.delta_p) {
+    for mut r in results
+        .into_iter()
+        .filter(|r| r.period >= ps && r.period <= ps + opts.delta_p)
+    {
         let Some(l) = r.length(premise) else { continue };
-        let beaten = periods.iter().any(|o| o.best.is_some() && l >= o.length(premise).unwrap_or(i64::MAX) - nm1 * (r.period - o.period));
+        let beaten = periods.iter().any(|o| {
+            o.best.is_some()
+                && l >= o.length(premise).unwrap_or(i64::MAX) - nm1 * (r.period - o.period)
+        });
         if beaten {
             if r.period == ps {
                 continue;
@@ -223,12 +247,23 @@ pub fn construct(premise: &Premise, opts: &RepetendOptions, progress: &dyn Progr
         periods.push(r);
     }
     periods.retain(|o| o.best.is_some() || o.first.is_some());
-    Ok(Repetends { min_period: Some(ps), min_period_proved, periods, nodes })
+    Ok(Repetends {
+        min_period: Some(ps),
+        min_period_proved,
+        periods,
+        nodes,
+    })
 }
 
 /// Every template of period `period` with `L <= max_length` (up to `limit` of them, in
 /// search order), within the dominance rules of the exact search.
-pub fn enumerate(premise: &Premise, period: i64, opts: &RepetendOptions, max_length: i64, limit: usize) -> Result<Vec<Template>> {
+pub fn enumerate(
+    premise: &Premise,
+    period: i64,
+    opts: &RepetendOptions,
+    max_length: i64,
+    limit: usize,
+) -> Result<Vec<Template>> {
     if opts.memory.len() != premise.ndevs() {
         return Err(Error::shape("memory", premise.ndevs(), opts.memory.len()));
     }
@@ -241,7 +276,16 @@ pub fn enumerate(premise: &Premise, period: i64, opts: &RepetendOptions, max_len
     let progress = maleki_common::NoProgress;
     macro_rules! run {
         ($k:literal) => {{
-            let mut s = Search::<$k>::new(premise, period, opts, &bounds, period, &[], &nodes, &progress);
+            let mut s = Search::<$k>::new(
+                premise,
+                period,
+                opts,
+                &bounds,
+                period,
+                &[],
+                &nodes,
+                &progress,
+            );
             s.collect = limit;
             // Completion may prefer templates outside the dominance domains.
             s.capped.iter_mut().for_each(|c| *c = false);
@@ -300,8 +344,19 @@ pub(crate) fn decision_order(p: &Premise) -> Vec<usize> {
     let mut ready: Vec<usize> = (0..n).filter(|&g| indeg[g] == 0).collect();
     let mut order = Vec::with_capacity(n);
     while !ready.is_empty() {
-        let key = |g: usize| (p.block(g).devices.len() == 1, p.heads()[g], -p.tails()[g], g);
-        let (k, _) = ready.iter().enumerate().min_by_key(|&(_, &g)| key(g)).expect("non-empty");
+        let key = |g: usize| {
+            (
+                p.block(g).devices.len() == 1,
+                p.heads()[g],
+                -p.tails()[g],
+                g,
+            )
+        };
+        let (k, _) = ready
+            .iter()
+            .enumerate()
+            .min_by_key(|&(_, &g)| key(g))
+            .expect("non-empty");
         let g = ready.swap_remove(k);
         order.push(g);
         for &(h, _) in p.succs(g) {
@@ -453,7 +508,9 @@ impl<'a, const K: usize> Search<'a, K> {
             active[k] = v;
         }
         let mem_devs: Vec<usize> = (0..p.ndevs())
-            .filter(|&d| caps[d] != UNLIMITED && p.blocks_on(d).iter().any(|&g| p.block(g).memory != 0))
+            .filter(|&d| {
+                caps[d] != UNLIMITED && p.blocks_on(d).iter().any(|&g| p.block(g).memory != 0)
+            })
             .collect();
         let mut closes = vec![Vec::new(); n];
         let mut min_span = vec![vec![i64::MAX; n + 1]; p.ndevs()];
@@ -465,17 +522,33 @@ impl<'a, const K: usize> Search<'a, K> {
             for k in (0..n).rev() {
                 let g = order[k];
                 let on = single(g) && p.block(g).on(d);
-                min_span[d][k] = if on { min_span[d][k + 1].min(p.span(g)) } else { min_span[d][k + 1] };
+                min_span[d][k] = if on {
+                    min_span[d][k + 1].min(p.span(g))
+                } else {
+                    min_span[d][k + 1]
+                };
                 rem_work[d][k] = rem_work[d][k + 1] + if on { p.span(g) } else { 0 };
             }
         }
         let sources: Vec<usize> = (0..n).filter(|&g| p.preds(g).is_empty()).collect();
         let last_source = sources.iter().map(|&g| pos[g]).max().unwrap_or(0);
-        let sole_source = if sources.len() == 1 { Some(sources[0]) } else { None };
+        let sole_source = if sources.len() == 1 {
+            Some(sources[0])
+        } else {
+            None
+        };
         let arcs = (0..n)
             .map(|g| {
                 let s = p.span(g) as usize;
-                (0..pu).map(|r| if s <= pu { Bits::<K>::arc(r, s, pu) } else { Bits::ZERO }).collect()
+                (0..pu)
+                    .map(|r| {
+                        if s <= pu {
+                            Bits::<K>::arc(r, s, pu)
+                        } else {
+                            Bits::ZERO
+                        }
+                    })
+                    .collect()
             })
             .collect();
         let cp = p.critical_path();
@@ -567,7 +640,9 @@ impl<'a, const K: usize> Search<'a, K> {
                 if b.memory <= 0 || b.devices.iter().all(|&d| caps[d] == UNLIMITED) {
                     return true;
                 }
-                (0..n).filter(|&h| h != g && desc[g][h]).all(|h| p.preds(h).iter().all(|&(f, _)| desc[g][f]))
+                (0..n)
+                    .filter(|&h| h != g && desc[g][h])
+                    .all(|h| p.preds(h).iter().all(|&(f, _)| desc[g][f]))
             })
             .collect()
     }
@@ -577,7 +652,8 @@ impl<'a, const K: usize> Search<'a, K> {
         if self.p.work().iter().all(|&w| w <= self.period) {
             self.reserve(0);
         }
-        self.global_nodes.fetch_add(self.nodes % 4096, Ordering::Relaxed);
+        self.global_nodes
+            .fetch_add(self.nodes % 4096, Ordering::Relaxed);
         if self.cancelled {
             return Err(Error::Cancelled);
         }
@@ -609,7 +685,9 @@ impl<'a, const K: usize> Search<'a, K> {
         if self.nodes.is_multiple_of(4096) {
             let total = self.global_nodes.fetch_add(4096, Ordering::Relaxed) + 4096;
             // Progress in nodes against the budgets of the periods searched together.
-            let _ = self.progress.update(total, self.budget.saturating_mul(self.bounds.len() as u64));
+            let _ = self
+                .progress
+                .update(total, self.budget.saturating_mul(self.bounds.len() as u64));
             if self.progress.cancelled() {
                 self.cancelled = true;
                 self.stop = true;
@@ -623,7 +701,13 @@ impl<'a, const K: usize> Search<'a, K> {
 
     /// The best `L` of the smaller periods, shifted by the period-dominance rule.
     fn external_bound(&self) -> i64 {
-        let shift = |q: i64, l: i64| if l == i64::MAX { i64::MAX } else { l - self.nm1 * (self.period - q) };
+        let shift = |q: i64, l: i64| {
+            if l == i64::MAX {
+                i64::MAX
+            } else {
+                l - self.nm1 * (self.period - q)
+            }
+        };
         let mut b = i64::MAX;
         for &(q, l) in self.prior {
             if q < self.period {
@@ -846,11 +930,21 @@ impl<'a, const K: usize> Search<'a, K> {
             let h = self.order[k];
             let mut est = 0;
             for &(f, c) in p.preds(h) {
-                let t = if self.assigned[f] { self.a[f] } else { self.e[f] };
+                let t = if self.assigned[f] {
+                    self.a[f]
+                } else {
+                    self.e[f]
+                };
                 est = est.max(t + p.span(f) + c);
             }
             if let Some(t) = self.twin_prev[h] {
-                est = est.max(if self.assigned[t] { self.a[t] } else { self.e[t] } + 1);
+                est = est.max(
+                    if self.assigned[t] {
+                        self.a[t]
+                    } else {
+                        self.e[t]
+                    } + 1,
+                );
             }
             let r0 = est.rem_euclid(self.period) as usize;
             let delta = match self.fixed[h] {
@@ -871,7 +965,11 @@ impl<'a, const K: usize> Search<'a, K> {
             let s = p.span(h);
             let mut lst = inc - 1 - s;
             for &(g, c) in p.succs(h) {
-                let t = if self.assigned[g] { self.a[g] } else { self.l[g] };
+                let t = if self.assigned[g] {
+                    self.a[g]
+                } else {
+                    self.l[g]
+                };
                 lst = lst.min(t - c - s);
             }
             if let Some(r) = self.within[h] {
@@ -885,7 +983,9 @@ impl<'a, const K: usize> Search<'a, K> {
             let r0 = lst.rem_euclid(self.period) as usize;
             let back = match self.fixed[h] {
                 Some(r) => (r0 + pu - r) % pu,
-                None => self.starts[self.class_of[h]].prev_set(r0, pu).expect("the forward pass found a free residue"),
+                None => self.starts[self.class_of[h]]
+                    .prev_set(r0, pu)
+                    .expect("the forward pass found a free residue"),
             };
             let y = lst - back as i64;
             if y < self.e[h] {
@@ -898,7 +998,10 @@ impl<'a, const K: usize> Search<'a, K> {
 
     fn leaf(&mut self) {
         let p = self.p;
-        let l = (0..self.n).map(|g| self.a[g] + p.span(g)).max().unwrap_or(0);
+        let l = (0..self.n)
+            .map(|g| self.a[g] + p.span(g))
+            .max()
+            .unwrap_or(0);
         debug_assert!(self.a.iter().all(|&x| x >= 0));
         if self.collect > 0 {
             self.pool.push(self.a.clone());
@@ -934,7 +1037,10 @@ fn device_peak(p: &Premise, d: usize, period: i64, a: &[i64], conv: MemoryConven
         return 0;
     }
     let t0 = ev.iter().map(|e| e.0).max().unwrap_or(0);
-    let mut level: i64 = ev.iter().map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1)).sum();
+    let mut level: i64 = ev
+        .iter()
+        .map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1))
+        .sum();
     for e in ev.iter_mut() {
         e.0 = (e.0 - t0).rem_euclid(period);
     }
@@ -953,4 +1059,3 @@ fn device_peak(p: &Premise, d: usize, period: i64, a: &[i64], conv: MemoryConven
     }
     best.max(0)
 }
-

@@ -163,37 +163,65 @@ fn unreplicate(n: usize, k: usize, nmicros: usize, starts: &[i64]) -> Vec<i64> {
 
 /// Searches a schedule of `opts.nmicros` micro-batches (spec §4). Runs rayon iterators in the
 /// caller's pool.
-pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) -> Result<SearchResult> {
+pub fn search(
+    premise: &Premise,
+    opts: &SearchOptions,
+    progress: &dyn Progress,
+) -> Result<SearchResult> {
     let t0 = Instant::now();
     let d = premise.ndevs();
     if opts.memory.len() != d {
-        return Err(Error::shape("memory", format!("({d},)"), format!("({},)", opts.memory.len())));
+        return Err(Error::shape(
+            "memory",
+            format!("({d},)"),
+            format!("({},)", opts.memory.len()),
+        ));
     }
     if opts.nmicros == 0 {
         return Err(Error::invalid("nmicros", "must be at least 1"));
     }
     if opts.nmicros > 1 << 20 {
-        return Err(Error::invalid("nmicros", format!("at most {}, got {}", 1 << 20, opts.nmicros)));
+        return Err(Error::invalid(
+            "nmicros",
+            format!("at most {}, got {}", 1 << 20, opts.nmicros),
+        ));
     }
     if !(1..=3).contains(&opts.periodic_k) {
-        return Err(Error::invalid("periodic_k", format!("must be 1, 2 or 3, got {}", opts.periodic_k)));
+        return Err(Error::invalid(
+            "periodic_k",
+            format!("must be 1, 2 or 3, got {}", opts.periodic_k),
+        ));
     }
     if let Some(tl) = opts.time_limit {
         if !(tl.is_finite() && tl > 0.0) {
-            return Err(Error::invalid("time_limit", format!("must be a positive number of seconds, got {tl}")));
+            return Err(Error::invalid(
+                "time_limit",
+                format!("must be a positive number of seconds, got {tl}"),
+            ));
         }
     }
     if let Some((i, m)) = opts.memory.iter().enumerate().find(|(_, &m)| m < 0) {
-        return Err(Error::invalid("memory", format!("the cap of device {i} is negative ({m})")));
+        return Err(Error::invalid(
+            "memory",
+            format!("the cap of device {i} is negative ({m})"),
+        ));
     }
-    let deadline = opts.time_limit.map(|s| t0 + std::time::Duration::from_secs_f64(s));
+    let deadline = opts
+        .time_limit
+        .map(|s| t0 + std::time::Duration::from_secs_f64(s));
     let k = opts.periodic_k;
-    let kp = if k == 1 { premise.clone() } else { replicate(premise, k)? };
+    let kp = if k == 1 {
+        premise.clone()
+    } else {
+        replicate(premise, k)?
+    };
     let nk = opts.nmicros.div_ceil(k);
     let n = premise.nblocks();
 
     let mut ropts = RepetendOptions::new(opts.memory.clone());
-    ropts.within_period = (1..k).flat_map(|c| (0..n).map(move |g| (g + c * n, g))).collect();
+    ropts.within_period = (1..k)
+        .flat_map(|c| (0..n).map(move |g| (g + c * n, g)))
+        .collect();
     ropts.convention = opts.convention;
     ropts.delta_p = opts.delta_p;
     ropts.node_budget = opts.node_budget;
@@ -212,7 +240,9 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
         r1.deadline = deadline;
         if let Ok(r) = construct(premise, &r1, progress) {
             if let Some(t) = r.periods.first().and_then(|o| o.best.as_ref()) {
-                let starts = (0..k).flat_map(|c| t.starts.iter().map(move |a| a + c as i64 * t.period)).collect();
+                let starts = (0..k)
+                    .flat_map(|c| t.starts.iter().map(move |a| a + c as i64 * t.period))
+                    .collect();
                 templates.push(Template::new(k as i64 * t.period, starts));
                 // The replica search looks up to this period (where it has more freedom than
                 // the replicated template), with a smaller budget per period: the periods
@@ -224,7 +254,10 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     }
     let mut proved = false;
     let mut nodes = 0;
-    if !large && (ropts.max_period == 0 || ropts.max_period >= kp.period_lower_bound().max(ropts.min_period)) {
+    if !large
+        && (ropts.max_period == 0
+            || ropts.max_period >= kp.period_lower_bound().max(ropts.min_period))
+    {
         let r = match construct(&kp, &ropts, progress) {
             Ok(r) => r,
             // The replica search may fail where the replicated 1-periodic template exists.
@@ -251,7 +284,8 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     }
     if templates.is_empty() {
         crate::repetend::check_memory_caps(&kp, &opts.memory)?;
-        let hi = kp.blocks().iter().map(|b| b.span).sum::<i64>() + kp.edges().iter().map(|e| e.lag).sum::<i64>();
+        let hi = kp.blocks().iter().map(|b| b.span).sum::<i64>()
+            + kp.edges().iter().map(|e| e.lag).sum::<i64>();
         match ims(&kp, &opts.memory, opts.convention, kp.period_lower_bound(), hi.max(1)) {
             Some(t) if ropts.within_period.iter().all(|&(h, r)| t.starts[h] < t.starts[r] + t.period) => {
                 templates.push(t)
@@ -274,7 +308,10 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
             let kr = ((t.length(&kp) + t.period - 1) / t.period) as usize;
             let ns = nk.min(2 * kr + 3);
             let c = crate::complete::compact(&kp, ns, &t.unroll(ns));
-            let mk = (0..c.len()).map(|x| c[x] + kp.span(x % kp.nblocks())).max().unwrap_or(0);
+            let mk = (0..c.len())
+                .map(|x| c[x] + kp.span(x % kp.nblocks()))
+                .max()
+                .unwrap_or(0);
             mk + (nk - ns) as i64 * t.period
         })
         .collect();
@@ -285,7 +322,11 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     order.truncate(opts.complete_top.max(1));
     let templates: Vec<Template> = order.iter().map(|&i| templates[i].clone()).collect();
     // Complete every candidate; the best makespan wins, ties to the earlier candidate.
-    let ramp = RampOptions { node_budget: opts.ramp_budget, transplant_budget: opts.transplant_budget, deadline };
+    let ramp = RampOptions {
+        node_budget: opts.ramp_budget,
+        transplant_budget: opts.transplant_budget,
+        deadline,
+    };
     let done: Vec<Result<(Vec<i64>, i64, Method)>> = templates
         .par_iter()
         .enumerate()
@@ -294,8 +335,15 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
             // between replica copies, so K > 1 uses compaction.
             let ramp = if k == 1 && i == 0 { Some(&ramp) } else { None };
             let c = complete(&kp, t, nk, &opts.memory, opts.convention, ramp, progress)?;
-            let starts = if k == 1 { c.starts } else { unreplicate(n, k, opts.nmicros, &c.starts) };
-            let mk = (0..starts.len()).map(|x| starts[x] + premise.span(x % n)).max().unwrap_or(0);
+            let starts = if k == 1 {
+                c.starts
+            } else {
+                unreplicate(n, k, opts.nmicros, &c.starts)
+            };
+            let mk = (0..starts.len())
+                .map(|x| starts[x] + premise.span(x % n))
+                .max()
+                .unwrap_or(0);
             Ok((starts, mk, c.method))
         })
         .collect();
@@ -303,9 +351,16 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
     let mut candidates: Vec<Candidate> = templates
         .iter()
         .zip(&done)
-        .map(|(t, c)| Candidate { period: t.period, length: t.length(&kp), makespan: c.1, method: c.2 })
+        .map(|(t, c)| Candidate {
+            period: t.period,
+            length: t.length(&kp),
+            makespan: c.1,
+            method: c.2,
+        })
         .collect();
-    let best = (0..done.len()).min_by_key(|&i| (done[i].1, i)).expect("at least one template");
+    let best = (0..done.len())
+        .min_by_key(|&i| (done[i].1, i))
+        .expect("at least one template");
     let mut template = templates[best].clone();
     let (mut starts, mut mk, mut method) = done.swap_remove(best);
     // The Tessel-style completion (spec §4.3 step 3) of the ranked templates, kept when
@@ -317,7 +372,15 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
             deadline,
             ..Default::default()
         };
-        if let Some(c) = concat::best(&kp, &concat_templates, nk, &opts.memory, opts.convention, &co, progress)? {
+        if let Some(c) = concat::best(
+            &kp,
+            &concat_templates,
+            nk,
+            &opts.memory,
+            opts.convention,
+            &co,
+            progress,
+        )? {
             let t = &concat_templates[c.template];
             candidates.push(Candidate {
                 period: t.period,
@@ -326,14 +389,30 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
                 method: Method::Concatenated,
             });
             if c.makespan < mk {
-                (template, starts, mk, method) = (t.clone(), c.starts, c.makespan, Method::Concatenated);
+                (template, starts, mk, method) =
+                    (t.clone(), c.starts, c.makespan, Method::Concatenated);
             }
         }
     }
     let mut makespan_optimal = false;
-    if k == 1 && n * opts.nmicros <= opts.exact_jobs && deadline.is_none_or(|dl| Instant::now() < dl) {
-        let eo = ExactOptions { node_budget: 20_000_000, deadline, ..Default::default() };
-        match exact::solve(premise, opts.nmicros, &opts.memory, opts.convention, Some(starts.clone()), &eo, progress) {
+    if k == 1
+        && n * opts.nmicros <= opts.exact_jobs
+        && deadline.is_none_or(|dl| Instant::now() < dl)
+    {
+        let eo = ExactOptions {
+            node_budget: 20_000_000,
+            deadline,
+            ..Default::default()
+        };
+        match exact::solve(
+            premise,
+            opts.nmicros,
+            &opts.memory,
+            opts.convention,
+            Some(starts.clone()),
+            &eo,
+            progress,
+        ) {
             Ok(Some(r)) => {
                 makespan_optimal = r.proved_optimal;
                 if r.makespan < mk {
@@ -345,9 +424,26 @@ pub fn search(premise: &Premise, opts: &SearchOptions, progress: &dyn Progress) 
             Err(e) => return Err(e),
         }
     }
-    debug_assert!(crate::check::check(premise, opts.nmicros, &starts, &opts.memory, opts.convention, true).is_ok());
-    if let Err(msg) = crate::check::check(premise, opts.nmicros, &starts, &opts.memory, opts.convention, true) {
-        return Err(Error::Numerical(format!("internal error: the search produced an invalid schedule ({msg})")));
+    debug_assert!(crate::check::check(
+        premise,
+        opts.nmicros,
+        &starts,
+        &opts.memory,
+        opts.convention,
+        true
+    )
+    .is_ok());
+    if let Err(msg) = crate::check::check(
+        premise,
+        opts.nmicros,
+        &starts,
+        &opts.memory,
+        opts.convention,
+        true,
+    ) {
+        return Err(Error::Numerical(format!(
+            "internal error: the search produced an invalid schedule ({msg})"
+        )));
     }
     let mut schedule = Schedule::new(Arc::new(premise.clone()), opts.nmicros, starts)?;
     schedule.memory = opts.memory.clone();
@@ -377,7 +473,8 @@ fn repetend_window(p: &Premise, s: &Schedule, t: &Template, k: usize) -> Option<
     let nm = s.nmicros;
     let per = t.period;
     // Micro-batch steps of the steady state: j -> j + k shifts every start by P.
-    let periodic = |j: usize| j + k < nm && (0..n).all(|g| s.start(j + k, g) - s.start(j, g) == per);
+    let periodic =
+        |j: usize| j + k < nm && (0..n).all(|g| s.start(j + k, g) - s.start(j, g) == per);
     let span = t.length(&replicate(p, k).ok()?);
     let kr = ((span + per - 1) / per) as usize * k;
     let mid = nm / 2;

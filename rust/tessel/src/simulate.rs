@@ -41,20 +41,42 @@ pub fn with_lags(premise: &Arc<Premise>, lags: &Lags) -> Result<Arc<Premise>> {
         Lags::Uniform(c) => premise
             .edges()
             .iter()
-            .map(|e| if premise.block(e.from).devices != premise.block(e.to).devices { *c } else { 0 })
+            .map(|e| {
+                if premise.block(e.from).devices != premise.block(e.to).devices {
+                    *c
+                } else {
+                    0
+                }
+            })
             .collect(),
         Lags::PerEdge(v) => {
             if v.len() != premise.edges().len() {
-                return Err(Error::shape("lags", format!("{} values (one per edge)", premise.edges().len()), v.len()));
+                return Err(Error::shape(
+                    "lags",
+                    format!("{} values (one per edge)", premise.edges().len()),
+                    v.len(),
+                ));
             }
             v.clone()
         }
     };
     if let Some(c) = new.iter().find(|&&c| c < 0) {
-        return Err(Error::invalid("lags", format!("lags must be >= 0, got {c}")));
+        return Err(Error::invalid(
+            "lags",
+            format!("lags must be >= 0, got {c}"),
+        ));
     }
-    let edges: Vec<Edge> = premise.edges().iter().zip(&new).map(|(e, &c)| Edge::with_lag(e.from, e.to, c)).collect();
-    Ok(Arc::new(Premise::new(premise.ndevs(), premise.blocks().to_vec(), edges)?))
+    let edges: Vec<Edge> = premise
+        .edges()
+        .iter()
+        .zip(&new)
+        .map(|(e, &c)| Edge::with_lag(e.from, e.to, c))
+        .collect();
+    Ok(Arc::new(Premise::new(
+        premise.ndevs(),
+        premise.blocks().to_vec(),
+        edges,
+    )?))
 }
 
 /// Checks that `orders` lists every job of the instance exactly once on each of its devices
@@ -64,11 +86,18 @@ pub fn check_orders(premise: &Premise, nmicros: usize, orders: &[Vec<Job>]) -> R
     if nmicros.saturating_mul(n) > crate::baselines::MAX_JOBS {
         return Err(Error::invalid(
             "nmicros",
-            format!("{nmicros} micro-batches x {n} blocks exceeds {} jobs", crate::baselines::MAX_JOBS),
+            format!(
+                "{nmicros} micro-batches x {n} blocks exceeds {} jobs",
+                crate::baselines::MAX_JOBS
+            ),
         ));
     }
     if orders.len() != nd {
-        return Err(Error::shape("orders", format!("{nd} lists (one per device)"), orders.len()));
+        return Err(Error::shape(
+            "orders",
+            format!("{nd} lists (one per device)"),
+            orders.len(),
+        ));
     }
     let mut seen = vec![false; nmicros * n];
     for (d, list) in orders.iter().enumerate() {
@@ -89,7 +118,10 @@ pub fn check_orders(premise: &Premise, nmicros: usize, orders: &[Vec<Job>]) -> R
             if std::mem::replace(&mut seen[j * n + g], true) {
                 return Err(Error::invalid(
                     "orders",
-                    format!("device {d}, entry {k}: {} appears twice", job_name(premise, (j, g))),
+                    format!(
+                        "device {d}, entry {k}: {} appears twice",
+                        job_name(premise, (j, g))
+                    ),
                 ));
             }
         }
@@ -103,7 +135,11 @@ pub fn check_orders(premise: &Premise, nmicros: usize, orders: &[Vec<Job>]) -> R
                 .expect("a job is missing");
             return Err(Error::invalid(
                 "orders",
-                format!("device {d} lists {} jobs, expected {want}; missing e.g. {}", list.len(), job_name(premise, missing)),
+                format!(
+                    "device {d} lists {} jobs, expected {want}; missing e.g. {}",
+                    list.len(),
+                    job_name(premise, missing)
+                ),
             ));
         }
     }
@@ -238,7 +274,11 @@ pub fn orders_of(s: &Schedule) -> Orders {
 
 /// Memory level of device `d` over time: `(times, levels)` where `levels[k]` holds on
 /// `[times[k], times[k+1])`; starts with `(0, 0)` (or the first event when earlier).
-pub fn memory_timeline(s: &Schedule, d: usize, convention: MemoryConvention) -> (Vec<i64>, Vec<i64>) {
+pub fn memory_timeline(
+    s: &Schedule,
+    d: usize,
+    convention: MemoryConvention,
+) -> (Vec<i64>, Vec<i64>) {
     let p = &*s.premise;
     let mut ev: Vec<(i64, i64)> = Vec::new();
     for &g in p.blocks_on(d) {
@@ -291,7 +331,9 @@ pub fn detect_period(s: &Schedule) -> Option<DetectedPeriod> {
     }
     let shift = |j: usize| -> Option<i64> {
         let d = s.start(j + 1, 0) - s.start(j, 0);
-        (1..n).all(|g| s.start(j + 1, g) - s.start(j, g) == d).then_some(d)
+        (1..n)
+            .all(|g| s.start(j + 1, g) - s.start(j, g) == d)
+            .then_some(d)
     };
     let mut best: Option<DetectedPeriod> = None;
     let mut j = 0;
@@ -306,7 +348,11 @@ pub fn detect_period(s: &Schedule) -> Option<DetectedPeriod> {
         }
         // Micro-batches j..=k are translates by d.
         if d > 0 && k - j >= 2 && best.is_none_or(|b| k - j > b.last - b.first) {
-            best = Some(DetectedPeriod { period: d, first: j, last: k });
+            best = Some(DetectedPeriod {
+                period: d,
+                first: j,
+                last: k,
+            });
         }
         j = k.max(j + 1);
     }
@@ -356,7 +402,13 @@ pub fn metrics(s: &Schedule) -> Metrics {
     let c = s.makespan();
     let busy: Vec<i64> = p.work().iter().map(|w| w * nm as i64).collect();
     let idle: Vec<i64> = busy.iter().map(|b| c - b).collect();
-    let per_dev = |b: i64| if c > 0 { 1.0 - b as f64 / c as f64 } else { 0.0 };
+    let per_dev = |b: i64| {
+        if c > 0 {
+            1.0 - b as f64 / c as f64
+        } else {
+            0.0
+        }
+    };
     let peaks = |conv| {
         let mut t = s.clone();
         t.convention = conv;
@@ -402,7 +454,11 @@ pub fn metrics(s: &Schedule) -> Metrics {
         critical_chain: chain,
         slack,
         lower_bound: lb,
-        gap: if lb > 0 { c as f64 / lb as f64 - 1.0 } else { 0.0 },
+        gap: if lb > 0 {
+            c as f64 / lb as f64 - 1.0
+        } else {
+            0.0
+        },
     }
 }
 
@@ -446,7 +502,9 @@ fn critical(s: &Schedule) -> (Vec<i64>, Vec<Job>) {
         }
         latest[k] = ls;
     }
-    let slack: Vec<i64> = (0..total).map(|k| (latest[k] - s.starts[k]).max(0)).collect();
+    let slack: Vec<i64> = (0..total)
+        .map(|k| (latest[k] - s.starts[k]).max(0))
+        .collect();
     // Walk back from a job ending at C through tight predecessors.
     let last = (0..total)
         .filter(|&k| s.starts[k] + p.span(k % n) == c)
@@ -463,7 +521,12 @@ fn critical(s: &Schedule) -> (Vec<i64>, Vec<Job>) {
             .map(|&(q, lag)| (j * n + q, lag))
             .find(|&(x, lag)| s.starts[x] + p.span(x % n) + lag == t)
             .map(|(x, _)| x)
-            .or_else(|| dev_prev[k].iter().copied().find(|&x| s.starts[x] + p.span(x % n) == t));
+            .or_else(|| {
+                dev_prev[k]
+                    .iter()
+                    .copied()
+                    .find(|&x| s.starts[x] + p.span(x % n) == t)
+            });
         match tight_pred {
             Some(x) if t > 0 && chain.len() <= total => {
                 chain.push(x);
@@ -482,8 +545,14 @@ mod tests {
     use crate::model::{Block, Kind};
 
     fn vshape(d: usize) -> Arc<Premise> {
-        let mut v: Vec<Block> = (0..d).map(|k| Block::new(format!("F{k}"), 1, vec![k], 1, Kind::Forward)).collect();
-        v.extend((0..d).rev().map(|k| Block::new(format!("B{k}"), 3, vec![k], -1, Kind::Backward)));
+        let mut v: Vec<Block> = (0..d)
+            .map(|k| Block::new(format!("F{k}"), 1, vec![k], 1, Kind::Forward))
+            .collect();
+        v.extend(
+            (0..d)
+                .rev()
+                .map(|k| Block::new(format!("B{k}"), 3, vec![k], -1, Kind::Backward)),
+        );
         Arc::new(Premise::chain(d, v).unwrap())
     }
 
@@ -492,7 +561,10 @@ mod tests {
         (0..d)
             .map(|k| {
                 let (f, b) = (k, 2 * d - 1 - k);
-                (0..nm).map(|j| (j, f)).chain((0..nm).map(|j| (j, b))).collect()
+                (0..nm)
+                    .map(|j| (j, f))
+                    .chain((0..nm).map(|j| (j, b)))
+                    .collect()
             })
             .collect()
     }
@@ -529,8 +601,16 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("F1") && msg.contains("B1"), "{msg}");
         // Malformed orders are argument errors.
-        assert!(matches!(simulate(p.clone(), 1, &[vec![(0, 0)], vec![]]).unwrap_err(), Error::InvalidArgument { .. }));
-        assert!(simulate(p.clone(), 1, &[vec![(0, 0), (0, 0), (0, 3)], vec![(0, 1), (0, 2)]]).is_err());
+        assert!(matches!(
+            simulate(p.clone(), 1, &[vec![(0, 0)], vec![]]).unwrap_err(),
+            Error::InvalidArgument { .. }
+        ));
+        assert!(simulate(
+            p.clone(),
+            1,
+            &[vec![(0, 0), (0, 0), (0, 3)], vec![(0, 1), (0, 2)]]
+        )
+        .is_err());
         assert!(simulate(p.clone(), 1, &[vec![(0, 1), (0, 3)], vec![(0, 0), (0, 2)]]).is_err());
         assert!(simulate(p, 1, &[vec![(0, 0), (0, 3)]]).is_err());
     }
@@ -556,7 +636,10 @@ mod tests {
         let p = vshape(2);
         let q = with_lags(&p, &Lags::Uniform(2)).unwrap();
         // F0 -> F1 -> B1 -> B0: edges 0->1 (cross), 1->2 (same device 1), 2->3 (cross).
-        assert_eq!(q.edges().iter().map(|e| e.lag).collect::<Vec<_>>(), vec![2, 0, 2]);
+        assert_eq!(
+            q.edges().iter().map(|e| e.lag).collect::<Vec<_>>(),
+            vec![2, 0, 2]
+        );
         let s = simulate(q, 1, &gpipe(2, 1)).unwrap();
         assert_eq!(s.starts, vec![0, 3, 4, 9]);
         assert!(with_lags(&p, &Lags::PerEdge(vec![1])).is_err());
@@ -568,7 +651,14 @@ mod tests {
         let p = vshape(4);
         let t = crate::template::Template::new(4, vec![0, 1, 2, 3, 4, 7, 10, 13]);
         let s = Schedule::new(p.clone(), 10, t.unroll(10)).unwrap();
-        assert_eq!(detect_period(&s), Some(DetectedPeriod { period: 4, first: 0, last: 9 }));
+        assert_eq!(
+            detect_period(&s),
+            Some(DetectedPeriod {
+                period: 4,
+                first: 0,
+                last: 9
+            })
+        );
         let s = simulate(p, 10, &gpipe(4, 10)).unwrap();
         // GPipe: forward rows shift by 1, backward rows by 3: not periodic.
         assert_eq!(detect_period(&s), None);
@@ -578,7 +668,13 @@ mod tests {
     fn memory_timeline_steps() {
         let p = vshape(1);
         let s = Schedule::new(p, 2, vec![0, 2, 1, 5]).unwrap();
-        assert_eq!(memory_timeline(&s, 0, MemoryConvention::Start), (vec![0, 1, 2, 5], vec![1, 2, 1, 0]));
-        assert_eq!(memory_timeline(&s, 0, MemoryConvention::AllocStartFreeEnd), (vec![0, 1, 5, 8], vec![1, 2, 1, 0]));
+        assert_eq!(
+            memory_timeline(&s, 0, MemoryConvention::Start),
+            (vec![0, 1, 2, 5], vec![1, 2, 1, 0])
+        );
+        assert_eq!(
+            memory_timeline(&s, 0, MemoryConvention::AllocStartFreeEnd),
+            (vec![0, 1, 5, 8], vec![1, 2, 1, 0])
+        );
     }
 }

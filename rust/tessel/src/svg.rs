@@ -28,7 +28,12 @@ pub struct SvgOptions {
 
 impl Default for SvgOptions {
     fn default() -> Self {
-        SvgOptions { memory: true, repetend: true, title: None, width: 960.0 }
+        SvgOptions {
+            memory: true,
+            repetend: true,
+            title: None,
+            width: 960.0,
+        }
     }
 }
 
@@ -52,11 +57,16 @@ pub fn kind_colour(k: Kind) -> &'static str {
     }
 }
 
-const DEVICE_COLOURS: [&str; 10] =
-    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+const DEVICE_COLOURS: [&str; 10] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `target` ticks over `span`.
@@ -84,7 +94,12 @@ pub fn title_line(s: &Schedule, title: Option<&str>) -> String {
         t.push_str(x);
         t.push_str(" — ");
     }
-    let _ = write!(t, "makespan {}, bubble ratio {:.1}%", s.makespan(), 100.0 * s.bubble_ratio());
+    let _ = write!(
+        t,
+        "makespan {}, bubble ratio {:.1}%",
+        s.makespan(),
+        100.0 * s.bubble_ratio()
+    );
     match period {
         Some(p) => {
             let _ = write!(t, ", P = {p}");
@@ -99,10 +114,19 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
     let p = &*s.premise;
     let (n, nd) = (p.nblocks(), p.ndevs());
     if s.nmicros * n > MAX_SVG_JOBS {
-        return Err(Error::invalid("schedule", format!("{} jobs are too many to draw (at most {MAX_SVG_JOBS})", s.nmicros * n)));
+        return Err(Error::invalid(
+            "schedule",
+            format!(
+                "{} jobs are too many to draw (at most {MAX_SVG_JOBS})",
+                s.nmicros * n
+            ),
+        ));
     }
     if !(o.width.is_finite() && (50.0..=100_000.0).contains(&o.width)) {
-        return Err(Error::invalid("width", format!("must be in [50, 100000] pixels, got {}", o.width)));
+        return Err(Error::invalid(
+            "width",
+            format!("must be in [50, 100000] pixels, got {}", o.width),
+        ));
     }
     let t0 = s.starts.iter().copied().min().unwrap_or(0).min(0);
     let c = s.makespan().max(t0 + 1);
@@ -111,7 +135,11 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
     let x = |t: i64| LEFT + (t - t0) as f64 * sx;
     let gantt_h = nd as f64 * ROW;
     let mem_top = TOP + gantt_h + AXIS + 16.0;
-    let height = if o.memory { mem_top + MEM_H + AXIS } else { TOP + gantt_h + AXIS };
+    let height = if o.memory {
+        mem_top + MEM_H + AXIS
+    } else {
+        TOP + gantt_h + AXIS
+    };
     let width = LEFT + o.width + RIGHT;
     let mut out = String::new();
     let _ = writeln!(
@@ -168,7 +196,9 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
             let b = p.block(g);
             let (x0, w) = (x(s.start(j, g)), b.span as f64 * sx);
             let label = j.to_string();
-            let fs = (w / (0.62 * label.len() as f64 + 0.4)).min(ROW * 0.55).min(12.0);
+            let fs = (w / (0.62 * label.len() as f64 + 0.4))
+                .min(ROW * 0.55)
+                .min(12.0);
             for &d in &b.devices {
                 let y = TOP + d as f64 * ROW + 2.0;
                 let h = ROW - 4.0;
@@ -182,7 +212,10 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
                     s.end(j, g)
                 );
                 if b.devices.len() > 1 {
-                    let _ = write!(out, r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="url(#hatch)"/>"##);
+                    let _ = write!(
+                        out,
+                        r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="url(#hatch)"/>"##
+                    );
                 }
                 if fs >= 5.0 {
                     let _ = write!(
@@ -199,7 +232,11 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
     // Time axis.
     let axis = |out: &mut String, y: f64| {
         let step = tick_step(span, 12.0);
-        let _ = writeln!(out, r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#333"/>"##, LEFT + o.width);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#333"/>"##,
+            LEFT + o.width
+        );
         let first = (t0 as f64 / step).ceil() * step;
         let mut t = first;
         while t <= c as f64 + 1e-9 {
@@ -220,17 +257,38 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
         if let (true, Some((a, b))) = (o.repetend, s.repetend) {
             for t in [a, b] {
                 let xt = x(t);
-                let _ = writeln!(out, r##"<line x1="{xt:.2}" y1="{y0:.1}" x2="{xt:.2}" y2="{y1:.1}" stroke="red" stroke-width="1.5"/>"##);
+                let _ = writeln!(
+                    out,
+                    r##"<line x1="{xt:.2}" y1="{y0:.1}" x2="{xt:.2}" y2="{y1:.1}" stroke="red" stroke-width="1.5"/>"##
+                );
             }
         }
     };
     rep_lines(&mut out, TOP - 4.0, TOP + gantt_h + 4.0);
     // Memory panel.
     if o.memory {
-        let lines: Vec<(Vec<i64>, Vec<i64>)> = (0..nd).map(|d| memory_timeline(s, d, s.convention)).collect();
-        let finite_caps: Vec<i64> = s.memory.iter().copied().filter(|&m| m != UNLIMITED).collect();
-        let top = lines.iter().flat_map(|l| l.1.iter().copied()).chain(finite_caps.iter().copied()).max().unwrap_or(0).max(1);
-        let bottom = lines.iter().flat_map(|l| l.1.iter().copied()).min().unwrap_or(0).min(0);
+        let lines: Vec<(Vec<i64>, Vec<i64>)> = (0..nd)
+            .map(|d| memory_timeline(s, d, s.convention))
+            .collect();
+        let finite_caps: Vec<i64> = s
+            .memory
+            .iter()
+            .copied()
+            .filter(|&m| m != UNLIMITED)
+            .collect();
+        let top = lines
+            .iter()
+            .flat_map(|l| l.1.iter().copied())
+            .chain(finite_caps.iter().copied())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let bottom = lines
+            .iter()
+            .flat_map(|l| l.1.iter().copied())
+            .min()
+            .unwrap_or(0)
+            .min(0);
         let sy = MEM_H / (top - bottom) as f64;
         let y = |m: i64| mem_top + MEM_H - (m - bottom) as f64 * sy;
         let _ = writeln!(
@@ -273,12 +331,19 @@ pub fn to_svg(s: &Schedule, o: &SvgOptions) -> Result<String> {
             let mut pts = String::new();
             for k in 0..times.len() {
                 let xa = x(times[k]);
-                let xb = if k + 1 < times.len() { x(times[k + 1]) } else { x(c) };
+                let xb = if k + 1 < times.len() {
+                    x(times[k + 1])
+                } else {
+                    x(c)
+                };
                 let ym = y(levels[k]) - d as f64 * 0.6; // tiny offset keeps equal lines visible
                 let _ = write!(pts, "{xa:.2},{ym:.2} {xb:.2},{ym:.2} ");
             }
             let col = DEVICE_COLOURS[d % DEVICE_COLOURS.len()];
-            let _ = writeln!(out, r##"<polyline points="{pts}" fill="none" stroke="{col}" stroke-width="1.4"/>"##);
+            let _ = writeln!(
+                out,
+                r##"<polyline points="{pts}" fill="none" stroke="{col}" stroke-width="1.4"/>"##
+            );
             if nd <= 16 {
                 let _ = writeln!(
                     out,
@@ -308,18 +373,43 @@ mod tests {
         let mut s = baseline("1f1b+", p, 6).unwrap().schedule;
         s.repetend = Some((10, 22));
         s.memory = vec![6; 4];
-        let svg = to_svg(&s, &SvgOptions { title: Some("1F1B+ <mshape>".into()), ..Default::default() }).unwrap();
+        let svg = to_svg(
+            &s,
+            &SvgOptions {
+                title: Some("1F1B+ <mshape>".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         // One rectangle per job and device (T blocks span 4 devices), plus hatches for them.
         let per_mb: usize = s.premise.blocks().iter().map(|b| b.devices.len()).sum();
         assert_eq!(svg.matches("<title>").count(), 6 * per_mb);
-        assert_eq!(svg.matches(r##"fill="url(#hatch)"/>"##).count(), 6 * 2 * 4 + 1);
+        assert_eq!(
+            svg.matches(r##"fill="url(#hatch)"/>"##).count(),
+            6 * 2 * 4 + 1
+        );
         assert!(svg.contains(&format!("makespan {}", s.makespan())));
         assert!(svg.contains("1F1B+ &lt;mshape&gt;"));
         assert_eq!(svg.matches(r##"stroke="red""##).count(), 4);
         assert!(svg.contains("cap 6"));
-        let no_mem = to_svg(&s, &SvgOptions { memory: false, repetend: false, ..Default::default() }).unwrap();
+        let no_mem = to_svg(
+            &s,
+            &SvgOptions {
+                memory: false,
+                repetend: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert!(!no_mem.contains("polyline") && !no_mem.contains(r##"stroke="red""##));
-        assert!(to_svg(&s, &SvgOptions { width: f64::NAN, ..Default::default() }).is_err());
+        assert!(to_svg(
+            &s,
+            &SvgOptions {
+                width: f64::NAN,
+                ..Default::default()
+            }
+        )
+        .is_err());
     }
 }

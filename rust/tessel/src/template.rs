@@ -36,14 +36,20 @@ impl Template {
     /// `L = max(a + s) - min a`: the span of one micro-batch in the template.
     pub fn length(&self, premise: &Premise) -> i64 {
         let lo = self.starts.iter().copied().min().unwrap_or(0);
-        let hi = (0..self.starts.len()).map(|g| self.starts[g] + premise.span(g)).max().unwrap_or(0);
+        let hi = (0..self.starts.len())
+            .map(|g| self.starts[g] + premise.span(g))
+            .max()
+            .unwrap_or(0);
         hi - lo
     }
 
     /// The same template translated so that `min a = 0`.
     pub fn normalised(&self) -> Template {
         let lo = self.starts.iter().copied().min().unwrap_or(0);
-        Template { period: self.period, starts: self.starts.iter().map(|a| a - lo).collect() }
+        Template {
+            period: self.period,
+            starts: self.starts.iter().map(|a| a - lo).collect(),
+        }
     }
 
     /// The makespan of the plain unrolled schedule of `nmicros` micro-batches,
@@ -75,18 +81,29 @@ impl Template {
 
     /// Checks T1 (precedence), T2 (no two blocks of a device overlap on the circle `Z_P`) and
     /// T3 (steady peak within `memory`, one cap per device). Returns the first violation.
-    pub fn check(&self, premise: &Premise, memory: &[i64], convention: MemoryConvention) -> std::result::Result<(), String> {
+    pub fn check(
+        &self,
+        premise: &Premise,
+        memory: &[i64],
+        convention: MemoryConvention,
+    ) -> std::result::Result<(), String> {
         let n = premise.nblocks();
         let p = self.period;
         if self.starts.len() != n {
-            return Err(format!("template has {} starts for {n} blocks", self.starts.len()));
+            return Err(format!(
+                "template has {} starts for {n} blocks",
+                self.starts.len()
+            ));
         }
         if p < 1 {
             return Err(format!("period must be positive, got {p}"));
         }
         for e in premise.edges() {
             if self.starts[e.to] < self.starts[e.from] + premise.span(e.from) + e.lag {
-                return Err(format!("T1: block {} starts before block {} ends", e.to, e.from));
+                return Err(format!(
+                    "T1: block {} starts before block {} ends",
+                    e.to, e.from
+                ));
             }
         }
         for d in 0..premise.ndevs() {
@@ -100,17 +117,21 @@ impl Template {
                 for k in 0..premise.span(g) {
                     let r = (self.starts[g] + k).rem_euclid(p) as usize;
                     if busy[r] {
-                        return Err(format!("T2: block {g} overlaps another block on device {d} at residue {r}"));
+                        return Err(format!(
+                            "T2: block {g} overlaps another block on device {d} at residue {r}"
+                        ));
                     }
                     busy[r] = true;
                 }
             }
         }
         let peaks = self.steady_peak(premise, convention);
-        for d in 0..premise.ndevs() {
+        for (d, &peak) in peaks.iter().enumerate().take(premise.ndevs()) {
             let cap = memory.get(d).copied().unwrap_or(UNLIMITED);
-            if peaks[d] > cap {
-                return Err(format!("T3: steady peak {} on device {d} exceeds the cap {cap}", peaks[d]));
+            if peak > cap {
+                return Err(format!(
+                    "T3: steady peak {peak} on device {d} exceeds the cap {cap}"
+                ));
             }
         }
         Ok(())
@@ -136,28 +157,51 @@ impl Template {
     pub fn from_tessel(rep: &TesselRepetend) -> Result<Template> {
         let p = rep.period;
         if p < 1 {
-            return Err(Error::invalid("period", format!("must be positive, got {p}")));
+            return Err(Error::invalid(
+                "period",
+                format!("must be positive, got {p}"),
+            ));
         }
         if rep.mids.len() != rep.steps.len() {
-            return Err(Error::shape("steps", format!("{} values (one per block)", rep.mids.len()), rep.steps.len()));
+            return Err(Error::shape(
+                "steps",
+                format!("{} values (one per block)", rep.mids.len()),
+                rep.steps.len(),
+            ));
         }
         if let Some(s) = rep.steps.iter().find(|&&s| !(0..p).contains(&s)) {
-            return Err(Error::invalid("steps", format!("in-window steps must be in 0..{p}, got {s}")));
+            return Err(Error::invalid(
+                "steps",
+                format!("in-window steps must be in 0..{p}, got {s}"),
+            ));
         }
         if let Some(m) = rep.mids.iter().find(|&&m| m < 0) {
-            return Err(Error::invalid("mids", format!("micro-batch ids must be >= 0, got {m}")));
+            return Err(Error::invalid(
+                "mids",
+                format!("micro-batch ids must be >= 0, got {m}"),
+            ));
         }
         let top = rep.mids.iter().copied().max().unwrap_or(0);
         let t = Template {
             period: p,
-            starts: rep.mids.iter().zip(&rep.steps).map(|(m, s)| s + (top - m) * p).collect(),
+            starts: rep
+                .mids
+                .iter()
+                .zip(&rep.steps)
+                .map(|(m, s)| s + (top - m) * p)
+                .collect(),
         };
         Ok(t.normalised())
     }
 }
 
 /// See [`Template::steady_peak`].
-pub fn steady_peak(premise: &Premise, period: i64, a: &[i64], convention: MemoryConvention) -> Vec<i64> {
+pub fn steady_peak(
+    premise: &Premise,
+    period: i64,
+    a: &[i64],
+    convention: MemoryConvention,
+) -> Vec<i64> {
     let mut out = vec![0i64; premise.ndevs()];
     let mut ev: Vec<(i64, i64)> = Vec::new();
     for (d, peak) in out.iter_mut().enumerate() {
@@ -173,8 +217,14 @@ pub fn steady_peak(premise: &Premise, period: i64, a: &[i64], convention: Memory
         }
         let t0 = ev.iter().map(|e| e.0).max().unwrap_or(0);
         // Level at T = t0 (every term has started), then the jumps over (T, T + P).
-        let mut level: i64 = ev.iter().map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1)).sum();
-        let mut jumps: Vec<(i64, i64)> = ev.iter().map(|&(e, mu)| ((e - t0).rem_euclid(period), mu)).collect();
+        let mut level: i64 = ev
+            .iter()
+            .map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1))
+            .sum();
+        let mut jumps: Vec<(i64, i64)> = ev
+            .iter()
+            .map(|&(e, mu)| ((e - t0).rem_euclid(period), mu))
+            .collect();
         jumps.sort_unstable();
         let mut best = level;
         let mut k = 0;
@@ -202,8 +252,14 @@ mod tests {
     use std::sync::Arc;
 
     fn vshape4() -> Premise {
-        let mut v: Vec<Block> = (0..4).map(|d| Block::new(format!("F{d}"), 1, vec![d], 1, Kind::Forward)).collect();
-        v.extend((0..4).rev().map(|d| Block::new(format!("B{d}"), 3, vec![d], -1, Kind::Backward)));
+        let mut v: Vec<Block> = (0..4)
+            .map(|d| Block::new(format!("F{d}"), 1, vec![d], 1, Kind::Forward))
+            .collect();
+        v.extend(
+            (0..4)
+                .rev()
+                .map(|d| Block::new(format!("B{d}"), 3, vec![d], -1, Kind::Backward)),
+        );
         Premise::chain(4, v).unwrap()
     }
 
@@ -216,14 +272,23 @@ mod tests {
     fn template_checks_and_peaks() {
         let p = vshape4();
         let t = one_f_one_b();
-        assert_eq!(t.check(&p, &[UNLIMITED; 4], MemoryConvention::Start), Ok(()));
+        assert_eq!(
+            t.check(&p, &[UNLIMITED; 4], MemoryConvention::Start),
+            Ok(())
+        );
         // Device 0: F at 0, B at 13: 13/4 -> 4 micro-batches in flight at the peak.
         assert_eq!(t.steady_peak(&p, MemoryConvention::Start), vec![4, 3, 2, 1]);
-        assert!(t.check(&p, &[3; 4], MemoryConvention::Start).unwrap_err().starts_with("T3"));
+        assert!(t
+            .check(&p, &[3; 4], MemoryConvention::Start)
+            .unwrap_err()
+            .starts_with("T3"));
         assert_eq!(t.length(&p), 16);
         assert_eq!(t.unrolled_makespan(&p, 4), 28);
         let bad = Template::new(4, vec![0, 1, 2, 3, 4, 7, 10, 16]);
-        assert!(bad.check(&p, &[UNLIMITED; 4], MemoryConvention::Start).unwrap_err().starts_with("T2"));
+        assert!(bad
+            .check(&p, &[UNLIMITED; 4], MemoryConvention::Start)
+            .unwrap_err()
+            .starts_with("T2"));
     }
 
     #[test]
@@ -244,6 +309,11 @@ mod tests {
         assert_eq!(r.steps, vec![0, 1, 2, 3, 0, 3, 2, 1]);
         assert_eq!(r.mids, vec![3, 3, 3, 3, 2, 2, 1, 0]);
         assert_eq!(Template::from_tessel(&r).unwrap(), t);
-        assert!(Template::from_tessel(&TesselRepetend { period: 4, mids: vec![0], steps: vec![4] }).is_err());
+        assert!(Template::from_tessel(&TesselRepetend {
+            period: 4,
+            mids: vec![0],
+            steps: vec![4]
+        })
+        .is_err());
     }
 }

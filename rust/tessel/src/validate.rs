@@ -95,7 +95,10 @@ struct Collector {
 
 impl Collector {
     fn new(limit: usize) -> Self {
-        Collector { report: Report::default(), limit }
+        Collector {
+            report: Report::default(),
+            limit,
+        }
     }
     fn wants(&self) -> bool {
         self.report.violations.len() < self.limit
@@ -153,7 +156,11 @@ pub fn validate(s: &Schedule, limit: usize) -> Report {
                         "V1: {} starts at {got}, before {} ends{} at {need}",
                         job_name(p, (j, e.to)),
                         job_name(p, (j, e.from)),
-                        if e.lag > 0 { format!(" plus lag {}", e.lag) } else { String::new() }
+                        if e.lag > 0 {
+                            format!(" plus lag {}", e.lag)
+                        } else {
+                            String::new()
+                        }
                     ),
                 });
             }
@@ -206,7 +213,12 @@ pub fn validate(s: &Schedule, limit: usize) -> Report {
                 continue;
             }
             for j in 0..nm {
-                ev.push((s.convention.effect_time(s.start(j, g), p.span(g), mu), mu, j, g));
+                ev.push((
+                    s.convention.effect_time(s.start(j, g), p.span(g), mu),
+                    mu,
+                    j,
+                    g,
+                ));
             }
         }
         ev.sort_unstable();
@@ -223,7 +235,11 @@ pub fn validate(s: &Schedule, limit: usize) -> Report {
             }
             match (&mut open, level > cap) {
                 (None, true) => {
-                    let raisers = ev[first..k].iter().filter(|e| e.1 > 0).map(|e| (e.2, e.3)).collect();
+                    let raisers = ev[first..k]
+                        .iter()
+                        .filter(|e| e.1 > 0)
+                        .map(|e| (e.2, e.3))
+                        .collect();
                     open = Some((t, level, raisers));
                 }
                 (Some(o), true) => o.1 = o.1.max(level),
@@ -265,7 +281,16 @@ pub fn validate(s: &Schedule, limit: usize) -> Report {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn push_memory(c: &mut Collector, p: &Premise, d: usize, cap: i64, t0: i64, t1: i64, peak: i64, raisers: Vec<Job>) {
+fn push_memory(
+    c: &mut Collector,
+    p: &Premise,
+    d: usize,
+    cap: i64,
+    t0: i64,
+    t1: i64,
+    peak: i64,
+    raisers: Vec<Job>,
+) {
     c.push(|| {
         let who: Vec<String> = raisers.iter().map(|&x| job_name(p, x)).collect();
         Violation {
@@ -344,8 +369,8 @@ pub fn validate_template(
                 let (rg, rh) = (a[g].rem_euclid(per), a[h].rem_euclid(per));
                 // Arcs [rg, rg + s_g) and [rh, rh + s_h) of the circle intersect iff one
                 // starts inside the other.
-                let overlap =
-                    (rh - rg).rem_euclid(per) < premise.span(g) || (rg - rh).rem_euclid(per) < premise.span(h);
+                let overlap = (rh - rg).rem_euclid(per) < premise.span(g)
+                    || (rg - rh).rem_euclid(per) < premise.span(h);
                 if overlap {
                     c.push(|| Violation {
                         rule: Rule::T2,
@@ -374,7 +399,9 @@ pub fn validate_template(
                 device: Some(d),
                 jobs: premise.blocks_on(d).iter().map(|&g| (0, g)).collect(),
                 times: vec![peak, cap],
-                message: format!("T3: the steady-state peak {peak} on device {d} exceeds the cap {cap}"),
+                message: format!(
+                    "T3: the steady-state peak {peak} on device {d} exceeds the cap {cap}"
+                ),
             });
         }
     }
@@ -388,8 +415,14 @@ mod tests {
     use std::sync::Arc;
 
     fn vshape(d: usize) -> Arc<Premise> {
-        let mut v: Vec<Block> = (0..d).map(|k| Block::new(format!("F{k}"), 1, vec![k], 1, Kind::Forward)).collect();
-        v.extend((0..d).rev().map(|k| Block::new(format!("B{k}"), 3, vec![k], -1, Kind::Backward)));
+        let mut v: Vec<Block> = (0..d)
+            .map(|k| Block::new(format!("F{k}"), 1, vec![k], 1, Kind::Forward))
+            .collect();
+        v.extend(
+            (0..d)
+                .rev()
+                .map(|k| Block::new(format!("B{k}"), 3, vec![k], -1, Kind::Backward)),
+        );
         Arc::new(Premise::chain(d, v).unwrap())
     }
 
@@ -456,7 +489,13 @@ mod tests {
         let r = validate_template(&p, &t, &[UNLIMITED; 4], MemoryConvention::Start, 10);
         assert_eq!(r.count(Rule::T1), 1);
         assert_eq!(r.count(Rule::T2), 1);
-        let r = validate_template(&p, &Template::new(3, vec![0; 8]), &[UNLIMITED; 4], MemoryConvention::Start, 100);
+        let r = validate_template(
+            &p,
+            &Template::new(3, vec![0; 8]),
+            &[UNLIMITED; 4],
+            MemoryConvention::Start,
+            100,
+        );
         assert!(r.count(Rule::T2) >= 4);
     }
 }

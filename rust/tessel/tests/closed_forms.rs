@@ -13,7 +13,11 @@ fn prem(name: &str, d: usize, o: Options) -> Arc<Premise> {
 }
 
 fn spans(f: i64, b: i64) -> Options {
-    Options { fwd: Some(f), bwd: Some(b), ..Options::default() }
+    Options {
+        fwd: Some(f),
+        bwd: Some(b),
+        ..Options::default()
+    }
 }
 
 #[test]
@@ -42,7 +46,14 @@ fn gpipe_and_1f1b_on_the_v_meet_the_lower_bound() {
 fn inference_pipelining() {
     for d in [1usize, 2, 4, 8] {
         for f in [1, 2, 5] {
-            let p = prem("vshape", d, Options { fwd: Some(f), ..Options::inference() });
+            let p = prem(
+                "vshape",
+                d,
+                Options {
+                    fwd: Some(f),
+                    ..Options::inference()
+                },
+            );
             for nm in [1usize, 3, 16, 128] {
                 let s = baseline("inference_pipe", p.clone(), nm).unwrap().schedule;
                 assert_eq!(s.makespan(), (nm + d - 1) as i64 * f);
@@ -63,10 +74,17 @@ fn interleaved_1f1b_matches_megatron() {
     for d in [2usize, 4, 8] {
         for v in [2usize, 3, 4] {
             for (fc, bc) in [(1i64, 1i64), (1, 2), (1, 3), (2, 3)] {
-                let o = Options { fwd: Some(fc), bwd: Some(bc), chunks: Some(v), ..Options::default() };
+                let o = Options {
+                    fwd: Some(fc),
+                    bwd: Some(bc),
+                    chunks: Some(v),
+                    ..Options::default()
+                };
                 let p = prem("interleaved", d, o);
                 for nm in [d, 2 * d, 4 * d] {
-                    let s = baseline("interleaved_1f1b", p.clone(), nm).unwrap().schedule;
+                    let s = baseline("interleaved_1f1b", p.clone(), nm)
+                        .unwrap()
+                        .schedule;
                     let want = (nm * v) as i64 * (fc + bc) + (d as i64 - 1) * (fc + bc);
                     assert_eq!(s.makespan(), want, "D={d} v={v} N={nm} fc={fc} bc={bc}");
                 }
@@ -78,8 +96,19 @@ fn interleaved_1f1b_matches_megatron() {
 #[test]
 fn zero_bubble_handcrafted_schedules() {
     for d in [2usize, 4, 6, 8] {
-        for (f, b, w) in [(1i64, 1i64, 1i64), (1, 2, 1), (2, 3, 1), (1, 3, 1), (2, 2, 1)] {
-            let o = Options { fwd: Some(f), bwd: Some(b), wgt: Some(w), ..Options::default() };
+        for (f, b, w) in [
+            (1i64, 1i64, 1i64),
+            (1, 2, 1),
+            (2, 3, 1),
+            (1, 3, 1),
+            (2, 2, 1),
+        ] {
+            let o = Options {
+                fwd: Some(f),
+                bwd: Some(b),
+                wgt: Some(w),
+                ..Options::default()
+            };
             let p = prem("zb_v", d, o);
             let dd = d as i64;
             for nm in [d, 2 * d, 4 * d] {
@@ -87,7 +116,11 @@ fn zero_bubble_handcrafted_schedules() {
                 // ZB-H1 (Qi et al., ICLR 2024): bubble (p-1)(F + B - W), for W <= F, B; the same
                 // peak on every stage as 1F1B's first stage.
                 let h1 = baseline("zb_h1", p.clone(), nm).unwrap().schedule;
-                assert_eq!(h1.makespan() - busy, (dd - 1) * (f + b - w), "ZB-H1 D={d} N={nm} {f},{b},{w}");
+                assert_eq!(
+                    h1.makespan() - busy,
+                    (dd - 1) * (f + b - w),
+                    "ZB-H1 D={d} N={nm} {f},{b},{w}"
+                );
                 assert_eq!(h1.peak_memory(), vec![dd; d]);
                 // The same 1F1B orders with B and W split: W is off the critical path, so the
                 // bubble is (p-1)(F + B); the published (p-1)(F + B + W) is 1F1B with a whole
@@ -105,7 +138,10 @@ fn zero_bubble_handcrafted_schedules() {
             let v = prem("vshape", d, spans(f, b + w));
             for nm in [d, 4 * d] {
                 let s = baseline("1f1b", v.clone(), nm).unwrap().schedule;
-                assert_eq!(s.makespan() - nm as i64 * (f + b + w), (dd - 1) * (f + b + w));
+                assert_eq!(
+                    s.makespan() - nm as i64 * (f + b + w),
+                    (dd - 1) * (f + b + w)
+                );
             }
         }
     }
@@ -127,7 +163,12 @@ fn chimera_direct_bubble_ratio() {
                 let want = (d as f64 - 2.0) / (2.0 * nm as f64 + d as f64 - 2.0);
                 assert!((s.bubble_ratio() - want).abs() < 1e-12);
                 let peaks = s.peak_memory();
-                assert!(peaks.iter().all(|&m| m >= (d / 2 + 1).min(d) as i64 && m <= d as i64), "{peaks:?}");
+                assert!(
+                    peaks
+                        .iter()
+                        .all(|&m| m >= (d / 2 + 1).min(d) as i64 && m <= d as i64),
+                    "{peaks:?}"
+                );
             }
         }
     }
@@ -138,15 +179,27 @@ fn every_baseline_output_is_valid_and_above_the_bound() {
     for &name in BUILTIN {
         for d in [2usize, 4, 6] {
             for train in [true, false] {
-                let o = if train { Options::default() } else { Options::inference() };
-                let Ok(p) = builtin(name, d, &o) else { continue };
+                let o = if train {
+                    Options::default()
+                } else {
+                    Options::inference()
+                };
+                let Ok(p) = builtin(name, d, &o) else {
+                    continue;
+                };
                 let p = Arc::new(p);
                 for nm in [1usize, 3, 6, 12] {
                     for &b in BASELINES {
-                        let Ok(r) = baseline(b, p.clone(), nm) else { continue };
+                        let Ok(r) = baseline(b, p.clone(), nm) else {
+                            continue;
+                        };
                         let s = &r.schedule;
                         let rep = validate(s, 3);
-                        assert!(rep.is_valid(), "{b} on {name} D={d} N={nm}: {:?}", rep.violations);
+                        assert!(
+                            rep.is_valid(),
+                            "{b} on {name} D={d} N={nm}: {:?}",
+                            rep.violations
+                        );
                         let m = metrics(s);
                         assert!(m.makespan >= m.lower_bound, "{b} on {name}");
                         assert!(m.bubble_ratio >= 0.0 && m.bubble_ratio < 1.0);

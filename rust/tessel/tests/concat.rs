@@ -21,7 +21,9 @@ const START: MemoryConvention = MemoryConvention::Start;
 fn templates(p: &Premise, caps: &[i64], extra: usize) -> Vec<Template> {
     let mut ro = RepetendOptions::new(caps.to_vec());
     ro.delta_p = 1;
-    let Ok(r) = construct(p, &ro, &NoProgress) else { return Vec::new() };
+    let Ok(r) = construct(p, &ro, &NoProgress) else {
+        return Vec::new();
+    };
     let mut out: Vec<Template> = Vec::new();
     for o in &r.periods {
         for t in [&o.best, &o.first].into_iter().flatten() {
@@ -61,7 +63,8 @@ fn literal(p: &Premise, t: &Template, s: &Split, r: &Ramps, nm: usize) -> Vec<i6
             starts[(c + win) * n + g] = w + win as i64 * per + offset;
         }
         for j in c + 1..k {
-            starts[(j + nm - k) * n + g] = w + (nm - k + 1) as i64 * per + r.cooldown.starts[j * n + g];
+            starts[(j + nm - k) * n + g] =
+                w + (nm - k + 1) as i64 * per + r.cooldown.starts[j * n + g];
         }
     }
     assert!(starts.iter().all(|&x| x >= 0), "every job placed once");
@@ -82,7 +85,11 @@ fn builtin_cases() -> Vec<(Premise, Vec<i64>)> {
         ("mshape", 2, 3),
         ("vshape", 4, UNLIMITED),
     ] {
-        let o = if mem == UNLIMITED { Options::inference() } else { Options::default() };
+        let o = if mem == UNLIMITED {
+            Options::inference()
+        } else {
+            Options::default()
+        };
         out.push((builtin(name, d, &o).unwrap(), vec![mem; d]));
     }
     out
@@ -100,20 +107,29 @@ fn splits_cut_no_block_and_name_the_window_jobs() {
                 assert_eq!(k, s.counts.iter().max().unwrap() + 1);
                 assert_eq!(*s.counts.iter().min().unwrap(), 0);
                 for e in p.edges() {
-                    assert!(s.counts[e.from] >= s.counts[e.to], "counts fall along the edges");
+                    assert!(
+                        s.counts[e.from] >= s.counts[e.to],
+                        "counts fall along the edges"
+                    );
                 }
                 // In the unrolled template no job straddles a window boundary x + m P.
                 let u = tn.unroll(k + 2);
                 for (x, &st) in u.iter().enumerate() {
                     let end = st + p.span(x % n);
                     let first = (st - s.cut).div_euclid(per) + 1;
-                    assert!(s.cut + first * per >= end, "a job crosses a window boundary");
+                    assert!(
+                        s.cut + first * per >= end,
+                        "a job crosses a window boundary"
+                    );
                 }
                 // The jobs (g, counts[g]) share one window [X, X + P), X = cut (mod P).
                 let x0 = s.cut + (u[s.counts[0] * n] - s.cut).div_euclid(per) * per;
                 for g in 0..n {
                     let st = u[s.counts[g] * n + g];
-                    assert!(x0 <= st && st + p.span(g) <= x0 + per, "block {g} outside the window");
+                    assert!(
+                        x0 <= st && st + p.span(g) <= x0 + per,
+                        "block {g} outside the window"
+                    );
                 }
             }
         }
@@ -127,8 +143,12 @@ fn ramps_are_optimal_on_random_premises() {
         let d = 1 + (seed % 3) as usize;
         let p = random_premise(seed, d, 4 + (seed % 3) as usize);
         let caps = vec![if seed % 2 == 0 { UNLIMITED } else { 2 }; d];
-        let Ok(r) = construct(&p, &RepetendOptions::new(caps.clone()), &NoProgress) else { continue };
-        let Some(t) = r.periods[0].best.clone() else { continue };
+        let Ok(r) = construct(&p, &RepetendOptions::new(caps.clone()), &NoProgress) else {
+            continue;
+        };
+        let Some(t) = r.periods[0].best.clone() else {
+            continue;
+        };
         let n = p.nblocks();
         for s in splits(&p, &t) {
             let k = s.window_micros();
@@ -137,13 +157,25 @@ fn ramps_are_optimal_on_random_premises() {
             if warm_jobs > 8 || cool_jobs > 8 {
                 continue;
             }
-            let rr = ramps(&p, &t, &s, &caps, &ExactOptions::default(), &NoProgress).unwrap().unwrap();
+            let rr = ramps(&p, &t, &s, &caps, &ExactOptions::default(), &NoProgress)
+                .unwrap()
+                .unwrap();
             assert!(rr.warmup.proved_optimal && rr.cooldown.proved_optimal);
             let lo: Vec<usize> = s.counts.iter().map(|&c| c + 1).collect();
             let w = brute_range(&p, k, &vec![0; n], &s.counts, &caps);
             let c = brute_range(&p, k, &lo, &vec![k; n], &caps);
-            assert_eq!(Some(rr.warmup.makespan), w, "seed {seed} warm-up {:?}", s.counts);
-            assert_eq!(Some(rr.cooldown.makespan), c, "seed {seed} cool-down {:?}", s.counts);
+            assert_eq!(
+                Some(rr.warmup.makespan),
+                w,
+                "seed {seed} warm-up {:?}",
+                s.counts
+            );
+            assert_eq!(
+                Some(rr.cooldown.makespan),
+                c,
+                "seed {seed} cool-down {:?}",
+                s.counts
+            );
             checked += 1;
         }
     }
@@ -155,18 +187,27 @@ fn concatenations_are_valid_and_assembly_is_never_longer() {
     let mut cases = builtin_cases();
     for seed in 0..40u64 {
         let d = 1 + (seed % 4) as usize;
-        cases.push((random_premise(seed, d, 6), vec![if seed % 2 == 0 { 3 } else { UNLIMITED }; d]));
+        cases.push((
+            random_premise(seed, d, 6),
+            vec![if seed % 2 == 0 { 3 } else { UNLIMITED }; d],
+        ));
     }
-    let eo = ExactOptions { node_budget: 20_000, ..Default::default() };
+    let eo = ExactOptions {
+        node_budget: 20_000,
+        ..Default::default()
+    };
     for (p, caps) in cases {
         for t in templates(&p, &caps, 4).iter().take(4) {
             for s in splits(&p, t) {
                 let k = s.window_micros();
-                let r = ramps(&p, t, &s, &caps, &eo, &NoProgress).unwrap().expect("seeded by the template");
+                let r = ramps(&p, t, &s, &caps, &eo, &NoProgress)
+                    .unwrap()
+                    .expect("seeded by the template");
                 assert!(assemble(&p, t, &s, &r, k - 1).is_none() || k == 1);
                 for nm in [k, k + 1, k + 5, 40.max(k)] {
                     let lit = literal(&p, t, &s, &r, nm);
-                    valid(&p, nm, &lit, &caps, START).unwrap_or_else(|e| panic!("literal concatenation: {e}"));
+                    valid(&p, nm, &lit, &caps, START)
+                        .unwrap_or_else(|e| panic!("literal concatenation: {e}"));
                     // Equal with a cool-down; without one the last window may end early.
                     let plain = r.concatenated_makespan(t.period, k, nm);
                     if k > 1 {
@@ -198,9 +239,13 @@ fn the_references_repetend_on_mshape_m4() {
     };
     let t = Template::from_tessel(&rep).unwrap();
     assert_eq!(t.check(&p, &caps, START), Ok(()));
-    let s =
-        splits(&p, &t).into_iter().find(|s| s.counts == [5, 4, 4, 3, 3, 3, 2, 1, 0, 0]).expect("the reference's cut");
-    let r = ramps(&p, &t, &s, &caps, &ExactOptions::default(), &NoProgress).unwrap().unwrap();
+    let s = splits(&p, &t)
+        .into_iter()
+        .find(|s| s.counts == [5, 4, 4, 3, 3, 3, 2, 1, 0, 0])
+        .expect("the reference's cut");
+    let r = ramps(&p, &t, &s, &caps, &ExactOptions::default(), &NoProgress)
+        .unwrap()
+        .unwrap();
     assert!(r.warmup.proved_optimal && r.cooldown.proved_optimal);
     assert_eq!((r.warmup.makespan, r.cooldown.makespan), (20, 24));
     for nm in [8usize, 32, 128] {
@@ -213,8 +258,15 @@ fn the_references_repetend_on_mshape_m4() {
 
 #[test]
 fn best_is_identical_on_one_and_two_threads() {
-    let pools: Vec<rayon::ThreadPool> =
-        [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .collect();
     for (name, mem) in [("mshape", 4), ("xshape", 4), ("nnshape", 6)] {
         let p = builtin(name, 4, &Options::default()).unwrap();
         let caps = vec![mem; 4];
@@ -222,7 +274,18 @@ fn best_is_identical_on_one_and_two_threads() {
         let out: Vec<_> = pools
             .iter()
             .map(|pool| {
-                pool.install(|| best(&p, &ts, 32, &caps, START, &ConcatOptions::default(), &NoProgress).unwrap())
+                pool.install(|| {
+                    best(
+                        &p,
+                        &ts,
+                        32,
+                        &caps,
+                        START,
+                        &ConcatOptions::default(),
+                        &NoProgress,
+                    )
+                    .unwrap()
+                })
             })
             .collect();
         assert_eq!(out[0], out[1], "{name}");

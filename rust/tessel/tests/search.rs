@@ -13,7 +13,11 @@ use maleki_tessel::{search, MemoryConvention, Premise, Schedule, SearchOptions, 
 use std::sync::Arc;
 
 fn premise(name: &str, d: usize, train: bool) -> Premise {
-    let o = if train { Options::default() } else { Options::inference() };
+    let o = if train {
+        Options::default()
+    } else {
+        Options::inference()
+    };
     builtin(name, d, &o).unwrap()
 }
 
@@ -35,7 +39,10 @@ fn invariants_on_every_builtin() {
                     valid(&p, n, &s.starts, &caps, MemoryConvention::Start)
                         .unwrap_or_else(|e| panic!("{name} D{d} train={train} N{n}: {e}"));
                     let c = s.makespan();
-                    assert!(c >= p.makespan_lower_bound(n), "{name} D{d} N{n}: C below LB");
+                    assert!(
+                        c >= p.makespan_lower_bound(n),
+                        "{name} D{d} N{n}: C below LB"
+                    );
                     // The template satisfies T1-T3 and its unrolled memory stays within its
                     // steady peak; compaction never raises C or any peak.
                     let t = &r.template;
@@ -46,7 +53,10 @@ fn invariants_on_every_builtin() {
                         let su = Schedule::new(Arc::new(p.clone()), n, unrolled.clone()).unwrap();
                         let steady = t.steady_peak(&p, MemoryConvention::Start);
                         let peaks_u = su.peak_memory();
-                        assert!(peaks_u.iter().zip(&steady).all(|(a, b)| a <= b), "{name}: unrolled above steady");
+                        assert!(
+                            peaks_u.iter().zip(&steady).all(|(a, b)| a <= b),
+                            "{name}: unrolled above steady"
+                        );
                         let comp = compact(&p, n, &unrolled);
                         let sc = Schedule::new(Arc::new(p.clone()), n, comp.clone()).unwrap();
                         assert!(sc.makespan() <= su.makespan());
@@ -67,7 +77,14 @@ fn alloc_start_free_end_convention_is_respected() {
         let mut o = SearchOptions::new(vec![5; 4], 8);
         o.convention = MemoryConvention::AllocStartFreeEnd;
         let r = search(&p, &o, &NoProgress).unwrap();
-        valid(&p, 8, &r.schedule.starts, &[5; 4], MemoryConvention::AllocStartFreeEnd).unwrap();
+        valid(
+            &p,
+            8,
+            &r.schedule.starts,
+            &[5; 4],
+            MemoryConvention::AllocStartFreeEnd,
+        )
+        .unwrap();
     }
 }
 
@@ -92,7 +109,10 @@ fn parity_with_the_reference() {
             let r = run(&p, mem, n);
             assert_eq!(r.period, per, "{name} D{d}: period");
             let c = r.schedule.makespan();
-            assert!(c <= per * n as i64 + c_ref, "{name} D{d} N{n}: {c} > {per}N+{c_ref}");
+            assert!(
+                c <= per * n as i64 + c_ref,
+                "{name} D{d} N{n}: {c} > {per}N+{c_ref}"
+            );
         }
     }
 }
@@ -117,7 +137,11 @@ fn regression_targets() {
         for n in [8usize, 32, 128] {
             let r = run(&p, mem, n);
             assert_eq!(r.period, per, "{name}");
-            assert!(r.schedule.makespan() <= per * n as i64 + c, "{name} D{d} N{n}: {}", r.schedule.makespan());
+            assert!(
+                r.schedule.makespan() <= per * n as i64 + c,
+                "{name} D{d} N{n}: {}",
+                r.schedule.makespan()
+            );
         }
     }
 }
@@ -144,9 +168,17 @@ fn exact_optima_table() {
     for &(name, mem, n, train, opt) in cases {
         let p = premise(name, 4, train);
         let caps = vec![mem; 4];
-        let r = solve(&p, n, &caps, MemoryConvention::Start, None, &ExactOptions::default(), &NoProgress)
-            .unwrap()
-            .unwrap();
+        let r = solve(
+            &p,
+            n,
+            &caps,
+            MemoryConvention::Start,
+            None,
+            &ExactOptions::default(),
+            &NoProgress,
+        )
+        .unwrap()
+        .unwrap();
         assert!(r.proved_optimal, "{name} M{mem} N{n}");
         assert_eq!(r.makespan, opt, "{name} M{mem} N{n}");
         valid(&p, n, &r.starts, &caps, MemoryConvention::Start).unwrap();
@@ -159,7 +191,16 @@ fn infeasible_memory_gives_a_clear_error() {
     let p = premise("vshape", 4, true);
     let e = search(&p, &SearchOptions::new(vec![0; 4], 4), &NoProgress).unwrap_err();
     assert!(matches!(e, maleki_common::Error::Infeasible(_)), "{e}");
-    let e = solve(&p, 3, &[0; 4], MemoryConvention::Start, None, &ExactOptions::default(), &NoProgress).unwrap_err();
+    let e = solve(
+        &p,
+        3,
+        &[0; 4],
+        MemoryConvention::Start,
+        None,
+        &ExactOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err();
     assert!(matches!(e, maleki_common::Error::Infeasible(_)), "{e}");
     // One unit of memory: one micro-batch at a time is still feasible.
     let r = run(&p, 1, 3);
@@ -189,8 +230,14 @@ fn periodic_k_schedules_are_valid() {
             o.periodic_k = k;
             o.node_budget = 200_000;
             let r = search(&p, &o, &NoProgress).unwrap();
-            valid(&p, 7, &r.schedule.starts, &[mem; 4], MemoryConvention::Start)
-                .unwrap_or_else(|e| panic!("{name} K{k}: {e}"));
+            valid(
+                &p,
+                7,
+                &r.schedule.starts,
+                &[mem; 4],
+                MemoryConvention::Start,
+            )
+            .unwrap_or_else(|e| panic!("{name} K{k}: {e}"));
             assert_eq!(r.periodic_k, k);
         }
     }
@@ -198,8 +245,15 @@ fn periodic_k_schedules_are_valid() {
 
 #[test]
 fn search_is_identical_on_one_and_two_threads() {
-    let pools: Vec<rayon::ThreadPool> =
-        [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .collect();
     for (name, mem) in [("mshape", 6), ("nnshape", 6), ("xshape", 4), ("kshape", 6)] {
         let p = premise(name, 4, true);
         let o = SearchOptions::new(vec![mem; 4], 16);
@@ -225,7 +279,10 @@ fn lower_bounds_hold() {
         for o in &r.periods {
             for t in [&o.best, &o.first].into_iter().flatten() {
                 assert!(t.length(&p) >= p.critical_path(), "{name}");
-                assert_eq!(t.check(&p, &[UNLIMITED; 4], MemoryConvention::Start), Ok(()));
+                assert_eq!(
+                    t.check(&p, &[UNLIMITED; 4], MemoryConvention::Start),
+                    Ok(())
+                );
             }
         }
     }
@@ -256,7 +313,11 @@ fn random_premises_against_brute_force() {
         let cp = p.critical_path();
         // (Brute force over a window of lengths: the full window of the search is too slow.)
         for q in p.period_lower_bound()..ps {
-            assert_eq!(brute_template(&p, q, &caps, cp + 2 * q), None, "seed {seed} P={q}");
+            assert_eq!(
+                brute_template(&p, q, &caps, cp + 2 * q),
+                None,
+                "seed {seed} P={q}"
+            );
         }
         let best = r.periods[0].best.as_ref().unwrap();
         assert_eq!(best.check(&p, &caps, MemoryConvention::Start), Ok(()));
@@ -268,9 +329,17 @@ fn random_premises_against_brute_force() {
                 continue;
             }
             let brute = brute_schedule(&p, n, &caps).expect("feasible");
-            let ex = solve(&p, n, &caps, MemoryConvention::Start, None, &ExactOptions::default(), &NoProgress)
-                .unwrap()
-                .unwrap();
+            let ex = solve(
+                &p,
+                n,
+                &caps,
+                MemoryConvention::Start,
+                None,
+                &ExactOptions::default(),
+                &NoProgress,
+            )
+            .unwrap()
+            .unwrap();
             assert_eq!(ex.makespan, brute, "seed {seed} N{n}");
             valid(&p, n, &ex.starts, &caps, MemoryConvention::Start).unwrap();
             let mut o = SearchOptions::new(caps.clone(), n);

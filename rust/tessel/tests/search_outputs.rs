@@ -23,7 +23,11 @@ fn search_outputs_are_valid_and_round_trip() {
         ("kshape", false, UNLIMITED, 16),
     ];
     for &(name, train, mem, nm) in cases {
-        let o = if train { Options::default() } else { Options::inference() };
+        let o = if train {
+            Options::default()
+        } else {
+            Options::inference()
+        };
         let p = builtin(name, 4, &o).unwrap();
         let mut opts = SearchOptions::new(vec![mem; 4], nm);
         opts.time_limit = Some(10.0);
@@ -31,13 +35,23 @@ fn search_outputs_are_valid_and_round_trip() {
         let s = &r.schedule;
         let rep = validate(s, 5);
         assert!(rep.is_valid(), "{name}: {:?}", rep.violations);
-        assert!(s.memory.iter().all(|&m| m == mem), "{name}: the caps travel with the schedule");
+        assert!(
+            s.memory.iter().all(|&m| m == mem),
+            "{name}: the caps travel with the schedule"
+        );
         assert!(s.makespan() >= p.makespan_lower_bound(nm));
         let doc = Document::new(s.clone());
-        assert_eq!(formats::from_json(&formats::to_json(&doc)).unwrap().schedule, *s);
-        let back = formats::from_text(&formats::to_text(s, false).unwrap(), s.premise.clone()).unwrap();
+        assert_eq!(
+            formats::from_json(&formats::to_json(&doc))
+                .unwrap()
+                .schedule,
+            *s
+        );
+        let back =
+            formats::from_text(&formats::to_text(s, false).unwrap(), s.premise.clone()).unwrap();
         assert_eq!(back.starts, s.starts);
-        let t = formats::from_tessel_json(&formats::to_tessel_json(s), Some(s.premise.clone())).unwrap();
+        let t = formats::from_tessel_json(&formats::to_tessel_json(s), Some(s.premise.clone()))
+            .unwrap();
         assert_eq!(t.starts, s.starts);
         // The CSV keeps the orders; ASAP re-timing never makes the schedule longer.
         let (n2, orders) = formats::csv_to_orders(&formats::to_csv(s), &s.premise).unwrap();

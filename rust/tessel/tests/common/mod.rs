@@ -7,11 +7,23 @@ use maleki_tessel::{Block, Edge, Kind, MemoryConvention, Premise, UNLIMITED};
 
 /// V1-V4 and the memory caps, written from the definitions in spec §1 (memory by scanning
 /// every time step, not by events).
-pub fn valid(p: &Premise, nm: usize, s: &[i64], caps: &[i64], conv: MemoryConvention) -> Result<(), String> {
+pub fn valid(
+    p: &Premise,
+    nm: usize,
+    s: &[i64],
+    caps: &[i64],
+    conv: MemoryConvention,
+) -> Result<(), String> {
+    if caps.len() < p.ndevs() {
+        return Err(format!("{} caps for {} devices", caps.len(), p.ndevs()));
+    }
     let n = p.nblocks();
     assert_eq!(s.len(), n * nm);
     let at = |j: usize, g: usize| s[j * n + g];
-    let end = (0..s.len()).map(|k| s[k] + p.span(k % n)).max().unwrap_or(0);
+    let end = (0..s.len())
+        .map(|k| s[k] + p.span(k % n))
+        .max()
+        .unwrap_or(0);
     for j in 0..nm {
         for g in 0..n {
             if at(j, g) < 0 {
@@ -27,7 +39,7 @@ pub fn valid(p: &Premise, nm: usize, s: &[i64], caps: &[i64], conv: MemoryConven
             }
         }
     }
-    for d in 0..p.ndevs() {
+    for (d, &cap) in caps.iter().enumerate().take(p.ndevs()) {
         let mut busy = vec![false; end.max(0) as usize];
         for g in (0..n).filter(|&g| p.block(g).devices.contains(&d)) {
             for j in 0..nm {
@@ -39,7 +51,7 @@ pub fn valid(p: &Premise, nm: usize, s: &[i64], caps: &[i64], conv: MemoryConven
                 }
             }
         }
-        if caps[d] == UNLIMITED {
+        if cap == UNLIMITED {
             continue;
         }
         for t in 0..=end {
@@ -56,8 +68,8 @@ pub fn valid(p: &Premise, nm: usize, s: &[i64], caps: &[i64], conv: MemoryConven
                     }
                 }
             }
-            if mem > caps[d] {
-                return Err(format!("V3 device {d} time {t}: {mem} > {}", caps[d]));
+            if mem > cap {
+                return Err(format!("V3 device {d} time {t}: {mem} > {cap}"));
             }
         }
     }
@@ -66,13 +78,24 @@ pub fn valid(p: &Premise, nm: usize, s: &[i64], caps: &[i64], conv: MemoryConven
 
 pub fn makespan(p: &Premise, s: &[i64]) -> i64 {
     let n = p.nblocks();
-    (0..s.len()).map(|k| s[k] + p.span(k % n)).max().unwrap_or(0)
+    (0..s.len())
+        .map(|k| s[k] + p.span(k % n))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The minimum template length `L` at `period` over every template with `L <= l_max`, by
 /// plain enumeration in topological order (no dominance rules); None when there is none.
 pub fn brute_template(p: &Premise, period: i64, caps: &[i64], l_max: i64) -> Option<i64> {
-    fn rec(p: &Premise, k: usize, a: &mut Vec<i64>, period: i64, caps: &[i64], l_max: i64, best: &mut Option<i64>) {
+    fn rec(
+        p: &Premise,
+        k: usize,
+        a: &mut Vec<i64>,
+        period: i64,
+        caps: &[i64],
+        l_max: i64,
+        best: &mut Option<i64>,
+    ) {
         let order = p.topo_order();
         if k == order.len() {
             if a.iter().copied().min() != Some(0) {
@@ -88,12 +111,21 @@ pub fn brute_template(p: &Premise, period: i64, caps: &[i64], l_max: i64) -> Opt
             return;
         }
         let g = order[k];
-        let est = p.preds(g).iter().map(|&(f, c)| a[f] + p.span(f) + c).max().unwrap_or(0);
+        let est = p
+            .preds(g)
+            .iter()
+            .map(|&(f, c)| a[f] + p.span(f) + c)
+            .max()
+            .unwrap_or(0);
         for x in est..=l_max - p.span(g) - p.tails()[g] {
             // Residue overlap with placed blocks on shared devices.
             let clash = order[..k].iter().any(|&h| {
-                p.block(h).devices.iter().any(|d| p.block(g).devices.contains(d))
-                    && (0..p.span(g)).any(|u| (0..p.span(h)).any(|v| (x + u - a[h] - v).rem_euclid(period) == 0))
+                p.block(h)
+                    .devices
+                    .iter()
+                    .any(|d| p.block(g).devices.contains(d))
+                    && (0..p.span(g))
+                        .any(|u| (0..p.span(h)).any(|v| (x + u - a[h] - v).rem_euclid(period) == 0))
             });
             if clash {
                 continue;
@@ -117,7 +149,13 @@ pub fn brute_schedule(p: &Premise, nm: usize, caps: &[i64]) -> Option<i64> {
 
 /// [`brute_schedule`] of the jobs `(g, j)` with `lo[g] <= j < hi[g]` alone: the jobs below
 /// `lo` have ended by time 0 and their memory is held (a warm-up or cool-down phase).
-pub fn brute_range(p: &Premise, nm: usize, lo: &[usize], hi: &[usize], caps: &[i64]) -> Option<i64> {
+pub fn brute_range(
+    p: &Premise,
+    nm: usize,
+    lo: &[usize],
+    hi: &[usize],
+    caps: &[i64],
+) -> Option<i64> {
     struct S<'a> {
         p: &'a Premise,
         hi: &'a [usize],
@@ -142,10 +180,17 @@ pub fn brute_range(p: &Premise, nm: usize, lo: &[usize], hi: &[usize], caps: &[i
                 continue;
             }
             let b = s.p.block(g).clone();
-            if b.devices.iter().any(|&d| b.memory > 0 && s.caps[d] != UNLIMITED && s.level[d] + b.memory > s.caps[d]) {
+            if b.devices.iter().any(|&d| {
+                b.memory > 0 && s.caps[d] != UNLIMITED && s.level[d] + b.memory > s.caps[d]
+            }) {
                 continue;
             }
-            let mut t = s.p.preds(g).iter().map(|&(f, lag)| s.start[j * n + f] + s.p.span(f) + lag).max().unwrap_or(0);
+            let mut t =
+                s.p.preds(g)
+                    .iter()
+                    .map(|&(f, lag)| s.start[j * n + f] + s.p.span(f) + lag)
+                    .max()
+                    .unwrap_or(0);
             for &d in &b.devices {
                 t = t.max(s.free[d]);
             }
@@ -177,7 +222,16 @@ pub fn brute_range(p: &Premise, nm: usize, lo: &[usize], hi: &[usize], caps: &[i
         }
     }
     let left = (0..n).map(|g| hi[g] - lo[g]).sum();
-    let mut s = S { p, hi, caps, c: lo.to_vec(), start, free: vec![0; p.ndevs()], level, best: None };
+    let mut s = S {
+        p,
+        hi,
+        caps,
+        c: lo.to_vec(),
+        start,
+        free: vec![0; p.ndevs()],
+        level,
+        best: None,
+    };
     rec(&mut s, left, 0);
     s.best
 }
@@ -193,7 +247,11 @@ pub fn random_premise(seed: u64, ndevs: usize, nb: usize) -> Premise {
     // Forward blocks first, then their frees in reverse: a V-like skeleton with random devices.
     let mut fwd = Vec::new();
     for i in 0..npairs {
-        let devs = if rnd(4) == 0 && ndevs > 1 { (0..ndevs).collect() } else { vec![rnd(ndevs as u64)] };
+        let devs = if rnd(4) == 0 && ndevs > 1 {
+            (0..ndevs).collect()
+        } else {
+            vec![rnd(ndevs as u64)]
+        };
         let span = 1 + rnd(2) as i64;
         blocks.push(Block::new(format!("F{i}"), span, devs, 1, Kind::Forward));
         fwd.push(blocks.len() - 1);
@@ -202,11 +260,23 @@ pub fn random_premise(seed: u64, ndevs: usize, nb: usize) -> Premise {
     let extra = nb.saturating_sub(2 * npairs);
     for i in 0..extra {
         let devs = vec![rnd(ndevs as u64)];
-        blocks.push(Block::new(format!("T{i}"), 1 + rnd(3) as i64, devs, 0, Kind::Other));
+        blocks.push(Block::new(
+            format!("T{i}"),
+            1 + rnd(3) as i64,
+            devs,
+            0,
+            Kind::Other,
+        ));
     }
     for (i, &f) in fwd.iter().enumerate().rev() {
         let devs = blocks[f].devices.clone();
-        blocks.push(Block::new(format!("B{i}"), 1 + rnd(3) as i64, devs, -1, Kind::Backward));
+        blocks.push(Block::new(
+            format!("B{i}"),
+            1 + rnd(3) as i64,
+            devs,
+            -1,
+            Kind::Backward,
+        ));
         let b = blocks.len() - 1;
         edges.push(Edge::new(f, b));
     }
