@@ -10,14 +10,18 @@ use maleki_rs::common::{pool, rng};
 use maleki_rs::msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_rs::msgemm::kernels::{self, Backend};
 use maleki_rs::msgemm::table::TableSet;
-use maleki_rs::msgemm::{gemm_into, quantize, Depth, Format, GemmOptions, PackedWeights, QuantizeOptions, TablePrecision};
+use maleki_rs::msgemm::{
+    gemm_into, quantize, Depth, Format, GemmOptions, PackedWeights, QuantizeOptions, TablePrecision,
+};
 
 fn gaussian(len: usize, seed: u64) -> Vec<f32> {
     let mut r = rng::stream(seed, 0);
     (0..len)
         .map(|_| {
             // Sum of 4 uniforms: a cheap bell-shaped distribution.
-            let s: f64 = (0..4).map(|_| rng::below(&mut r, 1 << 30) as f64 / (1u64 << 30) as f64).sum();
+            let s: f64 = (0..4)
+                .map(|_| rng::below(&mut r, 1 << 30) as f64 / (1u64 << 30) as f64)
+                .sum();
             (s - 2.0) as f32
         })
         .collect()
@@ -25,12 +29,19 @@ fn gaussian(len: usize, seed: u64) -> Vec<f32> {
 
 fn weights(format: Format, m: usize, k: usize, g: usize, symmetric: bool) -> PackedWeights {
     let w = gaussian(m * k, 1);
-    let opts = QuantizeOptions { group_size: Some(g), symmetric: Some(symmetric), ..QuantizeOptions::new(format) };
+    let opts = QuantizeOptions {
+        group_size: Some(g),
+        symmetric: Some(symmetric),
+        ..QuantizeOptions::new(format)
+    };
     quantize(&w, m, k, &opts).unwrap()
 }
 
 fn threads() -> usize {
-    std::env::var("MALEKI_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2)
+    std::env::var("MALEKI_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2)
 }
 
 fn bench_gemv(c: &mut Criterion) {
@@ -51,11 +62,20 @@ fn bench_gemv(c: &mut Criterion) {
         let mut y = vec![0f32; m];
         group.throughput(Throughput::Bytes(pw.nbytes() as u64));
         for backend in [Backend::Auto, Backend::Scalar] {
-            let opts = GemmOptions { depth: Depth::Fixed(d), precision: TablePrecision::I8, backend, mirror: false };
+            let opts = GemmOptions {
+                depth: Depth::Fixed(d),
+                precision: TablePrecision::I8,
+                backend,
+                mirror: false,
+            };
             // Warm the cached tile layout.
             gemm_into(&pw, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap();
             group.bench_function(BenchmarkId::new(name, backend.name()), |b| {
-                b.iter(|| pool::install(|| gemm_into(&pw, black_box(&x), 1, XLayout::KbyN, &opts, &mut y).unwrap()))
+                b.iter(|| {
+                    pool::install(|| {
+                        gemm_into(&pw, black_box(&x), 1, XLayout::KbyN, &opts, &mut y).unwrap()
+                    })
+                })
             });
         }
     }
@@ -66,7 +86,12 @@ fn bench_tables(c: &mut Criterion) {
     pool::set_num_threads(threads()).unwrap();
     let pw = weights(Format::Int4, 64, 4096, 128, true);
     let x = gaussian(4096, 3);
-    let opts = GemmOptions { depth: Depth::Fixed(2), precision: TablePrecision::I8, backend: Backend::Auto, mirror: false };
+    let opts = GemmOptions {
+        depth: Depth::Fixed(2),
+        precision: TablePrecision::I8,
+        backend: Backend::Auto,
+        mirror: false,
+    };
     let p = plan(&pw, 1, &opts).unwrap();
     let xt = transpose_permute(&pw, &x, 1, XLayout::KbyN);
     let mut group = c.benchmark_group("msgemm_tables_k4096_int4_d2_i8");
@@ -95,11 +120,20 @@ fn bench_batch(c: &mut Criterion) {
     for n in [4usize, 16, 64] {
         let x = gaussian(k * n, 4);
         let mut y = vec![0f32; m * n];
-        let opts = GemmOptions { depth: Depth::Fixed(2), precision: TablePrecision::I8, backend: Backend::Auto, mirror: false };
+        let opts = GemmOptions {
+            depth: Depth::Fixed(2),
+            precision: TablePrecision::I8,
+            backend: Backend::Auto,
+            mirror: false,
+        };
         gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
         group.throughput(Throughput::Elements((m * k * n) as u64));
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter(|| pool::install(|| gemm_into(&pw, black_box(&x), n, XLayout::KbyN, &opts, &mut y).unwrap()))
+            b.iter(|| {
+                pool::install(|| {
+                    gemm_into(&pw, black_box(&x), n, XLayout::KbyN, &opts, &mut y).unwrap()
+                })
+            })
         });
     }
     group.finish();

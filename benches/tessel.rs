@@ -10,7 +10,10 @@ use maleki_rs::tessel::premises::{builtin, Options};
 use maleki_rs::tessel::{search, MemoryConvention, SearchOptions, UNLIMITED};
 
 fn bench_search(c: &mut Criterion) {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a pool of one thread");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a pool of one thread");
     let mut g = c.benchmark_group("tessel_search_n128_1thread");
     g.sample_size(10);
     for (name, d, mem) in [
@@ -37,16 +40,42 @@ fn bench_search(c: &mut Criterion) {
 fn bench_exact(c: &mut Criterion) {
     let mut g = c.benchmark_group("tessel_exact");
     g.sample_size(10);
-    for (name, mem, n) in [("vshape", 4, 4), ("xshape", 4, 3), ("mshape", 6, 4), ("kshape", 6, 3)] {
+    for (name, mem, n) in [
+        ("vshape", 4, 4),
+        ("xshape", 4, 3),
+        ("mshape", 6, 4),
+        ("kshape", 6, 3),
+    ] {
         let p = builtin(name, 4, &Options::default()).expect("built-in premise");
         let caps = vec![mem; 4];
         g.bench_function(format!("{name}_M{mem}_N{n}"), |b| {
-            b.iter(|| solve(&p, n, &caps, MemoryConvention::Start, None, &ExactOptions::default(), &NoProgress).expect("exact"))
+            b.iter(|| {
+                solve(
+                    &p,
+                    n,
+                    &caps,
+                    MemoryConvention::Start,
+                    None,
+                    &ExactOptions::default(),
+                    &NoProgress,
+                )
+                .expect("exact")
+            })
         });
     }
     let p = builtin("nnshape", 4, &Options::inference()).expect("built-in premise");
     g.bench_function("nnshape_inference_N6", |b| {
-        b.iter(|| solve(&p, 6, &[UNLIMITED; 4], MemoryConvention::Start, None, &ExactOptions::default(), &NoProgress))
+        b.iter(|| {
+            solve(
+                &p,
+                6,
+                &[UNLIMITED; 4],
+                MemoryConvention::Start,
+                None,
+                &ExactOptions::default(),
+                &NoProgress,
+            )
+        })
     });
     g.finish();
 }

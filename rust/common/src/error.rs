@@ -67,7 +67,11 @@ impl Error {
     }
 
     /// `Shape` error; `expected` and `got` are printed as given (e.g. `"(N, 3)"`).
-    pub fn shape(name: impl Into<String>, expected: impl fmt::Display, got: impl fmt::Display) -> Self {
+    pub fn shape(
+        name: impl Into<String>,
+        expected: impl fmt::Display,
+        got: impl fmt::Display,
+    ) -> Self {
         Error::Shape {
             name: name.into(),
             expected: expected.to_string(),

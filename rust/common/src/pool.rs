@@ -34,14 +34,23 @@ static SIZED: Mutex<Option<(u64, SizedPools)>> = Mutex::new(None);
 /// already running keep their old pool.
 pub fn set_num_threads(n: usize) -> Result<()> {
     if n == 0 {
-        return Err(Error::invalid("n", "the number of threads must be at least 1, got 0"));
+        return Err(Error::invalid(
+            "n",
+            "the number of threads must be at least 1, got 0",
+        ));
     }
     if n > 4096 {
-        return Err(Error::invalid("n", format!("at most 4096 threads, got {n}")));
+        return Err(Error::invalid(
+            "n",
+            format!("at most 4096 threads, got {n}"),
+        ));
     }
     REQUESTED.store(n, Ordering::SeqCst);
     let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if guard.as_ref().is_some_and(|(_, p)| p.current_num_threads() != n) {
+    if guard
+        .as_ref()
+        .is_some_and(|(_, p)| p.current_num_threads() != n)
+    {
         *guard = None;
     }
     Ok(())
@@ -56,12 +65,17 @@ pub fn num_threads() -> usize {
 }
 
 fn available_cores() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 fn threads_from_env() -> Option<usize> {
     let v = std::env::var(ENV_NUM_THREADS).ok()?;
-    v.trim().parse::<usize>().ok().filter(|&n| (1..=4096).contains(&n))
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| (1..=4096).contains(&n))
 }
 
 fn build(n: usize, name: &'static str) -> Result<Arc<ThreadPool>> {
@@ -92,7 +106,8 @@ pub fn pool() -> Arc<ThreadPool> {
     if let Some((_, p)) = guard.as_ref() {
         return Arc::clone(p);
     }
-    let p = build(num_threads(), "maleki-rs").expect("building the maleki_rs thread pool failed (out of threads?)");
+    let p = build(num_threads(), "maleki-rs")
+        .expect("building the maleki_rs thread pool failed (out of threads?)");
     *guard = Some((generation, Arc::clone(&p)));
     p
 }
@@ -101,7 +116,10 @@ pub fn pool() -> Arc<ThreadPool> {
 /// built once per size and process, owned by the library like [`pool`].
 pub fn sized_pool(threads: usize) -> Result<Arc<ThreadPool>> {
     if threads == 0 || threads > 4096 {
-        return Err(Error::invalid("threads", format!("must be in 1..=4096, got {threads}")));
+        return Err(Error::invalid(
+            "threads",
+            format!("must be in 1..=4096, got {threads}"),
+        ));
     }
     let generation = FORK_GENERATION.load(Ordering::SeqCst);
     let mut guard = SIZED.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,7 +205,10 @@ mod tests {
                 .map(|_| std::thread::current().name().unwrap_or("").to_string())
                 .collect()
         });
-        assert!(names.iter().all(|n| n.starts_with("maleki-rs-")), "{names:?}");
+        assert!(
+            names.iter().all(|n| n.starts_with("maleki-rs-")),
+            "{names:?}"
+        );
     }
 
     #[test]
@@ -236,7 +257,11 @@ mod tests {
 
     #[test]
     fn monitored_job_returns_its_value() {
-        let out = run_monitored(|_| (0..100u64).into_par_iter().sum::<u64>(), |_, _| ControlFlow::Continue(()), Duration::from_millis(50));
+        let out = run_monitored(
+            |_| (0..100u64).into_par_iter().sum::<u64>(),
+            |_, _| ControlFlow::Continue(()),
+            Duration::from_millis(50),
+        );
         assert_eq!(out, 4950);
     }
 }

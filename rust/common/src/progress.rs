@@ -87,7 +87,10 @@ impl Monitor {
     }
     /// The last reported `(done, total)`.
     pub fn snapshot(&self) -> (u64, u64) {
-        (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
+        (
+            self.done.load(Ordering::Relaxed),
+            self.total.load(Ordering::Relaxed),
+        )
     }
     /// Asks the core to stop at its next checkpoint.
     pub fn request_stop(&self) {

@@ -66,8 +66,14 @@ mod tests {
 
     #[test]
     fn same_key_same_numbers() {
-        let a: Vec<u64> = (0..8).map(|_| 0).scan(stream(42, 7), |r, _| Some(r.next_u64())).collect();
-        let b: Vec<u64> = (0..8).map(|_| 0).scan(stream(42, 7), |r, _| Some(r.next_u64())).collect();
+        let a: Vec<u64> = (0..8)
+            .map(|_| 0)
+            .scan(stream(42, 7), |r, _| Some(r.next_u64()))
+            .collect();
+        let b: Vec<u64> = (0..8)
+            .map(|_| 0)
+            .scan(stream(42, 7), |r, _| Some(r.next_u64()))
+            .collect();
         assert_eq!(a, b);
     }
 

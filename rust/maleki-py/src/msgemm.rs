@@ -11,7 +11,10 @@ use maleki_msgemm::kernels::{self, Backend};
 use maleki_msgemm::quantize::{quantize, QuantizeOptions};
 use maleki_msgemm::{Codebook, Format, PackedWeights, TablePrecision};
 use numpy::ndarray::{Array1, Array2};
-use numpy::{IntoPyArray, PyUntypedArrayMethods, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+    PyReadwriteArray2, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -20,13 +23,23 @@ use crate::arrays::slice;
 use crate::errors::to_pyerr;
 use crate::progress::run_quick;
 
-fn to_array2<T: numpy::Element>(py: Python<'_>, data: Vec<T>, rows: usize, cols: usize) -> PyResult<Bound<'_, PyArray2<T>>> {
-    let a = Array2::from_shape_vec((rows, cols), data).map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
+fn to_array2<T: numpy::Element>(
+    py: Python<'_>,
+    data: Vec<T>,
+    rows: usize,
+    cols: usize,
+) -> PyResult<Bound<'_, PyArray2<T>>> {
+    let a = Array2::from_shape_vec((rows, cols), data)
+        .map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
     Ok(a.into_pyarray(py))
 }
 
 /// Runs `job` with the GIL released on the library pool, or on a pool of `threads` threads.
-fn run_on<T: Send>(py: Python<'_>, threads: Option<usize>, job: impl FnOnce() -> CoreResult<T> + Send) -> PyResult<T> {
+fn run_on<T: Send>(
+    py: Python<'_>,
+    threads: Option<usize>,
+    job: impl FnOnce() -> CoreResult<T> + Send,
+) -> PyResult<T> {
     match threads {
         None => run_quick(py, job),
         Some(t) => {
@@ -49,7 +62,9 @@ pub struct Packed {
 
 impl Packed {
     fn wrap(pw: PackedWeights) -> Packed {
-        Packed { inner: Arc::new(pw) }
+        Packed {
+            inner: Arc::new(pw),
+        }
     }
 }
 
@@ -112,9 +127,18 @@ impl Packed {
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
         let c = slice(&codes, "codes")?;
         let s = slice(&scales, "scales")?.to_vec();
-        let z = zeros.as_ref().map(|z| slice(z, "zeros").map(|v| v.to_vec())).transpose()?;
-        let p = k_perm.as_ref().map(|p| slice(p, "k_perm").map(|v| v.to_vec())).transpose()?;
-        run_quick(py, || PackedWeights::from_codes(cb, m, k, k / groups, c, s, z, p)).map(Packed::wrap)
+        let z = zeros
+            .as_ref()
+            .map(|z| slice(z, "zeros").map(|v| v.to_vec()))
+            .transpose()?;
+        let p = k_perm
+            .as_ref()
+            .map(|p| slice(p, "k_perm").map(|v| v.to_vec()))
+            .transpose()?;
+        run_quick(py, || {
+            PackedWeights::from_codes(cb, m, k, k / groups, c, s, z, p)
+        })
+        .map(Packed::wrap)
     }
 
     /// From canonical packed bytes (M, row_bytes) uint8 (the pickled state).
@@ -133,14 +157,25 @@ impl Packed {
         let m = packed.shape()[0];
         let groups = scales.shape()[1];
         if groups == 0 || !k.is_multiple_of(groups) {
-            return Err(PyValueError::new_err(format!("scales: {groups} groups do not divide K = {k}")));
+            return Err(PyValueError::new_err(format!(
+                "scales: {groups} groups do not divide K = {k}"
+            )));
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
         let b = slice(&packed, "packed")?.to_vec();
         let s = slice(&scales, "scales")?.to_vec();
-        let z = zeros.as_ref().map(|z| slice(z, "zeros").map(|v| v.to_vec())).transpose()?;
-        let p = k_perm.as_ref().map(|p| slice(p, "k_perm").map(|v| v.to_vec())).transpose()?;
-        run_quick(py, || PackedWeights::from_packed(cb, m, k, k / groups, b, s, z, p)).map(Packed::wrap)
+        let z = zeros
+            .as_ref()
+            .map(|z| slice(z, "zeros").map(|v| v.to_vec()))
+            .transpose()?;
+        let p = k_perm
+            .as_ref()
+            .map(|p| slice(p, "k_perm").map(|v| v.to_vec()))
+            .transpose()?;
+        run_quick(py, || {
+            PackedWeights::from_packed(cb, m, k, k / groups, b, s, z, p)
+        })
+        .map(Packed::wrap)
     }
 
     /// GPTQ tensors (see `maleki_msgemm::interop::from_gptq`).
@@ -159,12 +194,22 @@ impl Packed {
     ) -> PyResult<Packed> {
         let m = qweight.shape()[1];
         let k = qweight.shape()[0] * 32 / (bits.max(1) as usize);
-        let (qw, qz, s) = (slice(&qweight, "qweight")?, slice(&qzeros, "qzeros")?, slice(&scales, "scales")?);
+        let (qw, qz, s) = (
+            slice(&qweight, "qweight")?,
+            slice(&qzeros, "qzeros")?,
+            slice(&scales, "scales")?,
+        );
         if scales.shape()[1] != m {
-            return Err(PyValueError::new_err(format!("scales: expected shape (groups, {m}), got {:?}", scales.shape())));
+            return Err(PyValueError::new_err(format!(
+                "scales: expected shape (groups, {m}), got {:?}",
+                scales.shape()
+            )));
         }
         let gi = g_idx.as_ref().map(|g| slice(g, "g_idx")).transpose()?;
-        run_quick(py, || interop::from_gptq(qw, qz, s, gi, m, k, bits, group_size, zero_offset)).map(Packed::wrap)
+        run_quick(py, || {
+            interop::from_gptq(qw, qz, s, gi, m, k, bits, group_size, zero_offset)
+        })
+        .map(Packed::wrap)
     }
 
     /// AutoAWQ GEMM tensors.
@@ -178,7 +223,11 @@ impl Packed {
     ) -> PyResult<Packed> {
         let k = qweight.shape()[0];
         let m = qweight.shape()[1] * 8;
-        let (qw, qz, s) = (slice(&qweight, "qweight")?, slice(&qzeros, "qzeros")?, slice(&scales, "scales")?);
+        let (qw, qz, s) = (
+            slice(&qweight, "qweight")?,
+            slice(&qzeros, "qzeros")?,
+            slice(&scales, "scales")?,
+        );
         run_quick(py, || interop::from_awq(qw, qz, s, m, k, group_size)).map(Packed::wrap)
     }
 
@@ -202,14 +251,23 @@ impl Packed {
             .as_slice()
             .map_err(|_| PyValueError::new_err("B: array must be C-contiguous"))?;
         let s = slice(&scales, "scales")?;
-        let zp = zeros_packed.as_ref().map(|z| slice(z, "zero_points")).transpose()?;
-        let zf = zeros_float.as_ref().map(|z| slice(z, "zero_points")).transpose()?;
+        let zp = zeros_packed
+            .as_ref()
+            .map(|z| slice(z, "zero_points"))
+            .transpose()?;
+        let zf = zeros_float
+            .as_ref()
+            .map(|z| slice(z, "zero_points"))
+            .transpose()?;
         let zeros = match (zp, zf) {
             (Some(p), _) => NBitsZeros::Packed(p),
             (None, Some(f)) => NBitsZeros::Float(f),
             (None, None) => NBitsZeros::Default,
         };
-        run_quick(py, || interop::from_matmulnbits(bs, s, zeros, m, k, bits, block_size)).map(Packed::wrap)
+        run_quick(py, || {
+            interop::from_matmulnbits(bs, s, zeros, m, k, bits, block_size)
+        })
+        .map(Packed::wrap)
     }
 
     /// `(B (N, k_blocks, blob) uint8, scales (N*k_blocks,) float32, zero_points uint8 or None)`.
@@ -223,7 +281,14 @@ impl Packed {
             .into_pyarray(py);
         let s = Array1::from_vec(s).into_pyarray(py);
         let z = z.map(|z| Array1::from_vec(z).into_pyarray(py));
-        pyo3::types::PyTuple::new(py, [b.into_any(), s.into_any(), z.map_or(py.None().into_bound(py), |z| z.into_any())])
+        pyo3::types::PyTuple::new(
+            py,
+            [
+                b.into_any(),
+                s.into_any(),
+                z.map_or(py.None().into_bound(py), |z| z.into_any()),
+            ],
+        )
     }
 
     #[getter]
@@ -277,10 +342,20 @@ impl Packed {
         Array1::from_vec(self.inner.codebook().values().to_vec()).into_pyarray(py)
     }
     fn packed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
-        to_array2(py, self.inner.packed().to_vec(), self.inner.m(), self.inner.row_bytes())
+        to_array2(
+            py,
+            self.inner.packed().to_vec(),
+            self.inner.m(),
+            self.inner.row_bytes(),
+        )
     }
     fn scales<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        to_array2(py, self.inner.scales().to_vec(), self.inner.m(), self.inner.groups())
+        to_array2(
+            py,
+            self.inner.scales().to_vec(),
+            self.inner.m(),
+            self.inner.groups(),
+        )
     }
     fn zeros<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
         self.inner
@@ -289,7 +364,9 @@ impl Packed {
             .transpose()
     }
     fn k_perm<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<u32>>> {
-        self.inner.k_perm().map(|p| Array1::from_vec(p.to_vec()).into_pyarray(py))
+        self.inner
+            .k_perm()
+            .map(|p| Array1::from_vec(p.to_vec()).into_pyarray(py))
     }
     fn codes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
         let pw = Arc::clone(&self.inner);
@@ -302,24 +379,46 @@ impl Packed {
         to_array2(py, w, self.inner.m(), self.inner.k())
     }
     /// Dequantizes into `out` (M, K) float32 C-contiguous: the float64 values rounded once.
-    fn dequantize_into_f32(&self, py: Python<'_>, mut out: PyReadwriteArray2<'_, f32>) -> PyResult<()> {
+    fn dequantize_into_f32(
+        &self,
+        py: Python<'_>,
+        mut out: PyReadwriteArray2<'_, f32>,
+    ) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);
         if out.shape() != [pw.m(), pw.k()] {
-            return Err(PyValueError::new_err(format!("out: expected shape ({}, {}), got {:?}", pw.m(), pw.k(), out.shape())));
+            return Err(PyValueError::new_err(format!(
+                "out: expected shape ({}, {}), got {:?}",
+                pw.m(),
+                pw.k(),
+                out.shape()
+            )));
         }
-        let o = out.as_slice_mut().map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+        let o = out
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
         run_quick(py, || {
             pw.dequantize_f32_into(o);
             Ok(())
         })
     }
     /// Dequantizes into `out` (M, K) float64 C-contiguous.
-    fn dequantize_into_f64(&self, py: Python<'_>, mut out: PyReadwriteArray2<'_, f64>) -> PyResult<()> {
+    fn dequantize_into_f64(
+        &self,
+        py: Python<'_>,
+        mut out: PyReadwriteArray2<'_, f64>,
+    ) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);
         if out.shape() != [pw.m(), pw.k()] {
-            return Err(PyValueError::new_err(format!("out: expected shape ({}, {}), got {:?}", pw.m(), pw.k(), out.shape())));
+            return Err(PyValueError::new_err(format!(
+                "out: expected shape ({}, {}), got {:?}",
+                pw.m(),
+                pw.k(),
+                out.shape()
+            )));
         }
-        let o = out.as_slice_mut().map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+        let o = out
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
         run_quick(py, || {
             pw.dequantize_into(o);
             Ok(())
@@ -337,11 +436,26 @@ impl Packed {
     }
 }
 
-fn quant_opts(format: &str, group_size: Option<usize>, symmetric: Option<bool>, codebook: Option<Vec<f32>>) -> CoreResult<QuantizeOptions> {
-    Ok(QuantizeOptions { format: Format::from_name(format)?, group_size, symmetric, codebook })
+fn quant_opts(
+    format: &str,
+    group_size: Option<usize>,
+    symmetric: Option<bool>,
+    codebook: Option<Vec<f32>>,
+) -> CoreResult<QuantizeOptions> {
+    Ok(QuantizeOptions {
+        format: Format::from_name(format)?,
+        group_size,
+        symmetric,
+        codebook,
+    })
 }
 
-fn options(depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> CoreResult<GemmOptions> {
+fn options(
+    depth: Option<usize>,
+    table: &str,
+    backend: &str,
+    mirror: bool,
+) -> CoreResult<GemmOptions> {
     Ok(GemmOptions {
         depth: depth.map_or(Depth::Auto, Depth::Fixed),
         precision: TablePrecision::from_name(table)?,
@@ -350,7 +464,11 @@ fn options(depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> Co
     })
 }
 
-fn counts_dict<'py>(py: Python<'py>, p: &CountParams, c: &OpCounts) -> PyResult<Bound<'py, PyDict>> {
+fn counts_dict<'py>(
+    py: Python<'py>,
+    p: &CountParams,
+    c: &OpCounts,
+) -> PyResult<Bound<'py, PyDict>> {
     let cmp = compare(p, c);
     let d = PyDict::new(py);
     d.set_item("table_mul", c.table_mul)?;
@@ -363,7 +481,10 @@ fn counts_dict<'py>(py: Python<'py>, p: &CountParams, c: &OpCounts) -> PyResult<
     d.set_item("dequant_mul", cmp.dequant_mul)?;
     d.set_item("mac_ratio", cmp.mac_ratio)?;
     d.set_item("op_ratio", cmp.op_ratio)?;
-    d.set_item("model_ratio", count::model_ratio(p.m, p.levels, p.depth, p.mirror))?;
+    d.set_item(
+        "model_ratio",
+        count::model_ratio(p.m, p.levels, p.depth, p.mirror),
+    )?;
     d.set_item("depth", p.depth)?;
     d.set_item("zero_term", p.zero_term)?;
     d.set_item("mirror", p.mirror)?;
@@ -388,20 +509,33 @@ fn gemm<'py>(
     out: Option<PyReadwriteArray2<'py, f32>>,
 ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
-    let n = if transposed { x.shape()[0] } else { x.shape()[1] };
-    let layout = if transposed { XLayout::NbyK } else { XLayout::KbyN };
+    let n = if transposed {
+        x.shape()[0]
+    } else {
+        x.shape()[1]
+    };
+    let layout = if transposed {
+        XLayout::NbyK
+    } else {
+        XLayout::KbyN
+    };
     let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let m = w.m();
     match out {
         Some(mut o) => {
             if o.shape() != [m, n] {
-                return Err(PyValueError::new_err(format!("out: expected shape ({m}, {n}), got {:?}", o.shape())));
+                return Err(PyValueError::new_err(format!(
+                    "out: expected shape ({m}, {n}), got {:?}",
+                    o.shape()
+                )));
             }
             let ys = o
                 .as_slice_mut()
                 .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
-            run_on(py, threads, || core_gemm::gemm_into(&w, xs, n, layout, &opts, ys).map(|_| ()))?;
+            run_on(py, threads, || {
+                core_gemm::gemm_into(&w, xs, n, layout, &opts, ys).map(|_| ())
+            })?;
             Ok(None)
         }
         None => {
@@ -428,8 +562,16 @@ fn gemm_counted<'py>(
     mirror: bool,
 ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyDict>)> {
     let opts = options(depth, table, "reference", mirror).map_err(to_pyerr)?;
-    let n = if transposed { x.shape()[0] } else { x.shape()[1] };
-    let layout = if transposed { XLayout::NbyK } else { XLayout::KbyN };
+    let n = if transposed {
+        x.shape()[0]
+    } else {
+        x.shape()[1]
+    };
+    let layout = if transposed {
+        XLayout::NbyK
+    } else {
+        XLayout::KbyN
+    };
     let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let (y, c, plan) = run_quick(py, || core_gemm::gemm_counted(&w, xs, n, layout, &opts))?;
@@ -462,7 +604,10 @@ fn plan_info<'py>(
     let plan = core_gemm::plan(&pw.inner, n, &opts).map_err(to_pyerr)?;
     let kernel = match opts.backend {
         Backend::Reference => "reference",
-        b => kernels::select(b, &plan).map_err(to_pyerr)?.backend().name(),
+        b => kernels::select(b, &plan)
+            .map_err(to_pyerr)?
+            .backend()
+            .name(),
     };
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
@@ -492,7 +637,16 @@ fn op_counts<'py>(
     zero_term: bool,
     mirror: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let p = CountParams { m, k, n, levels, depth, group_size, zero_term, mirror };
+    let p = CountParams {
+        m,
+        k,
+        n,
+        levels,
+        depth,
+        group_size,
+        zero_term,
+        mirror,
+    };
     p.validate().map_err(to_pyerr)?;
     counts_dict(py, &p, &formula(&p))
 }
@@ -501,7 +655,9 @@ fn op_counts<'py>(
 #[pyfunction]
 fn best_depth(m: u64, levels: u64, max_depth: u64, mirror: bool) -> PyResult<u64> {
     if m == 0 || levels < 2 || max_depth == 0 || max_depth > 64 {
-        return Err(PyValueError::new_err("best_depth: needs M >= 1, V >= 2, 1 <= max_depth <= 64"));
+        return Err(PyValueError::new_err(
+            "best_depth: needs M >= 1, V >= 2, 1 <= max_depth <= 64",
+        ));
     }
     Ok(count::best_depth(m, levels, max_depth, mirror))
 }
@@ -510,7 +666,9 @@ fn best_depth(m: u64, levels: u64, max_depth: u64, mirror: bool) -> PyResult<u64
 #[pyfunction]
 fn model_ratio(m: u64, levels: u64, depth: u64, mirror: bool) -> PyResult<f64> {
     if m == 0 || levels < 2 || depth == 0 || depth > 64 {
-        return Err(PyValueError::new_err("model_ratio: needs M >= 1, V >= 2, 1 <= depth <= 64"));
+        return Err(PyValueError::new_err(
+            "model_ratio: needs M >= 1, V >= 2, 1 <= depth <= 64",
+        ));
     }
     Ok(count::model_ratio(m, levels, depth, mirror))
 }
@@ -518,15 +676,32 @@ fn model_ratio(m: u64, levels: u64, depth: u64, mirror: bool) -> PyResult<f64> {
 /// Backends usable on this machine (compiled in and supported by the CPU), plus "reference".
 #[pyfunction]
 fn available_backends() -> Vec<&'static str> {
-    kernels::available_backends().into_iter().map(|b| b.name()).collect()
+    kernels::available_backends()
+        .into_iter()
+        .map(|b| b.name())
+        .collect()
 }
 
 /// Whether `backend` implements the plan of this call (False also when it is unavailable).
 #[pyfunction]
 #[pyo3(signature = (pw, n, depth, table, backend, mirror))]
-fn backend_supports(pw: &Packed, n: usize, depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> PyResult<bool> {
+fn backend_supports(
+    pw: &Packed,
+    n: usize,
+    depth: Option<usize>,
+    table: &str,
+    backend: &str,
+    mirror: bool,
+) -> PyResult<bool> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
-    let Ok(plan) = core_gemm::plan(&pw.inner, n, &GemmOptions { backend: Backend::Scalar, ..opts }) else {
+    let Ok(plan) = core_gemm::plan(
+        &pw.inner,
+        n,
+        &GemmOptions {
+            backend: Backend::Scalar,
+            ..opts
+        },
+    ) else {
         return Ok(false);
     };
     Ok(match opts.backend {
@@ -538,9 +713,18 @@ fn backend_supports(pw: &Packed, n: usize, depth: Option<usize>, table: &str, ba
 /// Format facts: `(levels, natural_depth, max_depth, max_byte_depth, mirror shift or None)`.
 #[pyfunction]
 #[pyo3(signature = (format, codebook=None))]
-fn format_info(format: &str, codebook: Option<Vec<f32>>) -> PyResult<(usize, usize, usize, usize, Option<f32>)> {
+fn format_info(
+    format: &str,
+    codebook: Option<Vec<f32>>,
+) -> PyResult<(usize, usize, usize, usize, Option<f32>)> {
     let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
-    Ok((cb.levels(), cb.natural_depth(), cb.max_depth(), cb.max_byte_depth(), cb.mirror().map(|m| m.shift)))
+    Ok((
+        cb.levels(),
+        cb.natural_depth(),
+        cb.max_depth(),
+        cb.max_byte_depth(),
+        cb.mirror().map(|m| m.shift),
+    ))
 }
 
 /// Codebook values of a built-in format.
@@ -563,6 +747,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(format_info, m)?)?;
     m.add_function(wrap_pyfunction!(codebook_values, m)?)?;
     m.add("ROW_BLOCK", maleki_msgemm::layout::ROW_BLOCK)?;
-    m.add("FORMATS", Format::ALL.iter().map(|f| f.name()).collect::<Vec<_>>())?;
+    m.add(
+        "FORMATS",
+        Format::ALL.iter().map(|f| f.name()).collect::<Vec<_>>(),
+    )?;
     Ok(())
 }

@@ -19,7 +19,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Runs `job` with the GIL released on the library pool; no progress, no cancellation.
 /// For calls that are short by construction.
-pub fn run_quick<T: Send>(py: Python<'_>, job: impl FnOnce() -> maleki_common::Result<T> + Send) -> PyResult<T> {
+pub fn run_quick<T: Send>(
+    py: Python<'_>,
+    job: impl FnOnce() -> maleki_common::Result<T> + Send,
+) -> PyResult<T> {
     py.detach(|| pool::install(job)).map_err(to_pyerr)
 }
 

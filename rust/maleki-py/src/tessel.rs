@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use maleki_tessel::baselines;
 use maleki_tessel::formats::{self, Document};
-use maleki_tessel::model::{memory_caps, Block, Edge, Kind, MemoryConvention, Premise, Schedule, UNLIMITED};
+use maleki_tessel::model::{
+    memory_caps, Block, Edge, Kind, MemoryConvention, Premise, Schedule, UNLIMITED,
+};
 use maleki_tessel::premises::{self, Options};
 use maleki_tessel::simulate::{self, Lags};
 use maleki_tessel::svg::{self, SvgOptions};
@@ -70,7 +72,12 @@ fn opt_i64(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<i64>> {
 impl PyPremise {
     /// A built-in premise; `options` holds the keyword spans (see `maleki_rs.tessel.premise`).
     #[staticmethod]
-    fn builtin(py: Python<'_>, name: String, ndevs: i64, options: &Bound<'_, PyDict>) -> PyResult<Self> {
+    fn builtin(
+        py: Python<'_>,
+        name: String,
+        ndevs: i64,
+        options: &Bound<'_, PyDict>,
+    ) -> PyResult<Self> {
         let ndevs = usize_arg(ndevs, "ndevs")?;
         let opts = Options {
             fwd: opt_i64(options, "fwd")?,
@@ -80,9 +87,19 @@ impl PyPremise {
             tp_bwd: opt_i64(options, "tp_bwd")?,
             act: opt_i64(options, "act")?,
             tp_mem: opt_i64(options, "tp_mem")?,
-            chunks: opt_i64(options, "chunks")?.map(|c| usize_arg(c, "chunks")).transpose()?,
-            fwd_spans: options.get_item("fwd_spans")?.filter(|v| !v.is_none()).map(|v| v.extract()).transpose()?,
-            bwd_spans: options.get_item("bwd_spans")?.filter(|v| !v.is_none()).map(|v| v.extract()).transpose()?,
+            chunks: opt_i64(options, "chunks")?
+                .map(|c| usize_arg(c, "chunks"))
+                .transpose()?,
+            fwd_spans: options
+                .get_item("fwd_spans")?
+                .filter(|v| !v.is_none())
+                .map(|v| v.extract())
+                .transpose()?,
+            bwd_spans: options
+                .get_item("bwd_spans")?
+                .filter(|v| !v.is_none())
+                .map(|v| v.extract())
+                .transpose()?,
             train: match options.get_item("train")? {
                 Some(v) if !v.is_none() => v.extract()?,
                 _ => true,
@@ -109,21 +126,42 @@ impl PyPremise {
         let ndevs = usize_arg(ndevs, "ndevs")?;
         let n = names.len();
         if spans.len() != n || devices.len() != n || memory.len() != n || kinds.len() != n {
-            return Err(PyValueError::new_err("blocks: names, spans, devices, memory and kinds must have one entry per block"));
+            return Err(PyValueError::new_err(
+                "blocks: names, spans, devices, memory and kinds must have one entry per block",
+            ));
         }
         if lags.len() != edges.len() {
-            return Err(PyValueError::new_err(format!("lags: {} values for {} edges", lags.len(), edges.len())));
+            return Err(PyValueError::new_err(format!(
+                "lags: {} values for {} edges",
+                lags.len(),
+                edges.len()
+            )));
         }
         let mut blocks = Vec::with_capacity(n);
         for g in 0..n {
-            let devs = devices[g].iter().map(|&d| usize_arg(d, "devices")).collect::<PyResult<Vec<_>>>()?;
+            let devs = devices[g]
+                .iter()
+                .map(|&d| usize_arg(d, "devices"))
+                .collect::<PyResult<Vec<_>>>()?;
             let kind = Kind::parse(&kinds[g]).map_err(to_pyerr)?;
-            blocks.push(Block::new(names[g].clone(), spans[g], devs, memory[g], kind));
+            blocks.push(Block::new(
+                names[g].clone(),
+                spans[g],
+                devs,
+                memory[g],
+                kind,
+            ));
         }
         let edges = edges
             .iter()
             .zip(&lags)
-            .map(|(&(a, b), &c)| Ok(Edge::with_lag(usize_arg(a, "edges")?, usize_arg(b, "edges")?, c)))
+            .map(|(&(a, b), &c)| {
+                Ok(Edge::with_lag(
+                    usize_arg(a, "edges")?,
+                    usize_arg(b, "edges")?,
+                    c,
+                ))
+            })
             .collect::<PyResult<Vec<_>>>()?;
         let p = run_quick(py, || Premise::new(ndevs, blocks, edges))?;
         Ok(PyPremise::new(Arc::new(p)))
@@ -132,7 +170,9 @@ impl PyPremise {
     /// Reads `to_json`'s text.
     #[staticmethod]
     fn from_json(py: Python<'_>, text: String) -> PyResult<Self> {
-        Ok(PyPremise::new(Arc::new(run_quick(py, || formats::premise_from_json(&text))?)))
+        Ok(PyPremise::new(Arc::new(run_quick(py, || {
+            formats::premise_from_json(&text)
+        })?)))
     }
 
     fn to_json(&self) -> String {
@@ -152,13 +192,29 @@ impl PyPremise {
     /// `[(name, span, devices, memory, kind), ...]`.
     #[getter]
     fn blocks(&self) -> Vec<(String, i64, Vec<usize>, i64, &'static str)> {
-        self.inner.blocks().iter().map(|b| (b.name.clone(), b.span, b.devices.clone(), b.memory, b.kind.as_str())).collect()
+        self.inner
+            .blocks()
+            .iter()
+            .map(|b| {
+                (
+                    b.name.clone(),
+                    b.span,
+                    b.devices.clone(),
+                    b.memory,
+                    b.kind.as_str(),
+                )
+            })
+            .collect()
     }
 
     /// `[(from, to, lag), ...]`.
     #[getter]
     fn edges(&self) -> Vec<(usize, usize, i64)> {
-        self.inner.edges().iter().map(|e| (e.from, e.to, e.lag)).collect()
+        self.inner
+            .edges()
+            .iter()
+            .map(|e| (e.from, e.to, e.lag))
+            .collect()
     }
 
     #[getter]
@@ -192,17 +248,24 @@ impl PyPremise {
     }
 
     fn lower_bound(&self, nmicros: i64) -> PyResult<i64> {
-        Ok(self.inner.makespan_lower_bound(usize_arg(nmicros, "nmicros")?))
+        Ok(self
+            .inner
+            .makespan_lower_bound(usize_arg(nmicros, "nmicros")?))
     }
 
     /// The stages when the premise is a pipeline: `[(device, forward, backward, weight)]`.
     fn stages(&self, allow_multi: bool) -> Option<Vec<PyStage>> {
-        baselines::pipeline_stages(&self.inner, allow_multi)
-            .map(|st| st.iter().map(|s| (s.device, s.forward, s.backward, s.weight)).collect())
+        baselines::pipeline_stages(&self.inner, allow_multi).map(|st| {
+            st.iter()
+                .map(|s| (s.device, s.forward, s.backward, s.weight))
+                .collect()
+        })
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<PyPremise>().is_ok_and(|o| *o.get().inner == *self.inner)
+        other
+            .cast::<PyPremise>()
+            .is_ok_and(|o| *o.get().inner == *self.inner)
     }
 
     fn __hash__(&self) -> u64 {
@@ -267,12 +330,28 @@ pub fn schedule_from_args(
 }
 
 /// The Python-side fields of a core schedule, as a dict (for `Schedule.__init__`).
-pub fn schedule_dict<'py>(py: Python<'py>, s: Schedule, name: Option<String>, parameter_memory: i64) -> PyResult<Bound<'py, PyDict>> {
+pub fn schedule_dict<'py>(
+    py: Python<'py>,
+    s: Schedule,
+    name: Option<String>,
+    parameter_memory: i64,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let n = s.premise.nblocks();
     d.set_item("premise", Py::new(py, PyPremise::new(s.premise.clone()))?)?;
-    let mem: Vec<Option<i64>> = s.memory.iter().map(|&m| (m != UNLIMITED).then_some(m)).collect();
-    d.set_item("memory", if mem.iter().all(Option::is_none) { None } else { Some(mem) })?;
+    let mem: Vec<Option<i64>> = s
+        .memory
+        .iter()
+        .map(|&m| (m != UNLIMITED).then_some(m))
+        .collect();
+    d.set_item(
+        "memory",
+        if mem.iter().all(Option::is_none) {
+            None
+        } else {
+            Some(mem)
+        },
+    )?;
     d.set_item("memory_convention", s.convention.as_str())?;
     d.set_item("fifo", s.fifo)?;
     d.set_item("period", s.period)?;
@@ -331,13 +410,19 @@ fn validate_template<'py>(
 ) -> PyResult<(Bound<'py, PyList>, usize)> {
     let p = premise_arg(premise)?;
     let caps: Vec<i64> = match memory {
-        Some(m) => memory_caps(p.ndevs(), Some(&m.iter().map(|x| x.unwrap_or(UNLIMITED)).collect::<Vec<_>>())).map_err(to_pyerr)?,
+        Some(m) => memory_caps(
+            p.ndevs(),
+            Some(&m.iter().map(|x| x.unwrap_or(UNLIMITED)).collect::<Vec<_>>()),
+        )
+        .map_err(to_pyerr)?,
         None => vec![UNLIMITED; p.ndevs()],
     };
     let conv = MemoryConvention::parse(convention).map_err(to_pyerr)?;
     let limit = usize_arg(limit, "limit")?;
     let t = Template::new(period, template);
-    let r = run_quick(py, || Ok(rules::validate_template(&p, &t, &caps, conv, limit)))?;
+    let r = run_quick(py, || {
+        Ok(rules::validate_template(&p, &t, &caps, conv, limit))
+    })?;
     report_list(py, r)
 }
 
@@ -384,7 +469,10 @@ fn memory_timeline<'py>(
     let s = schedule_from_args(premise, &starts, None, convention, true, None, None, None)?;
     let d = usize_arg(device, "device")?;
     if d >= s.premise.ndevs() {
-        return Err(PyValueError::new_err(format!("device: must be < {}, got {d}", s.premise.ndevs())));
+        return Err(PyValueError::new_err(format!(
+            "device: must be < {}, got {d}",
+            s.premise.ndevs()
+        )));
     }
     let (t, l) = run_quick(py, || Ok(simulate::memory_timeline(&s, d, s.convention)))?;
     let k = t.len();
@@ -421,7 +509,11 @@ fn simulate_orders<'py>(
     };
     let orders = orders
         .iter()
-        .map(|o| o.iter().map(|&(j, g)| Ok((usize_arg(j, "orders")?, usize_arg(g, "orders")?))).collect::<PyResult<Vec<_>>>())
+        .map(|o| {
+            o.iter()
+                .map(|&(j, g)| Ok((usize_arg(j, "orders")?, usize_arg(g, "orders")?)))
+                .collect::<PyResult<Vec<_>>>()
+        })
         .collect::<PyResult<Vec<_>>>()?;
     let s = run_quick(py, || {
         let q = simulate::with_lags(&p, &lags)?;
@@ -432,7 +524,12 @@ fn simulate_orders<'py>(
 
 /// A baseline: the schedule dict plus `orders`.
 #[pyfunction]
-fn baseline<'py>(py: Python<'py>, name: String, premise: &Bound<'py, PyAny>, nmicros: i64) -> PyResult<Bound<'py, PyDict>> {
+fn baseline<'py>(
+    py: Python<'py>,
+    name: String,
+    premise: &Bound<'py, PyAny>,
+    nmicros: i64,
+) -> PyResult<Bound<'py, PyDict>> {
     let p = premise_arg(premise)?;
     let nm = usize_arg(nmicros, "nmicros")?;
     let b = run_quick(py, || baselines::baseline(&name, p, nm))?;
@@ -458,8 +555,14 @@ fn to_json(
     name: Option<String>,
     parameter_memory: i64,
 ) -> PyResult<String> {
-    let s = schedule_from_args(premise, &starts, memory, convention, fifo, period, template, repetend)?;
-    let doc = Document { schedule: s, name, parameter_memory };
+    let s = schedule_from_args(
+        premise, &starts, memory, convention, fifo, period, template, repetend,
+    )?;
+    let doc = Document {
+        schedule: s,
+        name,
+        parameter_memory,
+    };
     run_quick(py, || Ok(formats::to_json(&doc)))
 }
 
@@ -483,7 +586,11 @@ fn to_tessel_json(
 
 #[pyfunction]
 #[pyo3(signature = (text, premise))]
-fn from_tessel_json<'py>(py: Python<'py>, text: String, premise: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyDict>> {
+fn from_tessel_json<'py>(
+    py: Python<'py>,
+    text: String,
+    premise: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
     let p = premise.map(premise_arg).transpose()?;
     let s = run_quick(py, || formats::from_tessel_json(&text, p))?;
     schedule_dict(py, s, None, 1)
@@ -503,14 +610,22 @@ fn to_text(
 }
 
 #[pyfunction]
-fn from_text<'py>(py: Python<'py>, text: String, premise: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+fn from_text<'py>(
+    py: Python<'py>,
+    text: String,
+    premise: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
     let p = premise_arg(premise)?;
     let s = run_quick(py, || formats::from_text(&text, p))?;
     schedule_dict(py, s, None, 1)
 }
 
 #[pyfunction]
-fn to_csv(py: Python<'_>, premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'_, i64>) -> PyResult<String> {
+fn to_csv(
+    py: Python<'_>,
+    premise: &Bound<'_, PyAny>,
+    starts: PyReadonlyArray2<'_, i64>,
+) -> PyResult<String> {
     let s = schedule_from_args(premise, &starts, None, "start", true, None, None, None)?;
     run_quick(py, || Ok(formats::to_csv(&s)))
 }
@@ -519,13 +634,22 @@ fn to_csv(py: Python<'_>, premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'
 #[pyfunction]
 fn orders_to_csv(premise: &Bound<'_, PyAny>, orders: PyOrders) -> PyResult<String> {
     let p = premise_arg(premise)?;
-    simulate::check_orders(&p, orders.iter().flatten().map(|x| x.0 + 1).max().unwrap_or(0), &orders).map_err(to_pyerr)?;
+    simulate::check_orders(
+        &p,
+        orders.iter().flatten().map(|x| x.0 + 1).max().unwrap_or(0),
+        &orders,
+    )
+    .map_err(to_pyerr)?;
     Ok(formats::orders_to_csv(&p, &orders))
 }
 
 /// `(nmicros, orders)` from torch's CSV.
 #[pyfunction]
-fn csv_to_orders(py: Python<'_>, text: String, premise: &Bound<'_, PyAny>) -> PyResult<(usize, PyOrders)> {
+fn csv_to_orders(
+    py: Python<'_>,
+    text: String,
+    premise: &Bound<'_, PyAny>,
+) -> PyResult<(usize, PyOrders)> {
     let p = premise_arg(premise)?;
     run_quick(py, || formats::csv_to_orders(&text, &p))
 }
@@ -546,15 +670,27 @@ fn to_svg(
     title: Option<String>,
     width: f64,
 ) -> PyResult<String> {
-    let s = schedule_from_args(premise, &starts, memory, convention, true, period, None, repetend)?;
-    let o = SvgOptions { memory: show_memory, repetend: show_repetend, title, width };
+    let s = schedule_from_args(
+        premise, &starts, memory, convention, true, period, None, repetend,
+    )?;
+    let o = SvgOptions {
+        memory: show_memory,
+        repetend: show_repetend,
+        title,
+        width,
+    };
     run_quick(py, || svg::to_svg(&s, &o))
 }
 
 /// The title line the Gantt charts use.
 #[pyfunction]
 #[pyo3(signature = (premise, starts, period, title))]
-fn title_line(premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'_, i64>, period: Option<i64>, title: Option<String>) -> PyResult<String> {
+fn title_line(
+    premise: &Bound<'_, PyAny>,
+    starts: PyReadonlyArray2<'_, i64>,
+    period: Option<i64>,
+    title: Option<String>,
+) -> PyResult<String> {
     let s = schedule_from_args(premise, &starts, None, "start", true, period, None, None)?;
     Ok(svg::title_line(&s, title.as_deref()))
 }

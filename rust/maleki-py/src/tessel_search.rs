@@ -32,8 +32,12 @@ fn caps(ndevs: usize, memory: Option<Vec<Option<i64>>>) -> PyResult<Vec<i64>> {
 fn deadline(time_limit: Option<f64>) -> PyResult<Option<Instant>> {
     match time_limit {
         None => Ok(None),
-        Some(t) if t.is_finite() && t > 0.0 && t < 1e9 => Ok(Some(Instant::now() + Duration::from_secs_f64(t))),
-        Some(t) => Err(PyValueError::new_err(format!("time_limit: must be a positive number of seconds, got {t}"))),
+        Some(t) if t.is_finite() && t > 0.0 && t < 1e9 => {
+            Ok(Some(Instant::now() + Duration::from_secs_f64(t)))
+        }
+        Some(t) => Err(PyValueError::new_err(format!(
+            "time_limit: must be a positive number of seconds, got {t}"
+        ))),
     }
 }
 
@@ -95,7 +99,10 @@ fn search_py<'py>(
     d.set_item("candidates", cands)?;
     d.set_item("nodes", r.nodes)?;
     d.set_item("search_time", r.search_time)?;
-    d.set_item("schedule", schedule_dict(py, r.schedule, Some("tessel".into()), 1)?)?;
+    d.set_item(
+        "schedule",
+        schedule_dict(py, r.schedule, Some("tessel".into()), 1)?,
+    )?;
     Ok(d)
 }
 
@@ -118,7 +125,11 @@ fn exact_py<'py>(
     let nm = usize_arg(nmicros, "nmicros")?;
     let caps = caps(p.ndevs(), memory)?;
     let conv = MemoryConvention::parse(convention).map_err(to_pyerr)?;
-    let opts = ExactOptions { node_budget: u64_arg(node_budget, "node_budget")?, deadline: deadline(time_limit)?, ..Default::default() };
+    let opts = ExactOptions {
+        node_budget: u64_arg(node_budget, "node_budget")?,
+        deadline: deadline(time_limit)?,
+        ..Default::default()
+    };
     let t0 = Instant::now();
     let (pc, cc) = (p.clone(), caps.clone());
     // Seed the bound with the periodic search (fast, valid, usually close).
@@ -126,7 +137,11 @@ fn exact_py<'py>(
         let mut so = SearchOptions::new(cc.clone(), nm);
         so.convention = conv;
         so.exact_jobs = 0;
-        so.time_limit = opts.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_secs_f64().max(1e-3));
+        so.time_limit = opts.deadline.map(|d| {
+            d.saturating_duration_since(Instant::now())
+                .as_secs_f64()
+                .max(1e-3)
+        });
         let seed = match core_search::search(&pc, &so, pr) {
             Ok(s) => Some(s.schedule.starts),
             Err(maleki_common::Error::Cancelled) => return Err(maleki_common::Error::Cancelled),
@@ -170,7 +185,11 @@ fn repetends(
     time_limit: Option<f64>,
     node_budget: i64,
     progress: Option<Py<PyAny>>,
-) -> PyResult<(Option<i64>, bool, Vec<(i64, i64, Vec<i64>, Option<Vec<i64>>, bool, u64)>)> {
+) -> PyResult<(
+    Option<i64>,
+    bool,
+    Vec<(i64, i64, Vec<i64>, Option<Vec<i64>>, bool, u64)>,
+)> {
     let p = premise_arg(premise)?;
     let mut o = RepetendOptions::new(caps(p.ndevs(), memory)?);
     o.convention = MemoryConvention::parse(convention).map_err(to_pyerr)?;
@@ -184,7 +203,14 @@ fn repetends(
         .iter()
         .filter_map(|o| {
             let b = o.best.as_ref()?;
-            Some((o.period, b.length(&p), b.starts.clone(), o.first.as_ref().map(|t| t.starts.clone()), o.exhausted, o.nodes))
+            Some((
+                o.period,
+                b.length(&p),
+                b.starts.clone(),
+                o.first.as_ref().map(|t| t.starts.clone()),
+                o.exhausted,
+                o.nodes,
+            ))
         })
         .collect();
     Ok((r.min_period, r.min_period_proved, rows))
