@@ -144,6 +144,7 @@ impl Packed {
     /// From canonical packed bytes (M, row_bytes) uint8 (the pickled state).
     #[staticmethod]
     #[pyo3(signature = (packed, k, scales, zeros, format, codebook, k_perm))]
+    #[allow(clippy::too_many_arguments)] // one argument per field of the pickled state
     fn from_packed(
         py: Python<'_>,
         packed: PyReadonlyArray2<'_, u8>,
