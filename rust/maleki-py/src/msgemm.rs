@@ -386,17 +386,7 @@ impl Packed {
         mut out: PyReadwriteArray2<'_, f32>,
     ) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);
-        if out.shape() != [pw.m(), pw.k()] {
-            return Err(PyValueError::new_err(format!(
-                "out: expected shape ({}, {}), got {:?}",
-                pw.m(),
-                pw.k(),
-                out.shape()
-            )));
-        }
-        let o = out
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+        let o = out_slice(&mut out, pw.m(), pw.k())?;
         run_quick(py, || {
             pw.dequantize_f32_into(o);
             Ok(())
@@ -409,17 +399,7 @@ impl Packed {
         mut out: PyReadwriteArray2<'_, f64>,
     ) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);
-        if out.shape() != [pw.m(), pw.k()] {
-            return Err(PyValueError::new_err(format!(
-                "out: expected shape ({}, {}), got {:?}",
-                pw.m(),
-                pw.k(),
-                out.shape()
-            )));
-        }
-        let o = out
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
+        let o = out_slice(&mut out, pw.m(), pw.k())?;
         run_quick(py, || {
             pw.dequantize_into(o);
             Ok(())
@@ -753,4 +733,20 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         Format::ALL.iter().map(|f| f.name()).collect::<Vec<_>>(),
     )?;
     Ok(())
+}
+
+/// The writable data of `out`, which must be an `(m, k)` C-contiguous array.
+fn out_slice<'a, T: numpy::Element>(
+    out: &'a mut PyReadwriteArray2<'_, T>,
+    m: usize,
+    k: usize,
+) -> PyResult<&'a mut [T]> {
+    if out.shape() != [m, k] {
+        return Err(PyValueError::new_err(format!(
+            "out: expected shape ({m}, {k}), got {:?}",
+            out.shape()
+        )));
+    }
+    out.as_slice_mut()
+        .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))
 }
