@@ -68,6 +68,21 @@ impl Packed {
     }
 }
 
+/// Quantizes `w` (M, K) of float32 or float64 (the two `quantize_*` entry points).
+fn quantize_array<T: numpy::Element + Copy + Into<f64> + Sync>(
+    py: Python<'_>,
+    w: PyReadonlyArray2<'_, T>,
+    format: &str,
+    group_size: Option<usize>,
+    symmetric: Option<bool>,
+    codebook: Option<Vec<f32>>,
+) -> PyResult<Packed> {
+    let (m, k) = (w.shape()[0], w.shape()[1]);
+    let data = slice(&w, "w")?;
+    let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
+    run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
+}
+
 #[pymethods]
 impl Packed {
     /// Quantizes float32 `w` (M, K).
@@ -81,10 +96,7 @@ impl Packed {
         symmetric: Option<bool>,
         codebook: Option<Vec<f32>>,
     ) -> PyResult<Packed> {
-        let (m, k) = (w.shape()[0], w.shape()[1]);
-        let data = slice(&w, "w")?;
-        let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
-        run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
+        quantize_array(py, w, format, group_size, symmetric, codebook)
     }
 
     /// Quantizes float64 `w` (M, K).
@@ -98,10 +110,7 @@ impl Packed {
         symmetric: Option<bool>,
         codebook: Option<Vec<f32>>,
     ) -> PyResult<Packed> {
-        let (m, k) = (w.shape()[0], w.shape()[1]);
-        let data = slice(&w, "w")?;
-        let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
-        run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
+        quantize_array(py, w, format, group_size, symmetric, codebook)
     }
 
     /// From unpacked codes (M, K) uint8, scales (M, K/G) float32, zeros (M, K/G) or None.

@@ -165,6 +165,17 @@ pub fn build_f32_table(plan: &Plan, xs: &[f32], prod: &mut [f32], out: &mut [f32
         }
     }
     let used = plan.used_entries(r);
+    expand_levels(prod, out, v, r, used);
+}
+
+/// The level-by-level expansion shared by the float and integer builds: `out[..V]` gets the
+/// products of digit 0, then entry `i + c V^j` of level `j + 1` = entry `i` of level `j` +
+/// product `(j, c)`, up to `used` entries at the last level. `prod` is `r * V` long.
+#[inline(always)]
+fn expand_levels<T>(prod: &[T], out: &mut [T], v: usize, r: usize, used: usize)
+where
+    T: Copy + std::ops::Add<Output = T> + std::ops::AddAssign,
+{
     let n1 = v.min(used);
     out[..n1].copy_from_slice(&prod[..n1]);
     let mut p = v; // entries of the previous level
@@ -205,29 +216,7 @@ pub fn build_int_table(plan: &Plan, xq: &[i32], prod: &mut [i32], out: &mut [i32
         }
     }
     let used = plan.used_entries(r);
-    let n1 = v.min(used);
-    out[..n1].copy_from_slice(&prod[..n1]);
-    let mut p = v;
-    for j in 1..r {
-        let lim = if j + 1 == r { used } else { p * v };
-        let pj = &prod[j * v..(j + 1) * v];
-        for (c, &add) in pj.iter().enumerate().skip(1) {
-            let lo = c * p;
-            if lo >= lim {
-                break;
-            }
-            let hi = (lo + p).min(lim);
-            let (src, dst) = out.split_at_mut(lo);
-            for (o, &s) in dst[..hi - lo].iter_mut().zip(src[..hi - lo].iter()) {
-                *o = s + add;
-            }
-        }
-        let add = pj[0];
-        for o in &mut out[..p.min(lim)] {
-            *o += add;
-        }
-        p *= v;
-    }
+    expand_levels(prod, out, v, r, used);
 }
 
 /// `round_ties_even(x)` for `|x| <= 2^22`, by the add-and-subtract of `1.5 * 2^23` (exact in

@@ -250,40 +250,6 @@ fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
     (a, b)
 }
 
-/// Adds the int16 pair accumulators `(lo, hi)` of one row block, in row order, to `acc32`
-/// (`scale` multiplies them first: 1 or 256 for the high byte plane).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn flush16(
-    lo: __m512i,
-    hi: __m512i,
-    perm: &(__m512i, __m512i),
-    shift8: bool,
-    acc32: &mut [i32; 64],
-) {
-    unsafe {
-        let nat = [
-            _mm512_permutex2var_epi16(lo, perm.0, hi),
-            _mm512_permutex2var_epi16(lo, perm.1, hi),
-        ];
-        for (h, v) in nat.iter().enumerate() {
-            for q in 0..2 {
-                let half = if q == 0 {
-                    _mm512_castsi512_si256(*v)
-                } else {
-                    _mm512_extracti64x4_epi64::<1>(*v)
-                };
-                let mut w = _mm512_cvtepi16_epi32(half);
-                if shift8 {
-                    w = _mm512_slli_epi32::<8>(w);
-                }
-                let p = acc32.as_mut_ptr().add(32 * h + 16 * q) as *mut __m512i;
-                _mm512_storeu_si512(p, _mm512_add_epi32(_mm512_loadu_si512(p), w));
-            }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Epilogue (contract order: u = P; u -= z*zsum; u *= tscale; y += s*u)
 // ---------------------------------------------------------------------------------------------
@@ -693,6 +659,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
                         acc[r][c][0],
                         acc[r][c][1],
                         perm,
+                        false,
                         t0 > 0,
                         &mut sums[r * C + c],
                     );
@@ -703,13 +670,15 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
     }
 }
 
-/// Widens the int16 pair accumulators `(lo, hi)` of one row block to int32 in row order,
-/// stored into (`add = false`) or added to (`add = true`) `out`.
+/// Widens the int16 pair accumulators `(lo, hi)` of one row block to int32 in row order
+/// (times 256 when `shift8`: the high byte plane), stored into (`add = false`) or added to
+/// (`add = true`) `out`.
 #[inline(always)]
 unsafe fn widen16(
     lo: __m512i,
     hi: __m512i,
     perm: &(__m512i, __m512i),
+    shift8: bool,
     add: bool,
     out: &mut [i32; 64],
 ) {
@@ -727,6 +696,9 @@ unsafe fn widen16(
                     _mm512_extracti64x4_epi64::<1>(*v)
                 };
                 let mut w = _mm512_cvtepi16_epi32(half);
+                if shift8 {
+                    w = _mm512_slli_epi32::<8>(w);
+                }
                 let p = out.as_mut_ptr().add(32 * h + 16 * q) as *mut __m512i;
                 if add {
                     w = _mm512_add_epi32(_mm512_loadu_si512(p), w);
@@ -1025,8 +997,8 @@ unsafe fn i16_tile<const NZ: usize, const R: usize>(
             }
             t = end;
             for r in 0..R {
-                flush16(acc_l[r][0], acc_l[r][1], perm, false, &mut acc[r]);
-                flush16(acc_h[r][0], acc_h[r][1], perm, true, &mut acc[r]);
+                widen16(acc_l[r][0], acc_l[r][1], perm, false, true, &mut acc[r]);
+                widen16(acc_h[r][0], acc_h[r][1], perm, true, true, &mut acc[r]);
             }
         }
     }
