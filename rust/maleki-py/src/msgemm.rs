@@ -68,6 +68,25 @@ impl Packed {
     }
 }
 
+/// Scales, zero points (if any) and K permutation (if any), owned.
+type GroupData = (Vec<f32>, Option<Vec<f32>>, Option<Vec<u32>>);
+
+/// Owned copies of the scales, zero points and K permutation handed to the core constructors.
+fn owned_group_data(
+    scales: &PyReadonlyArray2<'_, f32>,
+    zeros: Option<&PyReadonlyArray2<'_, f32>>,
+    k_perm: Option<&PyReadonlyArray1<'_, u32>>,
+) -> PyResult<GroupData> {
+    let s = slice(scales, "scales")?.to_vec();
+    let z = zeros
+        .map(|z| slice(z, "zeros").map(<[f32]>::to_vec))
+        .transpose()?;
+    let p = k_perm
+        .map(|p| slice(p, "k_perm").map(<[u32]>::to_vec))
+        .transpose()?;
+    Ok((s, z, p))
+}
+
 /// Quantizes `w` (M, K) of float32 or float64 (the two `quantize_*` entry points).
 fn quantize_array<T: numpy::Element + Copy + Into<f64> + Sync>(
     py: Python<'_>,
@@ -135,15 +154,7 @@ impl Packed {
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
         let c = slice(&codes, "codes")?;
-        let s = slice(&scales, "scales")?.to_vec();
-        let z = zeros
-            .as_ref()
-            .map(|z| slice(z, "zeros").map(|v| v.to_vec()))
-            .transpose()?;
-        let p = k_perm
-            .as_ref()
-            .map(|p| slice(p, "k_perm").map(|v| v.to_vec()))
-            .transpose()?;
+        let (s, z, p) = owned_group_data(&scales, zeros.as_ref(), k_perm.as_ref())?;
         run_quick(py, || {
             PackedWeights::from_codes(cb, m, k, k / groups, c, s, z, p)
         })
@@ -173,15 +184,7 @@ impl Packed {
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
         let b = slice(&packed, "packed")?.to_vec();
-        let s = slice(&scales, "scales")?.to_vec();
-        let z = zeros
-            .as_ref()
-            .map(|z| slice(z, "zeros").map(|v| v.to_vec()))
-            .transpose()?;
-        let p = k_perm
-            .as_ref()
-            .map(|p| slice(p, "k_perm").map(|v| v.to_vec()))
-            .transpose()?;
+        let (s, z, p) = owned_group_data(&scales, zeros.as_ref(), k_perm.as_ref())?;
         run_quick(py, || {
             PackedWeights::from_packed(cb, m, k, k / groups, b, s, z, p)
         })

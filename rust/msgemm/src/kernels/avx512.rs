@@ -1093,11 +1093,7 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
     let slot = plan.slot;
     let pg = plan.tuples.per_group;
     let geo = JobGeo::new(job);
-    let m0: __mmask16 = if slot >= 16 {
-        0xffff
-    } else {
-        (1u16 << slot) - 1
-    };
+    let m0 = mask16(slot);
     let m1: __mmask16 = if slot >= 32 {
         0xffff
     } else if slot > 16 {
