@@ -47,6 +47,15 @@ fn main() {
         "nf4" => (Format::Nf4, 128, 2),
         _ => (Format::Int4, 128, 2),
     };
+    if std::env::var("EMPTY").is_ok() {
+        let e = tmin(reps, || pool::install(|| std::hint::black_box(())));
+        let j = tmin(reps, || {
+            pool::install(|| {
+                rayon::join(|| std::hint::black_box(1), || std::hint::black_box(2));
+            })
+        });
+        println!("empty install {:.4} ms, install + join {:.4} ms", e, j);
+    }
     let w = gaussian(m * k, 1);
     let qo = QuantizeOptions {
         group_size: Some(g),
@@ -69,6 +78,16 @@ fn main() {
                 gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
             })
         });
+        if std::env::var("TOTAL_ONLY").is_ok() {
+            // The same calls from inside the pool (no hand-off from this thread to a worker).
+            let inside = pool::install(|| {
+                tmin(r, || {
+                    gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
+                })
+            });
+            println!("{fmt} threads={threads} n={n} total {total:.3} ms (called from a worker {inside:.3} ms)");
+            continue;
+        }
         let p = plan(&pw, n, &opts).unwrap();
         let kern = kernels::select(Backend::Auto, &p).unwrap();
         let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned();

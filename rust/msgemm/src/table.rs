@@ -46,6 +46,23 @@ pub struct TableSet {
     /// `i8` tables: the integer multiplier of every tuple, `[g - g0][n - n0][tuple]`
     /// (see [`i8_scaling`]); empty for the other precisions.
     pub mult: Vec<u8>,
+    /// The table geometry of the plan the set was last made for ([`TableSet::reuse`]).
+    geometry: [usize; 7],
+}
+
+/// What decides which entries a build writes: precision, slot, tuples per group, depths
+/// and the entries stored per depth.
+fn geometry(plan: &Plan) -> [usize; 7] {
+    let tp = plan.tuples;
+    [
+        plan.precision as usize,
+        plan.slot,
+        tp.per_group,
+        tp.depth,
+        tp.last_depth,
+        plan.used_entries(tp.depth),
+        plan.used_entries(tp.last_depth),
+    ]
 }
 
 impl TableSet {
@@ -73,35 +90,75 @@ impl TableSet {
             } else {
                 Vec::new()
             },
+            geometry: geometry(plan),
         }
     }
 
-    /// Re-targets the set to `groups x cols` of the same plan, keeping its allocation.
+    /// Re-targets the set to `groups x cols` of `plan`, keeping its allocation.
     ///
-    /// Entries are not cleared: every build writes each entry a lookup can reach (the same
-    /// entries in every block of a plan), and entries no index reaches never affect a result.
-    /// `tscale`, `zsum` and `mult` are reset as in [`TableSet::zeroed`]. Passes over large
-    /// `N` reuse one set this way instead of zeroing fresh memory each time (a fresh set
-    /// cost as much as the build itself, and the zeroing thread's cache lines then moved
-    /// to the building threads).
+    /// When the set was last made for a plan of the same table geometry (precision, slot,
+    /// tuples and their depths), its entries are not cleared: every build writes each entry
+    /// a lookup can reach (the same entries in every block of such a plan), and entries no
+    /// index reaches never affect a result. Otherwise the entries are zeroed as in
+    /// [`TableSet::zeroed`]. `tscale`, `zsum` and `mult` are always reset. Passes over large
+    /// `N` (and successive calls, see `gemm`) reuse sets this way instead of zeroing fresh
+    /// memory each time (a fresh set cost as much as the build itself, and the zeroing
+    /// thread's cache lines then moved to the building threads).
     pub fn reuse(&mut self, plan: &Plan, groups: Range<usize>, cols: Range<usize>) {
         let blocks = groups.len() * cols.len();
         let len = blocks * plan.tuples.per_group * plan.slot;
-        match &mut self.data {
-            TableData::F32(v) => v.resize(len, 0.0),
-            TableData::I16(v) => v.resize(len, 0),
-            TableData::I8(v) => v.resize(len, 0),
+        let same = self.geometry == geometry(plan);
+        match (&mut self.data, plan.precision) {
+            (TableData::F32(v), TablePrecision::F32) => {
+                if !same {
+                    v.clear();
+                }
+                v.resize(len, 0.0)
+            }
+            (TableData::I16(v), TablePrecision::I16) => {
+                if !same {
+                    v.clear();
+                }
+                v.resize(len, 0)
+            }
+            (TableData::I8(v), TablePrecision::I8) => {
+                if !same {
+                    v.clear();
+                }
+                v.resize(len, 0)
+            }
+            (data, precision) => {
+                *data = match precision {
+                    TablePrecision::F32 => TableData::F32(vec![0.0; len]),
+                    TablePrecision::I16 => TableData::I16(vec![0; len]),
+                    TablePrecision::I8 => TableData::I8(vec![0; len]),
+                }
+            }
         }
+        self.precision = plan.precision;
+        self.per_group = plan.tuples.per_group;
+        self.slot = plan.slot;
+        self.geometry = geometry(plan);
         self.tscale.clear();
         self.tscale.resize(blocks, 0.0);
         self.zsum.clear();
         self.zsum.resize(blocks, 0.0);
+        self.mult.clear();
         if self.precision == TablePrecision::I8 {
-            self.mult.clear();
             self.mult.resize(blocks * plan.tuples.per_group, 1);
         }
         self.groups = groups;
         self.cols = cols;
+    }
+
+    /// Bytes held by the set's vectors (capacity, not length).
+    pub fn capacity_bytes(&self) -> usize {
+        let data = match &self.data {
+            TableData::F32(v) => v.capacity() * 4,
+            TableData::I16(v) => v.capacity() * 2,
+            TableData::I8(v) => v.capacity(),
+        };
+        data + 4 * (self.tscale.capacity() + self.zsum.capacity()) + self.mult.capacity()
     }
 
     /// Entries of one `(group, column)` block: `per_group * slot`.

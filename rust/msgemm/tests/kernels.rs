@@ -143,6 +143,8 @@ fn results_do_not_depend_on_the_thread_count() {
         };
         let one = run(1);
         assert_eq!(bits(&one), bits(&run(2)), "{precision:?}");
+        // 2 and 3 threads split the columns (unevenly, then evenly), 5 threads the rows.
+        assert_eq!(bits(&one), bits(&run(3)), "{precision:?}");
         assert_eq!(bits(&one), bits(&run(5)), "{precision:?}");
     }
 }
@@ -186,21 +188,114 @@ fn table_sets_split_over_groups_and_columns_give_the_same_bits() {
             let xc: Vec<f32> = (0..4096).map(|kk| x[kk * n + c]).collect();
             single.push(gemm::gemm(&pw, &xc, 1, &opts).unwrap());
         }
-        for threads in [1, 2] {
+        // 1 thread; 2 and 3 split the columns (evenly, unevenly); 9 threads split the rows.
+        for threads in [1, 2, 3, 9] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
             let y = pool.install(|| gemm::gemm(&pw, &x, n, &opts).unwrap());
+            // Y transposed, (N, M), as `linear` asks for it.
+            let mut yt = vec![0f32; 70 * n];
+            pool.install(|| {
+                gemm::gemm_into_layout(
+                    &pw,
+                    &x,
+                    n,
+                    XLayout::KbyN,
+                    gemm::YLayout::NbyM,
+                    &opts,
+                    &mut yt,
+                )
+                .unwrap()
+            });
             for r in 0..70 {
                 for c in 0..n {
-                    assert_eq!(
-                        y[r * n + c].to_bits(),
-                        single[c][r].to_bits(),
-                        "{precision:?} threads {threads} row {r} column {c}"
-                    );
+                    let want = single[c][r].to_bits();
+                    let what = format!("{precision:?} threads {threads} row {r} column {c}");
+                    assert_eq!(y[r * n + c].to_bits(), want, "{what}");
+                    assert_eq!(yt[c * 70 + r].to_bits(), want, "{what} (N, M)");
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_earlier_calls() {
+    // Table sets are kept between calls and reused without clearing their entries when the
+    // plan has the same table geometry (zeroed otherwise): a call's bits must not depend on
+    // what ran before it. Mixed geometries (precision, slot, partial last tuples, mirror),
+    // N = 1 (shared sets) and N = 6 (column tasks), on 1 and 2 threads.
+    let cases: Vec<(PackedWeights, GemmOptions, usize)> = vec![
+        (
+            weights(Format::Int4, 130, 256, 128, 1),
+            GemmOptions::default(),
+            1,
+        ),
+        (
+            weights(Format::Int4, 130, 256, 128, 2),
+            GemmOptions::default(),
+            6,
+        ),
+        (
+            weights(Format::Int4, 70, 96, 32, 3),
+            GemmOptions {
+                depth: Depth::Fixed(3),
+                precision: TablePrecision::F32,
+                ..Default::default()
+            },
+            6,
+        ),
+        (
+            weights(Format::Uint4, 70, 192, 64, 4),
+            GemmOptions {
+                precision: TablePrecision::I16,
+                ..Default::default()
+            },
+            1,
+        ),
+        (
+            weights(Format::Int3, 65, 96, 32, 5),
+            GemmOptions {
+                depth: Depth::Fixed(3),
+                ..Default::default()
+            },
+            6,
+        ),
+        (
+            weights(Format::Int4, 64, 128, 64, 6),
+            GemmOptions {
+                mirror: true,
+                ..Default::default()
+            },
+            6,
+        ),
+    ];
+    let run = |i: usize, threads: usize| {
+        let (pw, opts, n) = &cases[i];
+        let x = gaussianish(pw.k() * n, 100 + i as u64);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        bits(&pool.install(|| gemm::gemm(pw, &x, *n, opts).unwrap()))
+    };
+    let first: Vec<Vec<u32>> = (0..cases.len()).map(|i| run(i, 1)).collect();
+    for threads in [1, 2] {
+        for i in (0..cases.len()).rev() {
+            assert_eq!(
+                run(i, threads),
+                first[i],
+                "case {i}, {threads} threads, reversed"
+            );
+        }
+        for i in [3, 0, 2, 5, 1, 4, 0, 2] {
+            assert_eq!(
+                run(i, threads),
+                first[i],
+                "case {i}, {threads} threads, mixed"
+            );
         }
     }
 }

@@ -173,6 +173,8 @@ fn simd_equals_scalar_bitwise_on_every_format() {
             vec![1, 2, 3],
         ),
         (Codebook::new(Format::Fp8E4m3).unwrap(), vec![1]),
+        // Two levels: 256-entry tables at depth 8 (four digits inside a 16-entry vector).
+        (Codebook::custom(&[-1.25, 0.75]).unwrap(), vec![1, 4, 8]),
     ];
     let mut ran = 0;
     for (i, (cb, depths)) in cases.iter().enumerate() {

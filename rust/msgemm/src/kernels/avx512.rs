@@ -1179,6 +1179,10 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
 // Table build (f32 and i8; V <= 16)
 // ---------------------------------------------------------------------------------------------
 
+/// `(group, column)` blocks per parallel task of a table build (a block is a few
+/// microseconds of work; one task each cost about as much again in scheduling).
+const MIN_BLOCKS_PER_TASK: usize = 4;
+
 fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
     let g_size = plan.group_size;
     let k = plan.k;
@@ -1196,6 +1200,7 @@ fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
         TableData::F32(d) => d
             .par_chunks_mut(blen)
             .enumerate()
+            .with_min_len(MIN_BLOCKS_PER_TASK)
             // SAFETY: `build_tables` checked the CPU features.
             .map(|(i, out)| unsafe { build_block_f32(plan, xg(i), out, digits) })
             .collect(),
@@ -1203,6 +1208,7 @@ fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
             .par_chunks_mut(blen)
             .zip(set.mult.par_chunks_mut(plan.tuples.per_group))
             .enumerate()
+            .with_min_len(MIN_BLOCKS_PER_TASK)
             .map(|(i, (out, mult))| unsafe { build_block_i8(plan, xg(i), out, mult, digits) })
             .collect(),
         TableData::I16(_) => unreachable!("no SIMD build for i16 tables"),
@@ -1293,15 +1299,17 @@ unsafe fn table_entries(
         for q in 0..nb {
             base[q] = partial(q, r - 1);
         }
-        let xl = xs[r - 1];
+        // The last digit's products through memory, added with a broadcast operand (a load,
+        // where a broadcast from a register is a shuffle; see `add_broadcast`).
+        let mut lasts = [0f32; 16];
+        // SAFETY: a 16-float store; `c < 16` indexes `lasts`.
+        unsafe { _mm512_storeu_ps(lasts.as_mut_ptr(), prod[r - 1]) };
         for q in 0..chunks {
-            let c = q / nb;
-            let last = if c < plan.levels {
-                plan.table_values[c] * xl
-            } else {
-                0.0
-            };
-            emit(q, _mm512_add_ps(base[q % nb], _mm512_set1_ps(last)));
+            // Digits past the codebook (chunks of unused entries) read a zero product.
+            let c = (q / nb).min(15);
+            emit(q, unsafe {
+                add_broadcast(base[q % nb], lasts.as_ptr().add(c))
+            });
         }
         return;
     }
@@ -1445,6 +1453,27 @@ fn tuple_maxabs(plan: &Plan, xg: &[f32], out: &mut [f32]) -> bool {
     true
 }
 
+/// `a + broadcast(*p)` as one `vaddps` with a `{1to16}` memory operand. Written with
+/// `_mm512_set1_ps`, the compiler forwarded the value just stored at `p` through registers
+/// (an extract, a shuffle and a broadcast: three shuffles per add, which made the int4 table
+/// build shuffle-bound).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn add_broadcast(a: __m512, p: *const f32) -> __m512 {
+    let out: __m512;
+    // SAFETY: `p` points at a readable f32 (callers); AVX-512 F is enabled by the callers.
+    unsafe {
+        std::arch::asm!(
+            "vaddps {o}, {a}, dword ptr [{p}]{{1to16}}",
+            o = lateout(zmm_reg) out,
+            a = in(zmm_reg) a,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn build_block_i8(
     plan: &Plan,
@@ -1482,7 +1511,8 @@ unsafe fn build_block_i8(
         unsafe {
             if plan.levels == 16 && r == 2 && used == 256 {
                 // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c]
-                // (p1 through memory: broadcasts from memory are loads, not shuffles).
+                // (p1 through memory: broadcasts from memory are loads, not shuffles; see
+                // `add_broadcast`).
                 let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0]));
                 let mut p1 = [0f32; 16];
                 _mm512_storeu_ps(
@@ -1491,7 +1521,64 @@ unsafe fn build_block_i8(
                 );
                 for quad in 0..4 {
                     let e = |c: usize| {
-                        let row = _mm512_add_ps(p0, _mm512_set1_ps(p1[4 * quad + c]));
+                        let row = add_broadcast(p0, p1.as_ptr().add(4 * quad + c));
+                        _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
+                    };
+                    let a = _mm512_packs_epi32(e(0), e(1));
+                    let b = _mm512_packs_epi32(e(2), e(3));
+                    let bytes = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b));
+                    _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes);
+                }
+                continue;
+            }
+            let lower = plan.levels.pow(r as u32 - 1);
+            if used == 256 && r > 1 && lower.is_multiple_of(16) && matches!(plan.levels, 2 | 4 | 16)
+            {
+                // The other full 256-entry tables whose last digit is constant over each
+                // 16-entry chunk (int2 d = 4, binary d = 8), the same way: entry
+                // `c * lower + i` = base[i] + p_last[c], the `lower / 16` base vectors summed
+                // left to right over the first r - 1 digits (`vpermps` picks each digit's
+                // product), p_last through memory (see `add_broadcast`).
+                let nb = lower / 16;
+                let nb_log = nb.trailing_zeros();
+                let dlen = plan.slot.div_ceil(64) * 64;
+                let mut prods = [_mm512_setzero_ps(); 8];
+                for (j, p) in prods.iter_mut().enumerate().take(r) {
+                    *p = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + j]));
+                }
+                // The first `w` digits vary inside a 16-entry vector (`vpermps` picks their
+                // products); the next ones are constant over it (a broadcast add each).
+                let v = plan.levels;
+                let w = 16usize.ilog(v) as usize;
+                let v_log = v.trailing_zeros();
+                let mut pv = [[0f32; 16]; 8];
+                for (j, p) in prods.iter().enumerate().take(r) {
+                    _mm512_storeu_ps(pv[j].as_mut_ptr(), *p);
+                }
+                let dig =
+                    |j: usize| _mm512_loadu_si512(digits.as_ptr().add(j * dlen) as *const __m512i);
+                let mut inner = _mm512_permutexvar_ps(dig(0), prods[0]);
+                for (j, p) in prods.iter().enumerate().take(w).skip(1) {
+                    inner = _mm512_add_ps(inner, _mm512_permutexvar_ps(dig(j), *p));
+                }
+                let mut base = [inner; 16];
+                for (q, b) in base.iter_mut().enumerate().take(nb) {
+                    let mut e = inner;
+                    // Digit j of entry 16q (V^w = 16; V a power of two: shifts, not divisions).
+                    let mut rest = q;
+                    for p in pv.iter().take(r - 1).skip(w) {
+                        e = add_broadcast(e, p.as_ptr().add(rest & (v - 1)));
+                        rest >>= v_log;
+                    }
+                    *b = e;
+                }
+                let mut lasts = [0f32; 16];
+                _mm512_storeu_ps(lasts.as_mut_ptr(), prods[r - 1]);
+                for quad in 0..4 {
+                    let e = |c: usize| {
+                        let q = 4 * quad + c;
+                        let row =
+                            add_broadcast(base[q & (nb - 1)], lasts.as_ptr().add(q >> nb_log));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
                     let a = _mm512_packs_epi32(e(0), e(1));

@@ -112,7 +112,7 @@ pub trait LutKernel: Sync {
     fn supports(&self, plan: &Plan) -> bool;
 
     /// Adds the job's groups into `y`: rows `job.row_blocks.start*64 ..
-    /// min(job.row_blocks.end*64, plan.m)`, all `plan.n` columns, column-major with
+    /// min(job.row_blocks.end*64, plan.m)`, columns `0..job.tables.cols.end`, column-major with
     /// [`RowJob::span`] floats per column (row `m`, column `n` at
     /// `y[n * span + m - row_blocks.start*64]`); only the columns `job.tables.cols` and rows
     /// `< plan.m` are touched. Called only when `available()` and `supports(plan)` are true.
