@@ -1,5 +1,7 @@
 //! Profiling harness: table build and accumulate timed apart (min of many repeats).
-//! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS` (env M = rows).
+//! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS`.
+//! Environment: `M` rows (default 4096); `TOTAL_ONLY=1` only the whole call, from this thread
+//! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, RowJob};
@@ -47,15 +49,6 @@ fn main() {
         "nf4" => (Format::Nf4, 128, 2),
         _ => (Format::Int4, 128, 2),
     };
-    if std::env::var("EMPTY").is_ok() {
-        let e = tmin(reps, || pool::install(|| std::hint::black_box(())));
-        let j = tmin(reps, || {
-            pool::install(|| {
-                rayon::join(|| std::hint::black_box(1), || std::hint::black_box(2));
-            })
-        });
-        println!("empty install {:.4} ms, install + join {:.4} ms", e, j);
-    }
     let w = gaussian(m * k, 1);
     let qo = QuantizeOptions {
         group_size: Some(g),
@@ -63,6 +56,33 @@ fn main() {
         ..QuantizeOptions::new(f)
     };
     let pw = quantize(&w, m, k, &qo).unwrap();
+    if let Ok(sets) = std::env::var("COLD").map(|s| s.parse::<usize>().unwrap()) {
+        // A rotation of `sets` weight sets (more than 2x L3 in all): each call reads its
+        // weights from DRAM. Time per call, min over rounds of whole rotations.
+        let pws: Vec<_> = (0..sets)
+            .map(|i| quantize(&gaussian(m * k, 10 + i as u64), m, k, &qo).unwrap())
+            .collect();
+        let x = gaussian(k, 2);
+        let mut y = vec![0f32; m];
+        let opts = GemmOptions {
+            depth: Depth::Fixed(d),
+            precision: TablePrecision::I8,
+            backend: Backend::Auto,
+            mirror: false,
+        };
+        let warm = tmin(reps, || {
+            pool::install(|| gemm_into(&pw, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap());
+        });
+        let cold = tmin(reps / sets + 3, || {
+            pool::install(|| {
+                for p in &pws {
+                    gemm_into(p, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap();
+                }
+            })
+        }) / sets as f64;
+        println!("{fmt} threads={threads} warm {warm:.3} ms cold {cold:.3} ms");
+        return;
+    }
     for &n in &ns {
         let x = gaussian(k * n, 2);
         let mut y = vec![0f32; m * n];

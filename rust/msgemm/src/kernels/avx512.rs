@@ -1561,24 +1561,21 @@ unsafe fn build_block_i8(
                 for (j, p) in prods.iter().enumerate().take(w).skip(1) {
                     inner = _mm512_add_ps(inner, _mm512_permutexvar_ps(dig(j), *p));
                 }
-                let mut base = [inner; 16];
-                for (q, b) in base.iter_mut().enumerate().take(nb) {
-                    let mut e = inner;
-                    // Digit j of entry 16q (V^w = 16; V a power of two: shifts, not divisions).
-                    let mut rest = q;
-                    for p in pv.iter().take(r - 1).skip(w) {
-                        e = add_broadcast(e, p.as_ptr().add(rest & (v - 1)));
-                        rest >>= v_log;
-                    }
-                    *b = e;
-                }
                 let mut lasts = [0f32; 16];
                 _mm512_storeu_ps(lasts.as_mut_ptr(), prods[r - 1]);
                 for quad in 0..4 {
                     let e = |c: usize| {
+                        // Chunk q: the inner digits, then each further digit of entry 16q
+                        // (V a power of two: shifts, not divisions), the last one included,
+                        // left to right as the scalar build.
                         let q = 4 * quad + c;
-                        let row =
-                            add_broadcast(base[q & (nb - 1)], lasts.as_ptr().add(q >> nb_log));
+                        let mut row = inner;
+                        let mut rest = q;
+                        for p in pv.iter().take(r - 1).skip(w) {
+                            row = add_broadcast(row, p.as_ptr().add(rest & (v - 1)));
+                            rest >>= v_log;
+                        }
+                        let row = add_broadcast(row, lasts.as_ptr().add(q >> nb_log));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
                     let a = _mm512_packs_epi32(e(0), e(1));
