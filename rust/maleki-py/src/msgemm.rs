@@ -502,16 +502,7 @@ fn gemm<'py>(
     out: Option<PyReadwriteArray2<'py, f32>>,
 ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
-    let n = if transposed {
-        x.shape()[0]
-    } else {
-        x.shape()[1]
-    };
-    let layout = if transposed {
-        XLayout::NbyK
-    } else {
-        XLayout::KbyN
-    };
+    let (n, layout) = columns_of(&x, transposed);
     let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let m = w.m();
@@ -542,6 +533,15 @@ fn gemm<'py>(
     }
 }
 
+/// The number of columns of X and its layout: `(N, K)` when `transposed`, else `(K, N)`.
+fn columns_of(x: &PyReadonlyArray2<'_, f32>, transposed: bool) -> (usize, XLayout) {
+    if transposed {
+        (x.shape()[0], XLayout::NbyK)
+    } else {
+        (x.shape()[1], XLayout::KbyN)
+    }
+}
+
 /// The instrumented reference: `(y (M, N) float32, counts dict)`.
 #[pyfunction]
 #[pyo3(signature = (pw, x, transposed, depth, table, mirror))]
@@ -555,16 +555,7 @@ fn gemm_counted<'py>(
     mirror: bool,
 ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyDict>)> {
     let opts = options(depth, table, "reference", mirror).map_err(to_pyerr)?;
-    let n = if transposed {
-        x.shape()[0]
-    } else {
-        x.shape()[1]
-    };
-    let layout = if transposed {
-        XLayout::NbyK
-    } else {
-        XLayout::KbyN
-    };
+    let (n, layout) = columns_of(&x, transposed);
     let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let (y, c, plan) = run_quick(py, || core_gemm::gemm_counted(&w, xs, n, layout, &opts))?;

@@ -120,19 +120,17 @@ fn main() {
             })
         });
         let layout = pw.layout(d).unwrap();
+        let job = |row_blocks: std::ops::Range<usize>| RowJob {
+            plan: &p,
+            layout,
+            scales: pw.tiled_scales(),
+            zeros: pw.tiled_zeros(),
+            tables: &set,
+            row_blocks,
+        };
         let mut y2 = vec![0f32; m * n];
         let acc = if set.nbytes() <= maleki_msgemm::gemm::TABLE_BUDGET {
-            tmin(r, || {
-                let job = RowJob {
-                    plan: &p,
-                    layout,
-                    scales: pw.tiled_scales(),
-                    zeros: pw.tiled_zeros(),
-                    tables: &set,
-                    row_blocks: 0..p.row_blocks,
-                };
-                kern.accumulate(&job, &mut y2);
-            })
+            tmin(r, || kern.accumulate(&job(0..p.row_blocks), &mut y2))
         } else {
             f64::NAN
         };
@@ -150,15 +148,7 @@ fn main() {
                     y2.par_chunks_mut(rb * 64 * n)
                         .enumerate()
                         .for_each(|(i, yc)| {
-                            let job = RowJob {
-                                plan: &p,
-                                layout,
-                                scales: pw.tiled_scales(),
-                                zeros: pw.tiled_zeros(),
-                                tables: &set,
-                                row_blocks: i * rb..((i + 1) * rb).min(p.row_blocks),
-                            };
-                            kern.accumulate(&job, yc);
+                            kern.accumulate(&job(i * rb..((i + 1) * rb).min(p.row_blocks)), yc)
                         })
                 })
             })

@@ -50,6 +50,15 @@ pub struct TableSet {
     geometry: [usize; 7],
 }
 
+/// `len` zero entries of `precision`.
+fn zeroed_data(precision: TablePrecision, len: usize) -> TableData {
+    match precision {
+        TablePrecision::F32 => TableData::F32(vec![0.0; len]),
+        TablePrecision::I16 => TableData::I16(vec![0; len]),
+        TablePrecision::I8 => TableData::I8(vec![0; len]),
+    }
+}
+
 /// What decides which entries a build writes: precision, slot, tuples per group, depths
 /// and the entries stored per depth.
 fn geometry(plan: &Plan) -> [usize; 7] {
@@ -71,11 +80,7 @@ impl TableSet {
         let ng = groups.len();
         let nc = cols.len();
         let len = ng * nc * plan.tuples.per_group * plan.slot;
-        let data = match plan.precision {
-            TablePrecision::F32 => TableData::F32(vec![0.0; len]),
-            TablePrecision::I16 => TableData::I16(vec![0; len]),
-            TablePrecision::I8 => TableData::I8(vec![0; len]),
-        };
+        let data = zeroed_data(plan.precision, len);
         TableSet {
             precision: plan.precision,
             groups,
@@ -107,33 +112,19 @@ impl TableSet {
     pub fn reuse(&mut self, plan: &Plan, groups: Range<usize>, cols: Range<usize>) {
         let blocks = groups.len() * cols.len();
         let len = blocks * plan.tuples.per_group * plan.slot;
+        // Kept entries (same geometry) or zeros, `len` of them, in the same allocation.
+        fn refit<T: Copy + Default>(v: &mut Vec<T>, len: usize, keep: bool) {
+            if !keep {
+                v.clear();
+            }
+            v.resize(len, T::default());
+        }
         let same = self.geometry == geometry(plan);
         match (&mut self.data, plan.precision) {
-            (TableData::F32(v), TablePrecision::F32) => {
-                if !same {
-                    v.clear();
-                }
-                v.resize(len, 0.0)
-            }
-            (TableData::I16(v), TablePrecision::I16) => {
-                if !same {
-                    v.clear();
-                }
-                v.resize(len, 0)
-            }
-            (TableData::I8(v), TablePrecision::I8) => {
-                if !same {
-                    v.clear();
-                }
-                v.resize(len, 0)
-            }
-            (data, precision) => {
-                *data = match precision {
-                    TablePrecision::F32 => TableData::F32(vec![0.0; len]),
-                    TablePrecision::I16 => TableData::I16(vec![0; len]),
-                    TablePrecision::I8 => TableData::I8(vec![0; len]),
-                }
-            }
+            (TableData::F32(v), TablePrecision::F32) => refit(v, len, same),
+            (TableData::I16(v), TablePrecision::I16) => refit(v, len, same),
+            (TableData::I8(v), TablePrecision::I8) => refit(v, len, same),
+            (data, precision) => *data = zeroed_data(precision, len),
         }
         self.precision = plan.precision;
         self.per_group = plan.tuples.per_group;

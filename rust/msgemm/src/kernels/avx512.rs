@@ -1474,6 +1474,18 @@ unsafe fn add_broadcast(a: __m512, p: *const f32) -> __m512 {
     out
 }
 
+/// Four vectors of 16 int32 entries (`q[i]` = entries `16i .. 16i + 16`) as 64 bytes in entry
+/// order, saturated to int8: `vpackssdw`, `vpacksswb` and a dword permutation undoing their
+/// per-lane interleave.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn pack_i8(q: [__m512i; 4]) -> __m512i {
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let a = _mm512_packs_epi32(q[0], q[1]);
+    let b = _mm512_packs_epi32(q[2], q[3]);
+    _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b))
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn build_block_i8(
     plan: &Plan,
@@ -1498,7 +1510,6 @@ unsafe fn build_block_i8(
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     let vals = codebook_vector(plan);
-    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
@@ -1524,9 +1535,7 @@ unsafe fn build_block_i8(
                         let row = add_broadcast(p0, p1.as_ptr().add(4 * quad + c));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
-                    let a = _mm512_packs_epi32(e(0), e(1));
-                    let b = _mm512_packs_epi32(e(2), e(3));
-                    let bytes = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b));
+                    let bytes = pack_i8([e(0), e(1), e(2), e(3)]);
                     _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes);
                 }
                 continue;
@@ -1534,11 +1543,11 @@ unsafe fn build_block_i8(
             let lower = plan.levels.pow(r as u32 - 1);
             if used == 256 && r > 1 && lower.is_multiple_of(16) && matches!(plan.levels, 2 | 4 | 16)
             {
-                // The other full 256-entry tables whose last digit is constant over each
-                // 16-entry chunk (int2 d = 4, binary d = 8), the same way: entry
-                // `c * lower + i` = base[i] + p_last[c], the `lower / 16` base vectors summed
-                // left to right over the first r - 1 digits (`vpermps` picks each digit's
-                // product), p_last through memory (see `add_broadcast`).
+                // The other full 256-entry tables whose digits past the first `w` are
+                // constant over each 16-entry chunk (int2 d = 4, binary d = 8), in the same
+                // straight-line way: per chunk, the sum over the first `w` digits (one vector
+                // for all chunks), then each further digit's product added by broadcast,
+                // left to right as the scalar build.
                 let nb = lower / 16;
                 let nb_log = nb.trailing_zeros();
                 let dlen = plan.slot.div_ceil(64) * 64;
@@ -1578,23 +1587,18 @@ unsafe fn build_block_i8(
                         let row = add_broadcast(row, lasts.as_ptr().add(q >> nb_log));
                         _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
                     };
-                    let a = _mm512_packs_epi32(e(0), e(1));
-                    let b = _mm512_packs_epi32(e(2), e(3));
-                    let bytes = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b));
+                    let bytes = pack_i8([e(0), e(1), e(2), e(3)]);
                     _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes);
                 }
                 continue;
             }
-            // Four chunks of 16 rounded entries packed to 64 bytes per store: `vpackssdw`,
-            // `vpacksswb` and a dword permutation undoing the per-lane interleave.
+            // Four chunks of 16 rounded entries packed to 64 bytes per store.
             let mut q4 = [_mm512_setzero_si512(); 4];
             table_entries(plan, vals, digits, &xg[k0..k0 + r], |q, e| {
                 // round-to-nearest-even (the MXCSR default), as `round_ties_even`.
                 q4[q % 4] = _mm512_cvtps_epi32(_mm512_mul_ps(e, rv));
                 if q % 4 == 3 {
-                    let a = _mm512_packs_epi32(q4[0], q4[1]);
-                    let b = _mm512_packs_epi32(q4[2], q4[3]);
-                    let bytes = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b));
+                    let bytes = pack_i8(q4);
                     let o = 64 * (q / 4);
                     let n = (used - o).min(64);
                     let m = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
