@@ -671,9 +671,11 @@ def linear(
     x2 = _as_f32(arr.reshape(-1, k), "x")  # (B, K): X transposed, as the kernel wants it
     if bk == "reference":
         y, _ = _m.gemm_counted(pw._raw, x2, True, d, tbl, mir)
+        y = np.ascontiguousarray(y.T)
     else:
-        y = _m.gemm(pw._raw, x2, True, d, tbl, bk, mir, t)
-    return np.ascontiguousarray(y.T).reshape(*lead, m)
+        # Y comes out (B, M) directly from the driver's column-major blocks.
+        y = _m.gemm(pw._raw, x2, True, d, tbl, bk, mir, t, None, True)
+    return y.reshape(*lead, m)
 
 
 def _levels_of(format: Any, codebook: Any) -> tuple[int, float | None, int]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .._gpu import require
 from .._gpu.loader import get_function
-from .._util.validate import check_int
+from .._util.validate import check_bool, check_int
 from ._api import PackedWeights
 
 __all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "MAX_COLUMNS"]
@@ -139,16 +139,20 @@ def _sm_count(device: int) -> int:
 
 
 def _kernel(name: str, smem: int = 0) -> Any:
-    """A kernel of ``msgemm.cu`` (cached per device), with its dynamic shared memory set."""
+    """A kernel of ``msgemm.cu`` (cached per device) that may use ``smem`` bytes of dynamic
+    shared memory (at most ``_SMEM_BUDGET``)."""
     cp = require()
-    return _kernel_cached(name, smem, cp.cuda.Device().id)
+    return _kernel_cached(name, cp.cuda.Device().id, smem > 48 * 1024)
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_cached(name: str, smem: int, device: int) -> Any:
+def _kernel_cached(name: str, device: int, large_smem: bool) -> Any:
     k = get_function(_SRC, name)
-    if smem > 48 * 1024:
-        k.max_dynamic_shared_size_bytes = smem
+    if large_smem:
+        # The limit belongs to the kernel handle, which every call of this kernel shares: it is
+        # set once to the whole budget (a cap, not a reservation; the launch says how much it
+        # uses), so that a call with small tables cannot lower it under a later call's need.
+        k.max_dynamic_shared_size_bytes = _SMEM_BUDGET
     return k
 
 
@@ -200,7 +204,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     cp = require()
     if not isinstance(pwd, DeviceWeights):
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
-    xt, vector = _xt(pwd, x, check)
+    xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
     g, d, v, slot, tpg = pwd.group_size, pwd.depth, pwd.levels, pwd.slot, pwd.tuples_per_group
@@ -249,7 +253,7 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
     cp = require()
     if pwd.packed is None:
         raise ValueError("dequant_gemv_cuda: needs 4-bit codes with K and G multiples of 8")
-    xt, vector = _xt(pwd, x, check)
+    xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
     y = cp.empty((m, n), cp.float32)

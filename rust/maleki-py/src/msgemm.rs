@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use maleki_common::Result as CoreResult;
 use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
-use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout};
+use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout, YLayout};
 use maleki_msgemm::interop::{self, NBitsZeros};
 use maleki_msgemm::kernels::{self, Backend};
 use maleki_msgemm::quantize::{quantize, QuantizeOptions};
@@ -487,7 +487,7 @@ fn counts_dict<'py>(
 /// `y = Wd @ X`: `x` float32 C-contiguous, `(K, N)` (`transposed=False`) or `(N, K)`
 /// (`transposed=True`); returns (or writes into `out`) `y` `(M, N)` float32.
 #[pyfunction]
-#[pyo3(signature = (pw, x, transposed, depth, table, backend, mirror, threads, out=None))]
+#[pyo3(signature = (pw, x, transposed, depth, table, backend, mirror, threads, out=None, y_transposed=false))]
 #[allow(clippy::too_many_arguments)]
 fn gemm<'py>(
     py: Python<'py>,
@@ -500,35 +500,45 @@ fn gemm<'py>(
     mirror: bool,
     threads: Option<usize>,
     out: Option<PyReadwriteArray2<'py, f32>>,
+    y_transposed: bool,
 ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     let (n, layout) = columns_of(&x, transposed);
     let xs = slice(&x, "x")?;
     let w = Arc::clone(&pw.inner);
     let m = w.m();
+    // Y as (M, N), or transposed (N, M) (a linear layer's (B, M) outputs, without a copy).
+    let (y_layout, shape) = if y_transposed {
+        (YLayout::NbyM, [n, m])
+    } else {
+        (YLayout::MbyN, [m, n])
+    };
+    let run = |y: &mut [f32]| {
+        core_gemm::gemm_into_layout(&w, xs, n, layout, y_layout, &opts, y).map(|_| ())
+    };
     match out {
         Some(mut o) => {
-            if o.shape() != [m, n] {
+            if o.shape() != shape {
                 return Err(PyValueError::new_err(format!(
-                    "out: expected shape ({m}, {n}), got {:?}",
+                    "out: expected shape ({}, {}), got {:?}",
+                    shape[0],
+                    shape[1],
                     o.shape()
                 )));
             }
             let ys = o
                 .as_slice_mut()
                 .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
-            run_on(py, threads, || {
-                core_gemm::gemm_into(&w, xs, n, layout, &opts, ys).map(|_| ())
-            })?;
+            run_on(py, threads, || run(ys))?;
             Ok(None)
         }
         None => {
             let y = run_on(py, threads, || {
                 let mut y = vec![0f32; m * n];
-                core_gemm::gemm_into(&w, xs, n, layout, &opts, &mut y)?;
+                run(&mut y)?;
                 Ok(y)
             })?;
-            Ok(Some(to_array2(py, y, m, n)?))
+            Ok(Some(to_array2(py, y, shape[0], shape[1])?))
         }
     }
 }

@@ -449,14 +449,18 @@ pub fn run_plan(
         let rows_per_task = per_task * ROW_BLOCK;
         let task_len = rows_per_task * n;
         match y_layout {
+            // In blocks of 64 rows (each inside one task), so that the copy runs on every
+            // thread also when the columns were split (one task of all rows).
             YLayout::MbyN => y
-                .par_chunks_mut(rows_per_task * n)
-                .zip(scratch.par_chunks(task_len))
-                .for_each(|(out, src)| {
+                .par_chunks_mut(ROW_BLOCK * n)
+                .enumerate()
+                .for_each(|(b, out)| {
+                    let (t, r0) = (b / per_task, (b % per_task) * ROW_BLOCK);
+                    let src = &scratch[t * task_len..(t * task_len + task_len).min(scratch.len())];
                     let span = src.len() / n;
                     for (r, row) in out.chunks_exact_mut(n).enumerate() {
                         for (c, o) in row.iter_mut().enumerate() {
-                            *o = src[c * span + r];
+                            *o = src[c * span + r0 + r];
                         }
                     }
                 }),
