@@ -386,11 +386,6 @@ impl Packed {
         let c = run_quick(py, || Ok(pw.codes()))?;
         to_array2(py, c, self.inner.m(), self.inner.k())
     }
-    fn dequantize<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let pw = Arc::clone(&self.inner);
-        let w = run_quick(py, || Ok(pw.dequantize()))?;
-        to_array2(py, w, self.inner.m(), self.inner.k())
-    }
     /// Dequantizes into `out` (M, K) float32 C-contiguous: the float64 values rounded once.
     fn dequantize_into_f32(
         &self,

@@ -562,20 +562,20 @@ unsafe fn pair256(
     }
 }
 
-/// Integer partial sums of an `R x C` tile (R row blocks, C columns) over the tuples of one
-/// group: `sums[r * C + c]` receives, in row order, the exact sums of row block `r` against
-/// the tables of column `c`. Each index load feeds `C` lookups, each table load `R`.
+/// Integer partial sums of `R` row blocks over the tuples of one group against one column's
+/// tables: `sums[r]` receives, in row order, the exact sums of row block `r`. Each table load
+/// feeds `R` lookups.
 ///
-/// `rows[r]`: indices of tuple 0 of the group for row block `r`; `tabs[c]`: table of tuple 0
-/// of column `c`. While it runs, the index lines `[pf.offset, pf.offset + pf.len)` of the next
+/// `rows[r]`: indices of tuple 0 of the group for row block `r`; `tab`: table of tuple 0, `mults`:
+/// the tuples' multipliers. While it runs, the index lines `[pf.offset, pf.offset + pf.len)` of the next
 /// tile are prefetched into L2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize>(
+unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
     rows: &[*const u8; R],
-    tabs: &[*const u8; C],
-    mults: &[*const u8; C],
+    tab: *const u8,
+    mults: *const u8,
     slot: usize,
     per_group: usize,
     masks: &[u64; 4],
@@ -605,7 +605,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
         let mut t0 = 0;
         while t0 < per_group {
             let end = (t0 + I8_CHUNK).min(per_group);
-            let mut acc = [[[zero; 2]; C]; R];
+            let mut acc = [[zero; 2]; R];
             // Full pairs that do not contain the last tuple of the group (whose mirror
             // constants may differ); the rest after.
             let full_end = if MIR == MIR_NONE || end < per_group {
@@ -621,20 +621,18 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
                     }
                     pfp = pfp.wrapping_add(128 * R);
                 }
-                for c in 0..C {
-                    let ta = load_table_fast::<NZ>(tabs[c].add(t * slot), masks);
-                    let tb = load_table_fast::<NZ>(tabs[c].add((t + 1) * slot), masks);
-                    // The two tuples' multipliers, one per byte of every 16-bit lane.
-                    let mp2 = (mults[c].add(t) as *const i16).read_unaligned();
-                    let mul = _mm512_set1_epi16(mp2);
-                    for r in 0..R {
-                        if NZ == 4 && MIR == MIR_NONE {
-                            pair256(&ta, &tb, mul, rows[r].add(64 * t), &mut acc[r][c]);
-                        } else {
-                            let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, 0);
-                            let e1 = lookup::<NZ, MIR>(&tb, rows[r].add(64 * t + 64), &mv, 0);
-                            add_pair(&mut acc[r][c], e0, e1, mul);
-                        }
+                let ta = load_table_fast::<NZ>(tab.add(t * slot), masks);
+                let tb = load_table_fast::<NZ>(tab.add((t + 1) * slot), masks);
+                // The two tuples' multipliers, one per byte of every 16-bit lane.
+                let mp2 = (mults.add(t) as *const i16).read_unaligned();
+                let mul = _mm512_set1_epi16(mp2);
+                for r in 0..R {
+                    if NZ == 4 && MIR == MIR_NONE {
+                        pair256(&ta, &tb, mul, rows[r].add(64 * t), &mut acc[r]);
+                    } else {
+                        let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, 0);
+                        let e1 = lookup::<NZ, MIR>(&tb, rows[r].add(64 * t + 64), &mv, 0);
+                        add_pair(&mut acc[r], e0, e1, mul);
                     }
                 }
                 t += 2;
@@ -643,27 +641,16 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize, const C: usize
             // them), one at a time paired with zeros.
             while t < end {
                 let w = usize::from(t == last);
-                for c in 0..C {
-                    let ta = load_table::<NZ>(tabs[c].add(t * slot), masks);
-                    let mul = _mm512_set1_epi16(i16::from(*mults[c].add(t)));
-                    for r in 0..R {
-                        let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, w);
-                        add_pair(&mut acc[r][c], e0, zero, mul);
-                    }
+                let ta = load_table::<NZ>(tab.add(t * slot), masks);
+                let mul = _mm512_set1_epi16(i16::from(*mults.add(t)));
+                for r in 0..R {
+                    let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, w);
+                    add_pair(&mut acc[r], e0, zero, mul);
                 }
                 t += 1;
             }
             for r in 0..R {
-                for c in 0..C {
-                    widen16(
-                        acc[r][c][0],
-                        acc[r][c][1],
-                        perm,
-                        false,
-                        t0 > 0,
-                        &mut sums[r * C + c],
-                    );
-                }
+                widen16(acc[r][0], acc[r][1], perm, false, t0 > 0, &mut sums[r]);
             }
             t0 = end;
         }
@@ -789,11 +776,10 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
     unsafe { dispatch_nz_mir!(nz, mp.kind, run_i8_t, job, ix, tab, y, &mp) }
 }
 
-/// The i8 driver: for each group, column tiles of 4, 2 or 1 columns, each swept over the
-/// job's row blocks in tiles of 2, 4 or 8 row blocks (16 int16 accumulators either way).
-/// With `N > 1`, `y` is accumulated in a column-major copy of the job's rows (the epilogue
-/// then writes 16 consecutive floats) and copied back at the end; the float operations on
-/// every `y[m, n]` are the contract's, in group order, so the result is the same.
+/// The i8 driver: for each group, the job's row blocks in tiles of `RB_TILE` (then single
+/// blocks), each swept over the columns one after the other (the tile's indices stay in L1),
+/// its integer sums then the epilogue into the job's column-major `y` (16 consecutive floats
+/// per store); the float operations on every `y[m, n]` are the contract's, in group order.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
@@ -855,8 +841,8 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
             // for int4 g128) are loaded from memory once and re-read from L1 for the other
             // columns; each column's tables stream from L2.
             for n in cols.clone() {
-                let tab_ptr = |_c: usize| unsafe { tb.add(tabs.offset(g, n, 0)) };
-                let mult_ptr = |_c: usize| tabs.mults(g, n).as_ptr();
+                let tab_ptr = unsafe { tb.add(tabs.offset(g, n, 0)) };
+                let mult_ptr = tabs.mults(g, n).as_ptr();
                 let pfn = if n == cols.start {
                     pf
                 } else {
@@ -865,10 +851,10 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                 macro_rules! tile {
                     ($r:literal) => {
                         unsafe {
-                            i8_tile::<NZ, MIR, $r, 1>(
+                            i8_tile::<NZ, MIR, $r>(
                                 &std::array::from_fn(row_ptr),
-                                &std::array::from_fn(tab_ptr),
-                                &std::array::from_fn(mult_ptr),
+                                tab_ptr,
+                                mult_ptr,
                                 slot,
                                 pg,
                                 &masks,
