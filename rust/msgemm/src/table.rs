@@ -456,16 +456,25 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
                     &mut f[t * slot..(t + 1) * slot],
                 );
             }
-            // max |entry| of each tuple over the entries that can be looked up
+            // max |entry| of each tuple over the entries that can be looked up (which entries
+            // those are depends only on the tuple's depth: one mask per depth, not a digit
+            // decomposition per entry and tuple)
+            let used =
+                |r: usize| -> Vec<bool> { (0..slot).map(|i| plan.entry_used(i, r)).collect() };
+            let (full, last) = (used(tp.depth), used(tp.last_depth));
             let amax: Vec<f32> = f
                 .chunks_exact(slot)
                 .enumerate()
                 .map(|(t, tab)| {
-                    let r = tp.depth_of(t);
+                    let mask = if tp.depth_of(t) == tp.depth {
+                        &full
+                    } else {
+                        &last
+                    };
                     tab.iter()
-                        .enumerate()
-                        .filter(|&(i, _)| plan.entry_used(i, r))
-                        .fold(0f32, |m, (_, &x)| m.max(x.abs()))
+                        .zip(mask)
+                        .filter(|&(_, &u)| u)
+                        .fold(0f32, |m, (&x, _)| m.max(x.abs()))
                 })
                 .collect();
             let mut rm = vec![0f32; tp.per_group];
