@@ -10,7 +10,7 @@
 use maleki_common::{Error, Result};
 use nalgebra::Matrix6;
 
-use crate::math::Sym3;
+use crate::math::{sym3_cofactors, Sym3};
 
 /// A 3x3 block of the covariance: one per point or one shared by all points.
 #[derive(Debug, Clone, Copy)]
@@ -309,14 +309,8 @@ impl Prepared {
         ];
         let rr = [v[21], sym(3, 4), sym(3, 5), v[28], sym(4, 5), v[35]];
         // Division-free definiteness test (as `positive_definite`), lane-wise.
-        let [b00, b01, b02, b11, b12, b22] = bb;
-        let a00 = b11 * b22 - b12 * b12;
-        let a01 = b02 * b12 - b01 * b22;
-        let a02 = b01 * b12 - b02 * b11;
-        let a11 = b00 * b22 - b02 * b02;
-        let a12 = b01 * b02 - b00 * b12;
-        let a22 = b00 * b11 - b01 * b01;
-        let det = b00 * a00 + b01 * a01 + b02 * a02;
+        let b00 = bb[0];
+        let ([a00, a01, a02, a11, a12, a22], det) = sym3_cofactors(&bb);
         let adj = [[a00, a01, a02], [a01, a11, a12], [a02, a12, a22]];
         let mut y = [[F4::splat(0.0); 3]; 3];
         for i in 0..3 {
@@ -491,14 +485,8 @@ fn symmetric_blocks(c: &[f64; 36]) -> Blocks {
 /// `det R_bb > 0`, `det(R_bb) R_rr − R_brᵀ adj(R_bb) R_br`, positive definite. A `false` is
 /// confirmed (or overruled, for semi-definite matrices) by an eigenvalue computation.
 fn positive_definite(k: &Blocks) -> bool {
-    let [b00, b01, b02, b11, b12, b22] = k.bb;
-    let a00 = b11 * b22 - b12 * b12;
-    let a01 = b02 * b12 - b01 * b22;
-    let a02 = b01 * b12 - b02 * b11;
-    let a11 = b00 * b22 - b02 * b02;
-    let a12 = b01 * b02 - b00 * b12;
-    let a22 = b00 * b11 - b01 * b01;
-    let det = b00 * a00 + b01 * a01 + b02 * a02;
+    let b00 = k.bb[0];
+    let ([a00, a01, a02, a11, a12, a22], det) = sym3_cofactors(&k.bb);
     if !(b00 > 0.0 && a22 > 0.0 && det > 0.0) {
         return false;
     }
