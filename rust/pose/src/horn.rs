@@ -8,6 +8,7 @@
 use maleki_common::{Error, Result};
 use nalgebra::{Matrix3, Matrix4, Vector3};
 
+use crate::input::check_correspondences;
 use crate::math::{jacobi_eigen4, rotation_from_wxyz};
 
 /// The result of the q-method: rotation, translation, and the relative gap between the two
@@ -59,30 +60,11 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
             }
         }
     }
-    let [[sxx, sxy, sxz], [syx, syy, syz], [szx, szy, szz]] = m;
-    // Horn (1987), eq. for N; quaternion order (w, x, y, z).
-    let k = Matrix4::new(
-        sxx + syy + szz,
-        syz - szy,
-        szx - sxz,
-        sxy - syx,
-        syz - szy,
-        sxx - syy - szz,
-        sxy + syx,
-        szx + sxz,
-        szx - sxz,
-        sxy + syx,
-        -sxx + syy - szz,
-        syz + szy,
-        sxy - syx,
-        szx + sxz,
-        syz + szy,
-        -sxx - syy + szz,
-    );
-    let scale = k.iter().fold(0.0f64, |acc, v| acc.max(v.abs()));
+    let k = horn_matrix(m);
     let (q, gap) = match top_eigenvector_fast(&k) {
         Some(fast) => fast,
         None => {
+            let scale = k.iter().fold(0.0f64, |acc, v| acc.max(v.abs()));
             let (vals, vecs) = jacobi_eigen4(&k);
             let mut order = [0usize, 1, 2, 3];
             order.sort_by(|&i, &j| vals[j].total_cmp(&vals[i]));
@@ -104,6 +86,30 @@ pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) ->
         translation: bbar - rotation * rbar,
         gap,
     }
+}
+
+/// Horn's symmetric 4x4 matrix `N` (Horn 1987) of `m[x][y] = Σ w (r − r̄)_x (b − b̄)_y`, in
+/// quaternion order `(w, x, y, z)`: its top eigenvector is the optimal rotation.
+fn horn_matrix(m: [[f64; 3]; 3]) -> Matrix4<f64> {
+    let [[sxx, sxy, sxz], [syx, syy, syz], [szx, szy, szz]] = m;
+    Matrix4::new(
+        sxx + syy + szz,
+        syz - szy,
+        szx - sxz,
+        sxy - syx,
+        syz - szy,
+        sxx - syy - szz,
+        sxy + syx,
+        szx + sxz,
+        szx - sxz,
+        sxy + syx,
+        -sxx + syy - szz,
+        syz + szy,
+        sxy - syx,
+        szx + sxz,
+        syz + szy,
+        -sxx - syy + szz,
+    )
 }
 
 /// Determinant of a 4x4 matrix by Laplace expansion in 2x2 minors (no pivoting needed: only
@@ -221,41 +227,7 @@ pub fn absolute_orientation(
     r: &[[f64; 3]],
     weights: Option<&[f64]>,
 ) -> Result<(Matrix3<f64>, Vector3<f64>)> {
-    let n = b.len();
-    if r.len() != n {
-        return Err(Error::invalid(
-            "r",
-            format!("has {} points but b has {n}", r.len()),
-        ));
-    }
-    if n < 3 {
-        return Err(Error::invalid(
-            "b",
-            format!("needs at least 3 correspondences, got {n}"),
-        ));
-    }
-    for (name, pts) in [("b", b), ("r", r)] {
-        if let Some(i) = pts.iter().position(|p| !p.iter().all(|v| v.is_finite())) {
-            return Err(Error::invalid(
-                name,
-                format!("point {i} is not finite: {:?}", pts[i]),
-            ));
-        }
-    }
-    if let Some(w) = weights {
-        if w.len() != n {
-            return Err(Error::invalid(
-                "weights",
-                format!("has {} entries but there are {n} points", w.len()),
-            ));
-        }
-        if let Some(i) = w.iter().position(|v| !(v.is_finite() && *v > 0.0)) {
-            return Err(Error::invalid(
-                "weights",
-                format!("weights[{i}] = {} must be positive and finite", w[i]),
-            ));
-        }
-    }
+    check_correspondences(b, r, weights)?;
     let h = match weights {
         Some(w) => horn_fit(b, r, |i| w[i]),
         None => horn_fit(b, r, |_| 1.0),
@@ -344,25 +316,7 @@ mod tests {
                 [(3.1 * x).cos() * 0.5, (0.3 * x).sin(), (1.9 * x).cos()],
                 [(0.9 * x).sin(), (1.3 * x).cos() * 0.01, (2.9 * x).sin()],
             ];
-            let [[sxx, sxy, sxz], [syx, syy, syz], [szx, szy, szz]] = m;
-            let k = Matrix4::new(
-                sxx + syy + szz,
-                syz - szy,
-                szx - sxz,
-                sxy - syx,
-                syz - szy,
-                sxx - syy - szz,
-                sxy + syx,
-                szx + sxz,
-                szx - sxz,
-                sxy + syx,
-                -sxx + syy - szz,
-                syz + szy,
-                sxy - syx,
-                szx + sxz,
-                syz + szy,
-                -sxx - syy + szz,
-            );
+            let k = horn_matrix(m);
             let (vals, vecs) = jacobi_eigen4(&k);
             let top = (0..4).max_by(|&a, &b| vals[a].total_cmp(&vals[b])).unwrap();
             if let Some((q, gap)) = top_eigenvector_fast(&k) {

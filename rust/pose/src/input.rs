@@ -10,7 +10,7 @@
 use maleki_common::{Error, Result};
 use nalgebra::Matrix6;
 
-use crate::math::Sym3;
+use crate::math::{sym3_cofactors, Sym3};
 
 /// A 3x3 block of the covariance: one per point or one shared by all points.
 #[derive(Debug, Clone, Copy)]
@@ -309,14 +309,8 @@ impl Prepared {
         ];
         let rr = [v[21], sym(3, 4), sym(3, 5), v[28], sym(4, 5), v[35]];
         // Division-free definiteness test (as `positive_definite`), lane-wise.
-        let [b00, b01, b02, b11, b12, b22] = bb;
-        let a00 = b11 * b22 - b12 * b12;
-        let a01 = b02 * b12 - b01 * b22;
-        let a02 = b01 * b12 - b02 * b11;
-        let a11 = b00 * b22 - b02 * b02;
-        let a12 = b01 * b02 - b00 * b12;
-        let a22 = b00 * b11 - b01 * b01;
-        let det = b00 * a00 + b01 * a01 + b02 * a02;
+        let b00 = bb[0];
+        let ([a00, a01, a02, a11, a12, a22], det) = sym3_cofactors(&bb);
         let adj = [[a00, a01, a02], [a01, a11, a12], [a02, a12, a22]];
         let mut y = [[F4::splat(0.0); 3]; 3];
         for i in 0..3 {
@@ -450,8 +444,26 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
             format!("is not symmetric (max |R - Rᵀ| = {asym:.3e})"),
         ));
     }
+    let blk = symmetric_blocks(c);
+    if !positive_definite(&blk) {
+        // Not (clearly) positive definite: accept it only if positive semi-definite.
+        let m = Matrix6::from_fn(|i, j| 0.5 * (c[6 * i + j] + c[6 * j + i]));
+        let min = m.symmetric_eigenvalues().min();
+        if min < -1e-12 * scale {
+            return Err(Error::invalid(
+                label(),
+                format!("is not positive semi-definite (smallest eigenvalue {min:.3e})"),
+            ));
+        }
+    }
+    Ok(blk)
+}
+
+/// The blocks of a row-major 6x6 covariance, off-diagonal entries symmetrised
+/// (`(c_ij + c_ji) / 2`).
+fn symmetric_blocks(c: &[f64; 36]) -> Blocks {
     let sym = |i: usize, j: usize| 0.5 * (c[6 * i + j] + c[6 * j + i]);
-    let blk = Blocks {
+    Blocks {
         bb: [c[0], sym(0, 1), sym(0, 2), c[7], sym(1, 2), c[14]],
         br: [
             sym(0, 3),
@@ -465,19 +477,7 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
             sym(2, 5),
         ],
         rr: [c[21], sym(3, 4), sym(3, 5), c[28], sym(4, 5), c[35]],
-    };
-    if !positive_definite(&blk) {
-        // Not (clearly) positive definite: accept it only if positive semi-definite.
-        let m = Matrix6::from_fn(sym);
-        let min = m.symmetric_eigenvalues().min();
-        if min < -1e-12 * scale {
-            return Err(Error::invalid(
-                label(),
-                format!("is not positive semi-definite (smallest eigenvalue {min:.3e})"),
-            ));
-        }
     }
-    Ok(blk)
 }
 
 /// Fast positive-definiteness test of `[[R_bb, R_br], [R_brᵀ, R_rr]]` without divisions:
@@ -485,14 +485,8 @@ fn check_cov6(c: &[f64; 36], label: impl Fn() -> String) -> Result<Blocks> {
 /// `det R_bb > 0`, `det(R_bb) R_rr − R_brᵀ adj(R_bb) R_br`, positive definite. A `false` is
 /// confirmed (or overruled, for semi-definite matrices) by an eigenvalue computation.
 fn positive_definite(k: &Blocks) -> bool {
-    let [b00, b01, b02, b11, b12, b22] = k.bb;
-    let a00 = b11 * b22 - b12 * b12;
-    let a01 = b02 * b12 - b01 * b22;
-    let a02 = b01 * b12 - b02 * b11;
-    let a11 = b00 * b22 - b02 * b02;
-    let a12 = b01 * b02 - b00 * b12;
-    let a22 = b00 * b11 - b01 * b01;
-    let det = b00 * a00 + b01 * a01 + b02 * a02;
+    let b00 = k.bb[0];
+    let ([a00, a01, a02, a11, a12, a22], det) = sym3_cofactors(&k.bb);
     if !(b00 > 0.0 && a22 > 0.0 && det > 0.0) {
         return false;
     }
@@ -557,17 +551,19 @@ fn point_of(b: [f64; 3], r: [f64; 3], blk: &Blocks, w: f64) -> Point {
     }
 }
 
-/// Validates `scan` into `out` (reusing its allocation). Errors name the argument and the
-/// index of the offending point.
-pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
-    let n = scan.b.len();
-    out.pairs.clear();
-    out.blocks.clear();
-    out.cross = false;
-    if scan.r.len() != n {
+/// Checks correspondences: `r` as long as `b`, at least 3 points, every coordinate finite,
+/// and the optional weights one positive finite value per point. Errors name the argument and
+/// the index of the offending point.
+pub(crate) fn check_correspondences(
+    b: &[[f64; 3]],
+    r: &[[f64; 3]],
+    weights: Option<&[f64]>,
+) -> Result<()> {
+    let n = b.len();
+    if r.len() != n {
         return Err(Error::invalid(
             "r",
-            format!("has {} points but b has {n}", scan.r.len()),
+            format!("has {} points but b has {n}", r.len()),
         ));
     }
     if n < 3 {
@@ -576,7 +572,7 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             format!("needs at least 3 correspondences, got {n}"),
         ));
     }
-    for (name, pts) in [("b", scan.b), ("r", scan.r)] {
+    for (name, pts) in [("b", b), ("r", r)] {
         // Σ v·0 is NaN as soon as one value is not finite: one branch for the common case.
         let mut probe = 0.0f64;
         for p in pts {
@@ -593,7 +589,7 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             ));
         }
     }
-    if let Some(w) = scan.weights {
+    if let Some(w) = weights {
         if w.len() != n {
             return Err(Error::invalid(
                 "weights",
@@ -607,6 +603,17 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+/// Validates `scan` into `out` (reusing its allocation). Errors name the argument and the
+/// index of the offending point.
+pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
+    let n = scan.b.len();
+    out.pairs.clear();
+    out.blocks.clear();
+    out.cross = false;
+    check_correspondences(scan.b, scan.r, scan.weights)?;
     let weight = |i: usize| scan.weights.map_or(1.0, |w| w[i]);
     out.pairs.reserve(n);
     out.blocks.reserve(n.div_ceil(4));
@@ -824,36 +831,8 @@ mod tests {
                     c[6 * i + j] = m[(i, j)];
                 }
             }
-            let sym = |i: usize, j: usize| c[6 * i + j];
-            let blk = Blocks {
-                bb: [
-                    sym(0, 0),
-                    sym(0, 1),
-                    sym(0, 2),
-                    sym(1, 1),
-                    sym(1, 2),
-                    sym(2, 2),
-                ],
-                br: [
-                    sym(0, 3),
-                    sym(0, 4),
-                    sym(0, 5),
-                    sym(1, 3),
-                    sym(1, 4),
-                    sym(1, 5),
-                    sym(2, 3),
-                    sym(2, 4),
-                    sym(2, 5),
-                ],
-                rr: [
-                    sym(3, 3),
-                    sym(3, 4),
-                    sym(3, 5),
-                    sym(4, 4),
-                    sym(4, 5),
-                    sym(5, 5),
-                ],
-            };
+            // `m` is symmetric: the symmetrised blocks are its blocks.
+            let blk = symmetric_blocks(&c);
             let ours = positive_definite(&blk);
             let min = m.symmetric_eigenvalues().min();
             if min.abs() > 1e-9 {

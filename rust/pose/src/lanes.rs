@@ -14,6 +14,7 @@ use std::ops::{Add, Div, Mul, Sub};
 use nalgebra::{Matrix3, Vector3, Vector6};
 
 use crate::input::Point;
+use crate::math::sym3_cofactors;
 use crate::solver::Eval;
 
 /// Four `f64` lanes.
@@ -221,14 +222,8 @@ fn pass<const CROSS: bool, const NORMAL: bool>(
             ]
         };
         // W = S⁻¹ by cofactors, with Sylvester's SPD check per lane.
-        let [s00, s01, s02, s11, s12, s22] = s;
-        let c00 = s11 * s22 - s12 * s12;
-        let c01 = s02 * s12 - s01 * s22;
-        let c02 = s01 * s12 - s02 * s11;
-        let c11 = s00 * s22 - s02 * s02;
-        let c12 = s01 * s02 - s00 * s12;
-        let c22 = s00 * s11 - s01 * s01;
-        let det = s00 * c00 + s01 * c01 + s02 * c02;
+        let [s00, _, _, s11, _, s22] = s;
+        let ([c00, c01, c02, c11, c12, c22], det) = sym3_cofactors(&s);
         let bound = tiny * (s00 * s11 * s22);
         let mut bad = false;
         for l in 0..4 {

@@ -5,6 +5,8 @@
 //! Everything is stack-only. Symmetric 3x3 matrices are stored as their six upper entries
 //! `[xx, xy, xz, yy, yz, zz]`.
 
+use std::ops::{Add, Mul, Sub};
+
 use nalgebra::{Matrix3, Matrix4, Matrix6, Rotation3, UnitQuaternion, Vector3, Vector6};
 
 /// Symmetric 3x3 matrix as `[xx, xy, xz, yy, yz, zz]`.
@@ -65,20 +67,36 @@ pub fn quaternion_xyzw(m: &Matrix3<f64>) -> [f64; 4] {
     out
 }
 
+/// Cofactors of the symmetric 3x3 matrix `s` (its adjugate, upper entries, in [`Sym3`]
+/// order) and its determinant by expansion along the first row. Generic over the element type
+/// so that the scalar code and the four-lane code of [`crate::lanes`] share one formula (the
+/// same operations in the same order, hence the same rounding).
+#[inline(always)]
+pub fn sym3_cofactors<T>(s: &[T; 6]) -> ([T; 6], T)
+where
+    T: Copy + Add<Output = T> + Sub<Output = T> + Mul<Output = T>,
+{
+    let [s00, s01, s02, s11, s12, s22] = *s;
+    let c = [
+        s11 * s22 - s12 * s12,
+        s02 * s12 - s01 * s22,
+        s01 * s12 - s02 * s11,
+        s00 * s22 - s02 * s02,
+        s01 * s02 - s00 * s12,
+        s00 * s11 - s01 * s01,
+    ];
+    let det = s00 * c[0] + s01 * c[1] + s02 * c[2];
+    (c, det)
+}
+
 /// Inverse of the symmetric 3x3 matrix `s` by cofactors, or `None` when `s` is not
 /// (numerically) positive definite (Sylvester's criterion on the leading minors, with the
 /// determinant also required to exceed `1e-14` of the diagonal product: the matrix would
 /// otherwise have a condition number beyond ~1e14 and its inverse would be noise).
 #[inline(always)]
 pub fn sym3_inverse_spd(s: &Sym3) -> Option<Sym3> {
-    let [s00, s01, s02, s11, s12, s22] = *s;
-    let c00 = s11 * s22 - s12 * s12;
-    let c01 = s02 * s12 - s01 * s22;
-    let c02 = s01 * s12 - s02 * s11;
-    let c11 = s00 * s22 - s02 * s02;
-    let c12 = s01 * s02 - s00 * s12;
-    let c22 = s00 * s11 - s01 * s01;
-    let det = s00 * c00 + s01 * c01 + s02 * c02;
+    let [s00, _, _, s11, _, s22] = *s;
+    let ([c00, c01, c02, c11, c12, c22], det) = sym3_cofactors(s);
     // `!(x > 0)` also rejects NaN.
     if !(s00 > 0.0 && c22 > 0.0 && det > 1e-14 * (s00 * s11 * s22)) {
         return None;

@@ -26,6 +26,8 @@ use crate::horn::horn_fit_by;
 use crate::input::Point;
 use crate::input::{prepare, Prepared, ScanRef};
 use crate::math::{exp_so3, orthonormalize, quaternion_xyzw, rcond_equilibrated, Chol6};
+#[cfg(test)]
+use crate::math::{sym3_inverse_spd, sym3_mul};
 
 /// Geometry whose equilibrated normal matrix has a reciprocal condition number below this is
 /// reported as degenerate (collinear or coincident points: a rotation is unobservable).
@@ -245,32 +247,9 @@ pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
                 bb[5] + dot(2, 2),
             ]
         };
-        // W = S⁻¹ by cofactors, with Sylvester's SPD check.
-        let [s00, s01, s02, s11, s12, s22] = s;
-        let c00 = s11 * s22 - s12 * s12;
-        let c01 = s02 * s12 - s01 * s22;
-        let c02 = s01 * s12 - s02 * s11;
-        let c11 = s00 * s22 - s02 * s02;
-        let c12 = s01 * s02 - s00 * s12;
-        let c22 = s00 * s11 - s01 * s01;
-        let det = s00 * c00 + s01 * c01 + s02 * c02;
-        if !(s00 > 0.0 && c22 > 0.0 && det > 1e-14 * (s00 * s11 * s22)) {
-            return Err(i);
-        }
-        let inv = 1.0 / det;
-        let w = [
-            c00 * inv,
-            c01 * inv,
-            c02 * inv,
-            c11 * inv,
-            c12 * inv,
-            c22 * inv,
-        ];
-        let u = [
-            w[0] * e[0] + w[1] * e[1] + w[2] * e[2],
-            w[1] * e[0] + w[3] * e[1] + w[4] * e[2],
-            w[2] * e[0] + w[4] * e[1] + w[5] * e[2],
-        ];
+        // W = S⁻¹, with Sylvester's SPD check.
+        let w = sym3_inverse_spd(&s).ok_or(i)?;
+        let u = sym3_mul(&w, &e);
         cost += e[0] * u[0] + e[1] * u[1] + e[2] * u[2];
         // c = b̃ − t − R_bb u (+ R_br Aᵀ u);  g_θ += u × c.
         let mut c = [
