@@ -30,7 +30,7 @@ from .._core import tessel as _t
 from .._util.progress import reporter
 from .._util.validate import check_choice, check_int
 from ._premise import Premise
-from ._schedule import CONVENTIONS, Schedule, _memory_arg
+from ._schedule import CONVENTIONS, Schedule, _check_premise, _memory_arg
 
 __all__ = ["search", "exact", "repetends", "SearchResult", "ExactResult", "Repetend"]
 
@@ -113,15 +113,6 @@ class Repetend:
     first_template: NDArray[np.int64] | None
     exhausted: bool
     nodes: int
-
-
-def _premise(premise: Any) -> Premise:
-    if not isinstance(premise, Premise):
-        raise TypeError(
-            f"premise: expected a maleki_rs.tessel.Premise (from tessel.premise(...) or "
-            f"Premise.from_blocks(...)), got {type(premise).__name__}"
-        )
-    return premise
 
 
 def _time_limit(time_limit: Any) -> float | None:
@@ -209,7 +200,7 @@ def search(
     maleki_rs.exceptions.InfeasibleError
         No schedule fits the memory caps (a ``ValueError``).
     """
-    p = _premise(premise)
+    p = _check_premise(premise)
     nm = check_int(nmicros, "nmicros", min=1, max=1 << 20)
     caps = _caps(memory, p.ndevs)
     tl = _time_limit(time_limit)
@@ -283,7 +274,7 @@ def exact(
     maleki_rs.exceptions.InfeasibleError
         When no schedule fits the memory caps (proved).
     """
-    p = _premise(premise)
+    p = _check_premise(premise)
     nm = check_int(nmicros, "nmicros", min=1, max=4096)
     caps = _caps(memory, p.ndevs)
     tl = _time_limit(time_limit)
@@ -322,7 +313,7 @@ def repetends(
         none, and one :class:`Repetend` per period in ``min_period .. min_period + delta_p``
         that is not dominated by a smaller period.
     """
-    p = _premise(premise)
+    p = _check_premise(premise)
     caps = _caps(memory, p.ndevs)
     tl = _time_limit(time_limit)
     dp = check_int(delta_p, "delta_p", min=0, max=64)

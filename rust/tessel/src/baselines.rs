@@ -633,30 +633,23 @@ pub fn bidirectional(p: &Premise) -> Result<Premise> {
                 stages[s].device
             }
         };
-        let mut chain = Vec::new();
-        for (s, st) in stages.iter().enumerate() {
-            let b = p.block(st.forward);
-            blocks.push(Block::new(
+        // Forwards down the stages, then backwards up: one chain per direction.
+        let forwards = (0..ns).map(|s| (s, stages[s].forward));
+        let backwards = (0..ns)
+            .rev()
+            .map(|s| (s, stages[s].backward.expect("checked")));
+        let first = blocks.len();
+        blocks.extend(forwards.chain(backwards).map(|(s, g)| {
+            let b = p.block(g);
+            Block::new(
                 format!("{}/{tag}", b.name),
                 b.span,
                 vec![dev(s)],
                 b.memory,
                 b.kind,
-            ));
-            chain.push(blocks.len() - 1);
-        }
-        for (s, st) in stages.iter().enumerate().rev() {
-            let b = p.block(st.backward.expect("checked"));
-            blocks.push(Block::new(
-                format!("{}/{tag}", b.name),
-                b.span,
-                vec![dev(s)],
-                b.memory,
-                b.kind,
-            ));
-            chain.push(blocks.len() - 1);
-        }
-        edges.extend(chain.windows(2).map(|w| Edge::new(w[0], w[1])));
+            )
+        }));
+        edges.extend((first + 1..blocks.len()).map(|k| Edge::new(k - 1, k)));
     }
     Premise::new(p.ndevs(), blocks, edges)
 }

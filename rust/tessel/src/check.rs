@@ -2,7 +2,7 @@
 //! guard its own outputs and by the tests. It stops at the first violation; the public
 //! validator that lists every violation lives elsewhere.
 
-use crate::model::{MemoryConvention, Premise, UNLIMITED};
+use crate::model::{memory_levels, MemoryConvention, Premise, UNLIMITED};
 
 /// `Ok(())` when `starts` (row-major `nmicros x nblocks`) satisfies V1 (precedence with lags),
 /// V2 (device exclusivity), V3 (memory within `memory`), V4 (FIFO per block, when `fifo`)
@@ -74,14 +74,7 @@ pub(crate) fn check(
             .map(|&(a, b, mu)| (conv.effect_time(a, b - a, mu), mu))
             .collect();
         ev.sort_unstable();
-        let mut level = 0;
-        let mut k = 0;
-        while k < ev.len() {
-            let t = ev[k].0;
-            while k < ev.len() && ev[k].0 == t {
-                level += ev[k].1;
-                k += 1;
-            }
+        for (t, level) in memory_levels(&ev) {
             if level > cap {
                 return Err(format!(
                     "V3: memory {level} on device {d} at time {t} exceeds the cap {cap}"

@@ -784,40 +784,54 @@ impl Schedule {
 
     /// Peak memory per device, `max(0, max_t mem_d(t))`, under the schedule's convention.
     pub fn peak_memory(&self) -> Vec<i64> {
+        self.peak_memory_under(self.convention)
+    }
+
+    /// [`Schedule::peak_memory`] under `convention` instead of the schedule's own.
+    pub fn peak_memory_under(&self, convention: MemoryConvention) -> Vec<i64> {
+        (0..self.premise.ndevs())
+            .map(|d| {
+                memory_levels(&self.memory_events(d, convention))
+                    .map(|(_, level)| level)
+                    .fold(0, i64::max)
+            })
+            .collect()
+    }
+
+    /// The memory deltas of device `d` as `(effect time, delta)` under `convention`, sorted;
+    /// blocks without memory are left out.
+    pub(crate) fn memory_events(&self, d: usize, convention: MemoryConvention) -> Vec<(i64, i64)> {
         let p = &self.premise;
-        let mut peaks = vec![0i64; p.ndevs()];
-        let mut events: Vec<(i64, i64)> = Vec::new();
-        for (d, peak) in peaks.iter_mut().enumerate() {
-            events.clear();
-            for &g in p.blocks_on(d) {
-                let (s, mu) = (p.span(g), p.block(g).memory);
-                if mu == 0 {
-                    continue;
-                }
-                for j in 0..self.nmicros {
-                    events.push((self.convention.effect_time(self.start(j, g), s, mu), mu));
-                }
+        let mut ev: Vec<(i64, i64)> = Vec::new();
+        for &g in p.blocks_on(d) {
+            let (s, mu) = (p.span(g), p.block(g).memory);
+            if mu == 0 {
+                continue;
             }
-            events.sort_unstable();
-            let mut mem = 0i64;
-            let mut k = 0;
-            while k < events.len() {
-                let t = events[k].0;
-                while k < events.len() && events[k].0 == t {
-                    mem += events[k].1;
-                    k += 1;
-                }
-                *peak = (*peak).max(mem);
+            for j in 0..self.nmicros {
+                ev.push((convention.effect_time(self.start(j, g), s, mu), mu));
             }
         }
-        peaks
+        ev.sort_unstable();
+        ev
     }
 }
 
+/// The memory level after each distinct time of `events` (`(time, delta)` sorted by time):
+/// `(time, level)`, the level summing every delta at or before `time`.
+pub(crate) fn memory_levels(events: &[(i64, i64)]) -> impl Iterator<Item = (i64, i64)> + '_ {
+    events.chunk_by(|x, y| x.0 == y.0).scan(0i64, |level, at| {
+        *level += at.iter().map(|e| e.1).sum::<i64>();
+        Some((at[0].0, *level))
+    })
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// The blocks of the V (`F0..F{D-1}` span 1 memory +1, then `B{D-1}..B0` span 3 memory
+    /// -1), the unit tests' common premise.
     fn fb(ndevs: usize) -> Vec<Block> {
         let mut v: Vec<Block> = (0..ndevs)
             .map(|d| Block::new(format!("F{d}"), 1, vec![d], 1, Kind::Forward))
@@ -828,6 +842,11 @@ mod tests {
                 .map(|d| Block::new(format!("B{d}"), 3, vec![d], -1, Kind::Backward)),
         );
         v
+    }
+
+    /// The V on `d` devices.
+    pub(crate) fn vshape(d: usize) -> Arc<Premise> {
+        Arc::new(Premise::chain(d, fb(d)).unwrap())
     }
 
     #[test]

@@ -27,10 +27,26 @@ use rayon::prelude::*;
 
 use crate::bits::Bits;
 use crate::model::{MemoryConvention, Premise, UNLIMITED};
-use crate::template::Template;
+use crate::template::{device_steady_peak, Template};
 
 /// Largest period the bit-set search handles (64 words of 64 bits).
 pub const MAX_PERIOD: i64 = 4096;
+
+/// Expands `$run!(K)` with `K` the smallest bit-set width (in 64-bit words, one of 1, 2, 4,
+/// 8, 16, 64) that holds the residues `0..$period`: the one table every monomorphised
+/// [`Search`] is chosen from.
+macro_rules! with_words {
+    ($period:expr, $run:ident) => {
+        match ($period as usize).div_ceil(64) {
+            0 | 1 => $run!(1),
+            2 => $run!(2),
+            3 | 4 => $run!(4),
+            5..=8 => $run!(8),
+            9..=16 => $run!(16),
+            _ => $run!(64),
+        }
+    };
+}
 
 /// Limits and parameters of the repetend search.
 #[derive(Clone, Debug)]
@@ -272,7 +288,6 @@ pub fn enumerate(
     }
     let bounds = [AtomicI64::new(i64::MAX)];
     let nodes = AtomicU64::new(0);
-    let words = (period as usize).div_ceil(64);
     let progress = maleki_common::NoProgress;
     macro_rules! run {
         ($k:literal) => {{
@@ -297,14 +312,7 @@ pub fn enumerate(
             s.pool
         }};
     }
-    let pool = match words {
-        0 | 1 => run!(1),
-        2 => run!(2),
-        3 | 4 => run!(4),
-        5..=8 => run!(8),
-        9..=16 => run!(16),
-        _ => run!(64),
-    };
+    let pool = with_words!(period, run);
     Ok(pool.into_iter().map(|a| Template::new(period, a)).collect())
 }
 
@@ -320,20 +328,12 @@ fn search_period(
     nodes: &AtomicU64,
     progress: &dyn Progress,
 ) -> Result<PeriodOutcome> {
-    let words = (period as usize).div_ceil(64);
     macro_rules! run {
         ($k:literal) => {
             Search::<$k>::new(premise, period, opts, bounds, lo, prior, nodes, progress).run()
         };
     }
-    match words {
-        0 | 1 => run!(1),
-        2 => run!(2),
-        3 | 4 => run!(4),
-        5..=8 => run!(8),
-        9..=16 => run!(16),
-        _ => run!(64),
-    }
+    with_words!(period, run)
 }
 
 /// The decision order: topological; among ready blocks, multi-device first, then smaller
@@ -903,7 +903,7 @@ impl<'a, const K: usize> Search<'a, K> {
             if self.caps[d] == UNLIMITED {
                 continue;
             }
-            if device_peak(p, d, self.period, &self.a, self.conv) > self.caps[d] {
+            if device_steady_peak(p, d, self.period, &self.a, self.conv) > self.caps[d] {
                 return false;
             }
         }
@@ -1022,40 +1022,4 @@ impl<'a, const K: usize> Search<'a, K> {
             }
         }
     }
-}
-
-/// Steady peak of one device (see [`steady_peak`]).
-fn device_peak(p: &Premise, d: usize, period: i64, a: &[i64], conv: MemoryConvention) -> i64 {
-    let mut ev: Vec<(i64, i64)> = Vec::with_capacity(p.blocks_on(d).len());
-    for &g in p.blocks_on(d) {
-        let mu = p.block(g).memory;
-        if mu != 0 {
-            ev.push((conv.effect_time(a[g], p.span(g), mu), mu));
-        }
-    }
-    if ev.is_empty() {
-        return 0;
-    }
-    let t0 = ev.iter().map(|e| e.0).max().unwrap_or(0);
-    let mut level: i64 = ev
-        .iter()
-        .map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1))
-        .sum();
-    for e in ev.iter_mut() {
-        e.0 = (e.0 - t0).rem_euclid(period);
-    }
-    ev.sort_unstable();
-    let mut best = level;
-    let mut k = 0;
-    while k < ev.len() {
-        let r = ev[k].0;
-        while k < ev.len() && ev[k].0 == r {
-            if r > 0 {
-                level += ev[k].1;
-            }
-            k += 1;
-        }
-        best = best.max(level);
-    }
-    best.max(0)
 }

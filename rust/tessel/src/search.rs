@@ -424,15 +424,6 @@ pub fn search(
             Err(e) => return Err(e),
         }
     }
-    debug_assert!(crate::check::check(
-        premise,
-        opts.nmicros,
-        &starts,
-        &opts.memory,
-        opts.convention,
-        true
-    )
-    .is_ok());
     if let Err(msg) = crate::check::check(
         premise,
         opts.nmicros,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use maleki_common::{Error, Result};
 
-use crate::model::{Edge, MemoryConvention, Premise, Schedule};
+use crate::model::{memory_levels, Edge, MemoryConvention, Premise, Schedule};
 use crate::validate::{job_name, Job};
 
 /// Per-device dispatch orders: `orders[d]` lists the jobs `(j, g)` device `d` runs, in order.
@@ -279,28 +279,10 @@ pub fn memory_timeline(
     d: usize,
     convention: MemoryConvention,
 ) -> (Vec<i64>, Vec<i64>) {
-    let p = &*s.premise;
-    let mut ev: Vec<(i64, i64)> = Vec::new();
-    for &g in p.blocks_on(d) {
-        let mu = p.block(g).memory;
-        if mu == 0 {
-            continue;
-        }
-        for j in 0..s.nmicros {
-            ev.push((convention.effect_time(s.start(j, g), p.span(g), mu), mu));
-        }
-    }
-    ev.sort_unstable();
+    let ev = s.memory_events(d, convention);
     let t0 = ev.first().map_or(0, |e| e.0.min(0));
     let (mut times, mut levels) = (vec![t0], vec![0i64]);
-    let mut level = 0;
-    let mut k = 0;
-    while k < ev.len() {
-        let t = ev[k].0;
-        while k < ev.len() && ev[k].0 == t {
-            level += ev[k].1;
-            k += 1;
-        }
+    for (t, level) in memory_levels(&ev) {
         if *times.last().expect("non-empty") == t {
             *levels.last_mut().expect("non-empty") = level;
         } else {
@@ -409,11 +391,6 @@ pub fn metrics(s: &Schedule) -> Metrics {
             0.0
         }
     };
-    let peaks = |conv| {
-        let mut t = s.clone();
-        t.convention = conv;
-        t.peak_memory()
-    };
     let inflight = (0..nd)
         .map(|d| {
             let mut ev: Vec<(i64, i64)> = Vec::new();
@@ -446,8 +423,8 @@ pub fn metrics(s: &Schedule) -> Metrics {
         bubble_per_device: busy.iter().map(|&b| per_dev(b)).collect(),
         busy,
         idle,
-        peak_memory_start: peaks(MemoryConvention::Start),
-        peak_memory_free_end: peaks(MemoryConvention::AllocStartFreeEnd),
+        peak_memory_start: s.peak_memory_under(MemoryConvention::Start),
+        peak_memory_free_end: s.peak_memory_under(MemoryConvention::AllocStartFreeEnd),
         peak_memory: s.peak_memory(),
         inflight,
         period: detect_period(s),
@@ -542,19 +519,8 @@ fn critical(s: &Schedule) -> (Vec<i64>, Vec<Job>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::tests::vshape;
     use crate::model::{Block, Kind};
-
-    fn vshape(d: usize) -> Arc<Premise> {
-        let mut v: Vec<Block> = (0..d)
-            .map(|k| Block::new(format!("F{k}"), 1, vec![k], 1, Kind::Forward))
-            .collect();
-        v.extend(
-            (0..d)
-                .rev()
-                .map(|k| Block::new(format!("B{k}"), 3, vec![k], -1, Kind::Backward)),
-        );
-        Arc::new(Premise::chain(d, v).unwrap())
-    }
 
     /// GPipe orders on the V: all forwards then all backwards, per device.
     fn gpipe(d: usize, nm: usize) -> Orders {

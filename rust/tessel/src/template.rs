@@ -202,66 +202,60 @@ pub fn steady_peak(
     a: &[i64],
     convention: MemoryConvention,
 ) -> Vec<i64> {
-    let mut out = vec![0i64; premise.ndevs()];
-    let mut ev: Vec<(i64, i64)> = Vec::new();
-    for (d, peak) in out.iter_mut().enumerate() {
-        ev.clear();
-        for &g in premise.blocks_on(d) {
-            let mu = premise.block(g).memory;
-            if mu != 0 {
-                ev.push((convention.effect_time(a[g], premise.span(g), mu), mu));
-            }
+    (0..premise.ndevs())
+        .map(|d| device_steady_peak(premise, d, period, a, convention))
+        .collect()
+}
+
+/// The steady peak of device `d` alone (see [`Template::steady_peak`]); the repetend search
+/// calls it on every leaf.
+pub(crate) fn device_steady_peak(
+    p: &Premise,
+    d: usize,
+    period: i64,
+    a: &[i64],
+    conv: MemoryConvention,
+) -> i64 {
+    let mut ev: Vec<(i64, i64)> = Vec::with_capacity(p.blocks_on(d).len());
+    for &g in p.blocks_on(d) {
+        let mu = p.block(g).memory;
+        if mu != 0 {
+            ev.push((conv.effect_time(a[g], p.span(g), mu), mu));
         }
-        if ev.is_empty() {
-            continue;
-        }
-        let t0 = ev.iter().map(|e| e.0).max().unwrap_or(0);
-        // Level at T = t0 (every term has started), then the jumps over (T, T + P).
-        let mut level: i64 = ev
-            .iter()
-            .map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1))
-            .sum();
-        let mut jumps: Vec<(i64, i64)> = ev
-            .iter()
-            .map(|&(e, mu)| ((e - t0).rem_euclid(period), mu))
-            .collect();
-        jumps.sort_unstable();
-        let mut best = level;
-        let mut k = 0;
-        while k < jumps.len() {
-            let r = jumps[k].0;
-            let mut delta = 0;
-            while k < jumps.len() && jumps[k].0 == r {
-                delta += jumps[k].1;
-                k += 1;
-            }
-            if r > 0 {
-                level += delta;
-                best = best.max(level);
-            }
-        }
-        *peak = best.max(0);
     }
-    out
+    if ev.is_empty() {
+        return 0;
+    }
+    // Level at T = t0 (every term has started), then the jumps over (T, T + P).
+    let t0 = ev.iter().map(|e| e.0).max().unwrap_or(0);
+    let mut level: i64 = ev
+        .iter()
+        .map(|&(e, mu)| mu * ((t0 - e).div_euclid(period) + 1))
+        .sum();
+    for e in ev.iter_mut() {
+        e.0 = (e.0 - t0).rem_euclid(period);
+    }
+    ev.sort_unstable();
+    let mut best = level;
+    let mut k = 0;
+    while k < ev.len() {
+        let r = ev[k].0;
+        while k < ev.len() && ev[k].0 == r {
+            if r > 0 {
+                level += ev[k].1;
+            }
+            k += 1;
+        }
+        best = best.max(level);
+    }
+    best.max(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Block, Kind, Schedule};
-    use std::sync::Arc;
-
-    fn vshape4() -> Premise {
-        let mut v: Vec<Block> = (0..4)
-            .map(|d| Block::new(format!("F{d}"), 1, vec![d], 1, Kind::Forward))
-            .collect();
-        v.extend(
-            (0..4)
-                .rev()
-                .map(|d| Block::new(format!("B{d}"), 3, vec![d], -1, Kind::Backward)),
-        );
-        Premise::chain(4, v).unwrap()
-    }
+    use crate::model::tests::vshape;
+    use crate::model::Schedule;
 
     // The 1F1B template of the V with P = 4: F_d at d, B_d at 16 - 4 - 3 d... (ASAP chain).
     fn one_f_one_b() -> Template {
@@ -270,7 +264,7 @@ mod tests {
 
     #[test]
     fn template_checks_and_peaks() {
-        let p = vshape4();
+        let p = vshape(4);
         let t = one_f_one_b();
         assert_eq!(
             t.check(&p, &[UNLIMITED; 4], MemoryConvention::Start),
@@ -293,7 +287,7 @@ mod tests {
 
     #[test]
     fn steady_peak_matches_brute_force_on_unrolled_schedule() {
-        let p = Arc::new(vshape4());
+        let p = vshape(4);
         let t = one_f_one_b();
         for conv in [MemoryConvention::Start, MemoryConvention::AllocStartFreeEnd] {
             let mut s = Schedule::new(p.clone(), 20, t.unroll(20)).unwrap();

@@ -411,20 +411,7 @@ pub fn validate_template(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Block, Kind};
-    use std::sync::Arc;
-
-    fn vshape(d: usize) -> Arc<Premise> {
-        let mut v: Vec<Block> = (0..d)
-            .map(|k| Block::new(format!("F{k}"), 1, vec![k], 1, Kind::Forward))
-            .collect();
-        v.extend(
-            (0..d)
-                .rev()
-                .map(|k| Block::new(format!("B{k}"), 3, vec![k], -1, Kind::Backward)),
-        );
-        Arc::new(Premise::chain(d, v).unwrap())
-    }
+    use crate::model::tests::vshape;
 
     #[test]
     fn reports_every_violation() {

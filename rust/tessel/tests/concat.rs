@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{brute_range, makespan, random_premise, valid};
+use common::{brute_range, makespan, pools_of_one_and_two_threads, random_premise, valid};
 use maleki_common::NoProgress;
 use maleki_tessel::concat::{assemble, best, ramps, splits, ConcatOptions, Ramps, Split};
 use maleki_tessel::exact::ExactOptions;
@@ -258,15 +258,7 @@ fn the_references_repetend_on_mshape_m4() {
 
 #[test]
 fn best_is_identical_on_one_and_two_threads() {
-    let pools: Vec<rayon::ThreadPool> = [1, 2]
-        .iter()
-        .map(|&t| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let pools = pools_of_one_and_two_threads();
     for (name, mem) in [("mshape", 4), ("xshape", 4), ("nnshape", 6)] {
         let p = builtin(name, 4, &Options::default()).unwrap();
         let caps = vec![mem; 4];

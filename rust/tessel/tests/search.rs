@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{brute_schedule, brute_template, makespan, random_premise, valid};
+use common::{
+    brute_schedule, brute_template, makespan, pools_of_one_and_two_threads, random_premise, valid,
+};
 use maleki_common::NoProgress;
 use maleki_tessel::complete::{compact, complete_quick};
 use maleki_tessel::exact::{solve, ExactOptions};
@@ -88,6 +90,23 @@ fn alloc_start_free_end_convention_is_respected() {
     }
 }
 
+/// For each `(name, D, memory, train, P, c)`: the search finds period `P` and makespan at
+/// most `P N + c` for N in {8, 32, 128}.
+fn assert_period_and_makespan(cases: &[(&str, usize, i64, bool, i64, i64)]) {
+    for &(name, d, mem, train, per, c_max) in cases {
+        let p = premise(name, d, train);
+        for n in [8usize, 32, 128] {
+            let r = run(&p, mem, n);
+            assert_eq!(r.period, per, "{name} D{d}: period");
+            let c = r.schedule.makespan();
+            assert!(
+                c <= per * n as i64 + c_max,
+                "{name} D{d} N{n}: {c} > {per}N+{c_max}"
+            );
+        }
+    }
+}
+
 /// Spec §9 parity table: the period equals the reference's and the makespan is at most the
 /// reference's for N in {8, 32, 128}. Values `(P, c)` mean `C = P N + c`.
 #[test]
@@ -103,18 +122,7 @@ fn parity_with_the_reference() {
         ("mshape", 6, 20, true, 6, 50),
         ("kshape", 8, UNLIMITED, false, 2, 4),
     ];
-    for &(name, d, mem, train, per, c_ref) in cases {
-        let p = premise(name, d, train);
-        for n in [8usize, 32, 128] {
-            let r = run(&p, mem, n);
-            assert_eq!(r.period, per, "{name} D{d}: period");
-            let c = r.schedule.makespan();
-            assert!(
-                c <= per * n as i64 + c_ref,
-                "{name} D{d} N{n}: {c} > {per}N+{c_ref}"
-            );
-        }
-    }
+    assert_period_and_makespan(cases);
 }
 
 /// Our own results of the parity table are regression targets (spec §9: strict improvements
@@ -132,18 +140,7 @@ fn regression_targets() {
         ("mshape", 6, 20, true, 6, 20),
         ("kshape", 8, UNLIMITED, false, 2, 3),
     ];
-    for &(name, d, mem, train, per, c) in cases {
-        let p = premise(name, d, train);
-        for n in [8usize, 32, 128] {
-            let r = run(&p, mem, n);
-            assert_eq!(r.period, per, "{name}");
-            assert!(
-                r.schedule.makespan() <= per * n as i64 + c,
-                "{name} D{d} N{n}: {}",
-                r.schedule.makespan()
-            );
-        }
-    }
+    assert_period_and_makespan(cases);
 }
 
 /// Spec §9 first table (CP-SAT optima), proved by the exact solver.
@@ -245,15 +242,7 @@ fn periodic_k_schedules_are_valid() {
 
 #[test]
 fn search_is_identical_on_one_and_two_threads() {
-    let pools: Vec<rayon::ThreadPool> = [1, 2]
-        .iter()
-        .map(|&t| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let pools = pools_of_one_and_two_threads();
     for (name, mem) in [("mshape", 6), ("nnshape", 6), ("xshape", 4), ("kshape", 6)] {
         let p = premise(name, 4, true);
         let o = SearchOptions::new(vec![mem; 4], 16);

@@ -291,3 +291,14 @@ pub fn random_premise(seed: u64, ndevs: usize, nb: usize) -> Premise {
     }
     Premise::new(ndevs, blocks, edges).expect("the generator builds well-formed premises")
 }
+
+/// Two private rayon pools, of one and of two threads, to check that results do not depend
+/// on the thread count.
+pub fn pools_of_one_and_two_threads() -> [rayon::ThreadPool; 2] {
+    [1, 2].map(|t| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap()
+    })
+}
