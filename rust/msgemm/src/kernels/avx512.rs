@@ -1472,6 +1472,63 @@ fn pack_i8(q: [__m512i; 4]) -> __m512i {
     _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b))
 }
 
+/// One full 256-entry `i8` table of `V` levels and depth `R` (`V^R = 256`, V = 16, 4 or 2)
+/// into `dst`, entries times `rv` rounded: the left-to-right sums of `table::build_f32_table`.
+/// The first `W = log_V 16` digits vary inside a 16-entry chunk (`vpermps` picks their
+/// products, one vector for every chunk); each further digit is constant over a chunk and is
+/// added as a broadcast memory operand (see `add_broadcast`). With `V` and `R` constants the
+/// chunk loops unroll into straight-line code.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn table256<const V: usize, const R: usize>(
+    vals: __m512,
+    xs: &[f32],
+    digits: &[u32],
+    dlen: usize,
+    rv: __m512,
+    dst: *mut i8,
+) {
+    let w = 16usize.ilog(V) as usize;
+    let v_log = V.trailing_zeros();
+    let mut pv = [[0f32; 16]; R];
+    let mut prods = [_mm512_setzero_ps(); R];
+    for j in 0..R {
+        prods[j] = _mm512_mul_ps(vals, _mm512_set1_ps(xs[j]));
+        if j >= w {
+            // SAFETY: a 16-float store into `pv[j]`.
+            unsafe { _mm512_storeu_ps(pv[j].as_mut_ptr(), prods[j]) };
+        }
+    }
+    // `digits` rows are `dlen` entries long. With V = 16 the first digit of entry i < 16 is i:
+    // the products as they are.
+    let dig =
+        |j: usize| unsafe { _mm512_loadu_si512(digits.as_ptr().add(j * dlen) as *const __m512i) };
+    let mut inner = if w == 1 {
+        prods[0]
+    } else {
+        _mm512_permutexvar_ps(dig(0), prods[0])
+    };
+    for (j, p) in prods.iter().enumerate().take(w).skip(1) {
+        inner = _mm512_add_ps(inner, _mm512_permutexvar_ps(dig(j), *p));
+    }
+    for quad in 0..4 {
+        let e = |c: usize| {
+            // Chunk q: digit j >= w of entry 16q is bits (j - w) * log2 V.. of q.
+            let q = 4 * quad + c;
+            let mut row = inner;
+            for (j, p) in pv.iter().enumerate().skip(w) {
+                let digit = (q >> ((j - w) as u32 * v_log)) & (V - 1);
+                // SAFETY: `digit < V <= 16` indexes `p`.
+                row = unsafe { add_broadcast(row, p.as_ptr().add(digit)) };
+            }
+            _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
+        };
+        let bytes = pack_i8([e(0), e(1), e(2), e(3)]);
+        // SAFETY: `dst` points at the tuple's 256-byte slot.
+        unsafe { _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes) };
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 unsafe fn build_block_i8(
     plan: &Plan,
@@ -1506,77 +1563,29 @@ unsafe fn build_block_i8(
         // entries of codes absent from the weights are unspecified).
         let rv = _mm512_set1_ps(rm);
         unsafe {
-            if plan.levels == 16 && r == 2 && used == 256 {
-                // The int4-class d = 2 table in straight-line code: entry 16c + i = p0[i] + p1[c]
-                // (p1 through memory: broadcasts from memory are loads, not shuffles; see
-                // `add_broadcast`).
-                let p0 = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0]));
-                let mut p1 = [0f32; 16];
-                _mm512_storeu_ps(
-                    p1.as_mut_ptr(),
-                    _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + 1])),
-                );
-                for quad in 0..4 {
-                    let e = |c: usize| {
-                        let row = add_broadcast(p0, p1.as_ptr().add(4 * quad + c));
-                        _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
-                    };
-                    let bytes = pack_i8([e(0), e(1), e(2), e(3)]);
-                    _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes);
-                }
-                continue;
-            }
-            let lower = plan.levels.pow(r as u32 - 1);
-            if used == 256 && r > 1 && lower.is_multiple_of(16) && matches!(plan.levels, 2 | 4 | 16)
-            {
-                // The other full 256-entry tables whose digits past the first `w` are
-                // constant over each 16-entry chunk (int2 d = 4, binary d = 8), in the same
-                // straight-line way: per chunk, the sum over the first `w` digits (one vector
-                // for all chunks), then each further digit's product added by broadcast,
-                // left to right as the scalar build.
-                let nb = lower / 16;
-                let nb_log = nb.trailing_zeros();
+            if used == 256 {
+                // Full 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) in straight-line
+                // code (see `table256`); the other shapes through `table_entries`.
+                let xs = &xg[k0..k0 + r];
                 let dlen = plan.slot.div_ceil(64) * 64;
-                let mut prods = [_mm512_setzero_ps(); 8];
-                for (j, p) in prods.iter_mut().enumerate().take(r) {
-                    *p = _mm512_mul_ps(vals, _mm512_set1_ps(xg[k0 + j]));
+                let done = match (plan.levels, r) {
+                    (16, 2) => {
+                        table256::<16, 2>(vals, xs, digits, dlen, rv, dst);
+                        true
+                    }
+                    (4, 4) => {
+                        table256::<4, 4>(vals, xs, digits, dlen, rv, dst);
+                        true
+                    }
+                    (2, 8) => {
+                        table256::<2, 8>(vals, xs, digits, dlen, rv, dst);
+                        true
+                    }
+                    _ => false,
+                };
+                if done {
+                    continue;
                 }
-                // The first `w` digits vary inside a 16-entry vector (`vpermps` picks their
-                // products); the next ones are constant over it (a broadcast add each).
-                let v = plan.levels;
-                let w = 16usize.ilog(v) as usize;
-                let v_log = v.trailing_zeros();
-                let mut pv = [[0f32; 16]; 8];
-                for (j, p) in prods.iter().enumerate().take(r) {
-                    _mm512_storeu_ps(pv[j].as_mut_ptr(), *p);
-                }
-                let dig =
-                    |j: usize| _mm512_loadu_si512(digits.as_ptr().add(j * dlen) as *const __m512i);
-                let mut inner = _mm512_permutexvar_ps(dig(0), prods[0]);
-                for (j, p) in prods.iter().enumerate().take(w).skip(1) {
-                    inner = _mm512_add_ps(inner, _mm512_permutexvar_ps(dig(j), *p));
-                }
-                let mut lasts = [0f32; 16];
-                _mm512_storeu_ps(lasts.as_mut_ptr(), prods[r - 1]);
-                for quad in 0..4 {
-                    let e = |c: usize| {
-                        // Chunk q: the inner digits, then each further digit of entry 16q
-                        // (V a power of two: shifts, not divisions), the last one included,
-                        // left to right as the scalar build.
-                        let q = 4 * quad + c;
-                        let mut row = inner;
-                        let mut rest = q;
-                        for p in pv.iter().take(r - 1).skip(w) {
-                            row = add_broadcast(row, p.as_ptr().add(rest & (v - 1)));
-                            rest >>= v_log;
-                        }
-                        let row = add_broadcast(row, lasts.as_ptr().add(q >> nb_log));
-                        _mm512_cvtps_epi32(_mm512_mul_ps(row, rv))
-                    };
-                    let bytes = pack_i8([e(0), e(1), e(2), e(3)]);
-                    _mm512_storeu_si512(dst.add(64 * quad) as *mut __m512i, bytes);
-                }
-                continue;
             }
             // Four chunks of 16 rounded entries packed to 64 bytes per store.
             let mut q4 = [_mm512_setzero_si512(); 4];
