@@ -124,11 +124,11 @@ fn main() {
             plan: &p,
             layout,
             scales: pw.tiled_scales(),
-            zeros: pw.tiled_zeros(),
+            zeros: maleki_msgemm::gemm::job_zeros(&pw, &p),
             tables: &set,
             row_blocks,
         };
-        let mut y2 = vec![0f32; m * n];
+        let mut y2 = maleki_msgemm::aligned::AlignedVec::<f32>::zeroed(m * n);
         let acc = if set.nbytes() <= maleki_msgemm::gemm::TABLE_BUDGET {
             tmin(r, || kern.accumulate(&job(0..p.row_blocks), &mut y2))
         } else {

@@ -16,7 +16,7 @@ use maleki_common::{Error, Result};
 use rayon::prelude::*;
 
 use crate::count::{self, OpCounts};
-use crate::kernels::{self, Backend, LutKernel, RowJob};
+use crate::kernels::{self, Backend, LutKernel, RowJob, Zeros};
 use crate::layout::ROW_BLOCK;
 use crate::packed::PackedWeights;
 use crate::plan::{Plan, TablePrecision};
@@ -346,6 +346,24 @@ fn build_set(
     set
 }
 
+/// The effective zero points of the jobs of `plan` (see [`Zeros`]).
+pub fn job_zeros<'a>(pw: &'a PackedWeights, plan: &Plan) -> Zeros<'a> {
+    if !plan.zero_term {
+        Zeros::None
+    } else if plan.shift == 0.0 {
+        Zeros::Tiled(
+            pw.tiled_zeros()
+                .expect("zero_term without a shift means zero points"),
+        )
+    } else {
+        match pw.tiled_mirror_zeros(plan.shift) {
+            Some(z) => Zeros::Tiled(z),
+            // No zero points: `z - shift` with z = 0 in every row.
+            None => Zeros::Uniform(-plan.shift),
+        }
+    }
+}
+
 /// Runs the plan with `kernel` into `y` (overwritten), laid out as `y_layout`.
 ///
 /// Kernels accumulate into a column-major block per task (see [`RowJob::y_index`]); with
@@ -360,16 +378,7 @@ pub fn run_plan(
 ) -> Result<()> {
     let layout = pw.layout(plan.depth())?;
     let scales = pw.tiled_scales();
-    let zeros: Option<&[f32]> = if plan.zero_term {
-        Some(if plan.shift != 0.0 {
-            pw.tiled_mirror_zeros(plan.shift)
-        } else {
-            pw.tiled_zeros()
-                .expect("zero_term without a shift means zero points")
-        })
-    } else {
-        None
-    };
+    let zeros = job_zeros(pw, plan);
     let n = plan.n;
     let job = |set: &TableSet, row_blocks: Range<usize>, yk: &mut [f32]| {
         let job = RowJob {

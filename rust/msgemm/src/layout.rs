@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::aligned::AlignedVec;
+
 /// Rows per block: one 64-byte vector of indices.
 pub const ROW_BLOCK: usize = 64;
 
@@ -51,9 +53,9 @@ impl Tuples {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndexData {
     /// `V^d <= 256`.
-    U8(Vec<u8>),
+    U8(AlignedVec<u8>),
     /// `256 < V^d <= 65536` (e.g. int4 at depth 3 or 4).
-    U16(Vec<u16>),
+    U16(AlignedVec<u16>),
 }
 
 /// Table indices of every (group, row block, tuple, row) for one depth.
@@ -111,7 +113,7 @@ impl TileLayout {
             }
         };
         let data = if wide {
-            let mut v = vec![0u16; groups * slot_len];
+            let mut v = AlignedVec::<u16>::zeroed(groups * slot_len);
             v.par_chunks_mut(slot_len.max(1))
                 .enumerate()
                 .for_each(|(g, out)| {
@@ -119,7 +121,7 @@ impl TileLayout {
                 });
             IndexData::U16(v)
         } else {
-            let mut v = vec![0u8; groups * slot_len];
+            let mut v = AlignedVec::<u8>::zeroed(groups * slot_len);
             v.par_chunks_mut(slot_len.max(1))
                 .enumerate()
                 .for_each(|(g, out)| {
@@ -147,9 +149,9 @@ impl TileLayout {
 
 /// Per-(row, group) values `(M, groups)` row-major, re-laid out as `[g][rb][64]` with zero
 /// padding past M.
-pub fn tile_per_group(values: &[f32], m: usize, groups: usize) -> Vec<f32> {
+pub fn tile_per_group(values: &[f32], m: usize, groups: usize) -> AlignedVec<f32> {
     let row_blocks = m.div_ceil(ROW_BLOCK);
-    let mut out = vec![0f32; groups * row_blocks * ROW_BLOCK];
+    let mut out = AlignedVec::<f32>::zeroed(groups * row_blocks * ROW_BLOCK);
     for (row, vals) in values.chunks(groups.max(1)).enumerate().take(m) {
         for (g, &v) in vals.iter().enumerate() {
             out[(g * row_blocks + row / ROW_BLOCK) * ROW_BLOCK + row % ROW_BLOCK] = v;

@@ -10,8 +10,9 @@
 //! [`packed`] (the weight object), [`layout`] (kernel tile layout), [`plan`] (per-call
 //! settings), [`table`] (phase 1), [`kernels`] (phase 2, runtime dispatch), [`gemm`]
 //! (driver), [`count`] (operation-count model and instrumented reference), [`interop`]
-//! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders).
+//! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers).
 
+pub mod aligned;
 pub mod count;
 pub mod format;
 pub mod gemm;

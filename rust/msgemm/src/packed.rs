@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use maleki_common::{Error, Result};
 use rayon::prelude::*;
 
+use crate::aligned::AlignedVec;
 use crate::format::{Codebook, MAX_DEPTH};
 use crate::layout::{tile_per_group, TileLayout};
 
@@ -26,9 +27,9 @@ pub struct PackedWeights {
     zeros: Option<Vec<f32>>,
     k_perm: Option<Vec<u32>>,
     layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
-    tiled_scales: OnceLock<Vec<f32>>,
-    tiled_zeros: OnceLock<Option<Vec<f32>>>,
-    tiled_mirror_zeros: OnceLock<Vec<f32>>,
+    tiled_scales: OnceLock<AlignedVec<f32>>,
+    tiled_zeros: OnceLock<Option<AlignedVec<f32>>>,
+    tiled_mirror_zeros: OnceLock<AlignedVec<f32>>,
     used_codes: OnceLock<Vec<bool>>,
 }
 
@@ -453,20 +454,18 @@ impl PackedWeights {
             .as_deref()
     }
 
-    /// Effective zero points of the shifted codebook `v - shift`: `z - shift` (0 - shift
-    /// without zero points), tiled `[g][row_block][64]`. Padding rows stay 0. The shift is
-    /// always the codebook's mirror shift (mirrored tables, or centred `i8` tables), so one
-    /// cached copy serves every call.
-    pub fn tiled_mirror_zeros(&self, shift: f32) -> &[f32] {
+    /// Effective zero points of the shifted codebook `v - shift`: `z - shift`, tiled
+    /// `[g][row_block][64]` (padding rows 0); `None` without zero points (then every row's is
+    /// `-shift`, which the kernels take as one number). The shift is always the codebook's
+    /// mirror shift (mirrored tables, or centred `i8` tables), so one cached copy serves every
+    /// call.
+    pub fn tiled_mirror_zeros(&self, shift: f32) -> Option<&[f32]> {
         debug_assert!(self.codebook.mirror().is_some_and(|m| m.shift == shift));
-        self.tiled_mirror_zeros.get_or_init(|| {
-            let groups = self.groups();
-            let eff: Vec<f32> = match &self.zeros {
-                Some(z) => z.iter().map(|&z| z - shift).collect(),
-                None => vec![-shift; self.m * groups],
-            };
-            tile_per_group(&eff, self.m, groups)
-        })
+        let z = self.zeros.as_ref()?;
+        Some(self.tiled_mirror_zeros.get_or_init(|| {
+            let eff: Vec<f32> = z.iter().map(|&z| z - shift).collect();
+            tile_per_group(&eff, self.m, self.groups())
+        }))
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).

@@ -12,14 +12,15 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::aligned::AlignedVec;
 use crate::plan::{Plan, TablePrecision};
 
 /// Table entries, laid out `[g - g0][n - n0][tuple][slot]`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TableData {
-    F32(Vec<f32>),
-    I16(Vec<i16>),
-    I8(Vec<i8>),
+    F32(AlignedVec<f32>),
+    I16(AlignedVec<i16>),
+    I8(AlignedVec<i8>),
 }
 
 /// The tables of a range of groups and a range of columns of X.
@@ -53,9 +54,9 @@ pub struct TableSet {
 /// `len` zero entries of `precision`.
 fn zeroed_data(precision: TablePrecision, len: usize) -> TableData {
     match precision {
-        TablePrecision::F32 => TableData::F32(vec![0.0; len]),
-        TablePrecision::I16 => TableData::I16(vec![0; len]),
-        TablePrecision::I8 => TableData::I8(vec![0; len]),
+        TablePrecision::F32 => TableData::F32(AlignedVec::zeroed(len)),
+        TablePrecision::I16 => TableData::I16(AlignedVec::zeroed(len)),
+        TablePrecision::I8 => TableData::I8(AlignedVec::zeroed(len)),
     }
 }
 
@@ -113,11 +114,11 @@ impl TableSet {
         let blocks = groups.len() * cols.len();
         let len = blocks * plan.tuples.per_group * plan.slot;
         // Kept entries (same geometry) or zeros, `len` of them, in the same allocation.
-        fn refit<T: Copy + Default>(v: &mut Vec<T>, len: usize, keep: bool) {
+        fn refit<T: bytemuck::Pod>(v: &mut AlignedVec<T>, len: usize, keep: bool) {
             if !keep {
                 v.clear();
             }
-            v.resize(len, T::default());
+            v.resize_zeroed(len);
         }
         let same = self.geometry == geometry(plan);
         match (&mut self.data, plan.precision) {
@@ -145,9 +146,9 @@ impl TableSet {
     /// Bytes held by the set's vectors (capacity, not length).
     pub fn capacity_bytes(&self) -> usize {
         let data = match &self.data {
-            TableData::F32(v) => v.capacity() * 4,
-            TableData::I16(v) => v.capacity() * 2,
-            TableData::I8(v) => v.capacity(),
+            TableData::F32(v) => v.capacity_bytes(),
+            TableData::I16(v) => v.capacity_bytes(),
+            TableData::I8(v) => v.capacity_bytes(),
         };
         data + 4 * (self.tscale.capacity() + self.zsum.capacity()) + self.mult.capacity()
     }

@@ -235,7 +235,7 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                     for (lane, &p) in acc.iter().enumerate().take(rows) {
                         let yi = job.y_index(b * ROW_BLOCK + lane, n);
-                        let z = job.zeros.map_or(0.0, |z| z[sz + lane]);
+                        let z = job.zeros.at(sz + lane);
                         y[yi] = epilogue(plan, p as f32, job.scales[sz + lane], z, tsc, zs, y[yi]);
                     }
                 }
@@ -306,7 +306,7 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                     for (lane, &pv) in p.iter().enumerate().take(rows) {
                         let yi = job.y_index(b * ROW_BLOCK + lane, n);
-                        let z = job.zeros.map_or(0.0, |z| z[sz + lane]);
+                        let z = job.zeros.at(sz + lane);
                         y[yi] = epilogue(plan, pv, job.scales[sz + lane], z, tsc, zs, y[yi]);
                     }
                 }

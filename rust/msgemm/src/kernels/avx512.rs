@@ -31,7 +31,7 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use crate::format::Involution;
-use crate::kernels::{Backend, LutKernel, RowJob};
+use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
 use crate::layout::{IndexData, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, BlockOut, TableData, TableSet};
@@ -254,10 +254,24 @@ fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
 // Epilogue (contract order: u = P; u -= z*zsum; u *= tscale; y += s*u)
 // ---------------------------------------------------------------------------------------------
 
+/// 16 zero points from offset `i` of the tiled layout (`Zeros::None` is never read: the
+/// callers test `plan.zero_term`).
+#[inline(always)]
+unsafe fn zero_vec(z: Zeros<'_>, i: usize) -> __m512 {
+    // SAFETY: a tiled array holds 64 floats per (group, row block); `i + 16` stays inside.
+    unsafe {
+        match z {
+            Zeros::Tiled(t) => _mm512_loadu_ps(t.as_ptr().add(i)),
+            Zeros::Uniform(v) => _mm512_set1_ps(v),
+            Zeros::None => _mm512_setzero_ps(),
+        }
+    }
+}
+
 struct Epi<'a> {
     plan: &'a Plan,
     scales: &'a [f32],
-    zeros: Option<&'a [f32]>,
+    zeros: Zeros<'a>,
     tsc: f32,
     zs: f32,
     /// Floats per column of the job's `y`.
@@ -287,8 +301,7 @@ unsafe fn epilogue(
             }
             let mut u = _mm512_loadu_ps(p.as_ptr().add(16 * q));
             if plan.zero_term {
-                let z = _mm512_loadu_ps(e.zeros.unwrap_unchecked().as_ptr().add(sz + 16 * q));
-                u = _mm512_sub_ps(u, _mm512_mul_ps(z, zs));
+                u = _mm512_sub_ps(u, _mm512_mul_ps(zero_vec(e.zeros, sz + 16 * q), zs));
             }
             if plan.precision != TablePrecision::F32 {
                 u = _mm512_mul_ps(u, tsc);
@@ -400,7 +413,7 @@ unsafe fn drive_int(
                     for i in 0..lines {
                         let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
                         _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
-                        if let Some(z) = job.zeros {
+                        if let Some(z) = job.zeros.tiled() {
                             _mm_prefetch::<_MM_HINT_T0>(
                                 z.as_ptr().wrapping_add(off + 16 * i) as *const i8
                             );
@@ -704,13 +717,14 @@ unsafe fn epilogue_block(
     plan: &Plan,
     sums: &[i32; 64],
     scales: *const f32,
-    zeros: *const f32,
+    zeros: Zeros<'_>,
+    sz: usize,
     tsc: f32,
     zs: f32,
     dst: *mut f32,
     rows: usize,
 ) {
-    // SAFETY: `scales` / `zeros` point at 64 floats of the tiled arrays, `dst` at `rows`
+    // SAFETY: `scales` points at 64 floats of the tiled array (`zeros` at `sz`), `dst` at `rows`
     // writable floats; features enabled by the callers.
     unsafe {
         let tscv = _mm512_set1_ps(tsc);
@@ -723,8 +737,7 @@ unsafe fn epilogue_block(
             let p = _mm512_loadu_si512(sums.as_ptr().add(16 * q) as *const __m512i);
             let mut u = _mm512_cvtepi32_ps(p);
             if plan.zero_term {
-                let z = _mm512_loadu_ps(zeros.add(16 * q));
-                u = _mm512_sub_ps(u, _mm512_mul_ps(z, zsv));
+                u = _mm512_sub_ps(u, _mm512_mul_ps(zero_vec(zeros, sz + 16 * q), zsv));
             }
             u = _mm512_mul_ps(u, tscv);
             let su = _mm512_mul_ps(_mm512_loadu_ps(scales.add(16 * q)), u);
@@ -804,6 +817,15 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
     let mut sums = [[0i32; 64]; 8];
     let ib = ix.as_ptr();
     let tb = tab.as_ptr() as *const u8;
+    if std::env::var_os("ALIGNDBG").is_some() {
+        eprintln!(
+            "ix%64={} tab%64={} tabofs={} sc%64={}",
+            ib as usize % 64,
+            tb as usize % 64,
+            tabs.offset(tabs.groups.start, cols.start, 0) % 64,
+            job.scales.as_ptr() as usize % 64
+        );
+    }
     for g in tabs.groups.clone() {
         let mut rb = rbs.start;
         while rb < rbs.end {
@@ -829,7 +851,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                 for i in 0..lines {
                     let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
                     _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
-                    if let Some(z) = job.zeros {
+                    if let Some(z) = job.zeros.tiled() {
                         _mm_prefetch::<_MM_HINT_T0>(
                             z.as_ptr().wrapping_add(off + 16 * i) as *const i8
                         );
@@ -877,9 +899,6 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                     let b = rb + r;
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let zp = job
-                        .zeros
-                        .map_or(std::ptr::null(), |z| z.as_ptr().wrapping_add(sz));
                     let off = b * ROW_BLOCK - row_first;
                     let dst = y.as_mut_ptr().wrapping_add(n * span + off);
                     unsafe {
@@ -887,7 +906,8 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                             plan,
                             sum,
                             job.scales.as_ptr().add(sz),
-                            zp,
+                            job.zeros,
+                            sz,
                             tabs.tscale[gn],
                             tabs.zsum[gn],
                             dst,

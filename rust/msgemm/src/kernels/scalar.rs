@@ -176,7 +176,6 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
         for g in tabs.groups.clone() {
             let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
             let scales = &job.scales[sz..sz + ROW_BLOCK];
-            let zeros = job.zeros.map(|z| &z[sz..sz + ROW_BLOCK]);
             for n in tabs.cols.clone() {
                 acc.fill(E::zero());
                 // `i8` tables: the per-tuple multipliers (1 for the other precisions).
@@ -247,7 +246,7 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
                 let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
                 for lane in 0..rows {
                     let yi = job.y_index(rb * ROW_BLOCK + lane, n);
-                    let z = zeros.map_or(0.0, |z| z[lane]);
+                    let z = job.zeros.at(sz + lane);
                     y[yi] = epilogue(plan, E::to_f32(acc[lane]), scales[lane], z, tsc, zs, y[yi]);
                 }
             }
