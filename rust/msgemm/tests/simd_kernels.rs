@@ -339,3 +339,60 @@ fn full_row_tiles_and_many_columns() {
         }
     }
 }
+
+#[test]
+fn every_row_range_of_a_job() {
+    if simd_kernels().is_empty() {
+        return;
+    }
+    // Jobs of 1..=13 row blocks from several starts: the kernels split a job into tiles of
+    // 8 and 4 row blocks and single blocks; each split must give the scalar kernel's bits.
+    // 13 row blocks, the last one ragged.
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let m = 13 * 64 - 5;
+    let pw = weights_from(&cb, m, 256, 128, false, 21, 1);
+    for (n, mirror) in [(1usize, false), (3, false), (1, true)] {
+        let opts = GemmOptions {
+            depth: Depth::Fixed(2),
+            precision: TablePrecision::I8,
+            backend: Backend::Scalar,
+            mirror,
+        };
+        let plan = make_plan(&pw, n, &opts).unwrap();
+        let x = activations(256, n, 60 + n as u64);
+        let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
+        let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
+        build_scalar(&plan, &xt, &mut set);
+        let layout = pw.layout(2).unwrap();
+        let zeros = maleki_msgemm::gemm::job_zeros(&pw, &plan);
+        let scalar = kernels::select(Backend::Scalar, &plan).unwrap();
+        for start in [0usize, 1, 3] {
+            for end in start + 1..=plan.row_blocks {
+                let job = kernels::RowJob {
+                    plan: &plan,
+                    layout,
+                    scales: pw.tiled_scales(),
+                    zeros,
+                    tables: &set,
+                    row_blocks: start..end,
+                };
+                let mut want = vec![0f32; job.span() * n];
+                scalar.accumulate(&job, &mut want);
+                for k in simd_kernels() {
+                    if !k.supports(&plan) {
+                        continue;
+                    }
+                    let mut got = vec![0f32; job.span() * n];
+                    k.accumulate(&job, &mut got);
+                    assert!(
+                        want.iter()
+                            .zip(&got)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?} rows {start}..{end} n={n} mirror={mirror}",
+                        k.backend()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -43,7 +43,7 @@ pub struct Avx512;
 pub static AVX512: Avx512 = Avx512;
 
 /// Row blocks that share one table load in the integer kernels.
-const RB_TILE: usize = 4;
+const RB_TILE: usize = 8;
 const PF_ON: bool = true;
 
 fn cpu_ok() -> bool {
@@ -789,8 +789,8 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
     unsafe { dispatch_nz_mir!(nz, mp.kind, run_i8_t, job, ix, tab, y, &mp) }
 }
 
-/// The i8 driver: for each group, the job's row blocks in tiles of `RB_TILE` (then single
-/// blocks), each swept over the columns one after the other (the tile's indices stay in L1),
+/// The i8 driver: for each group, the job's row blocks in tiles of `RB_TILE` (then 4, then
+/// single blocks), each swept over the columns one after the other (the tile's indices stay in L1),
 /// its integer sums then the epilogue into the job's column-major `y` (16 consecutive floats
 /// per store); the float operations on every `y[m, n]` are the contract's, in group order.
 #[inline]
@@ -817,20 +817,18 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
     let mut sums = [[0i32; 64]; 8];
     let ib = ix.as_ptr();
     let tb = tab.as_ptr() as *const u8;
-    if std::env::var_os("ALIGNDBG").is_some() {
-        eprintln!(
-            "ix%64={} tab%64={} tabofs={} sc%64={}",
-            ib as usize % 64,
-            tb as usize % 64,
-            tabs.offset(tabs.groups.start, cols.start, 0) % 64,
-            job.scales.as_ptr() as usize % 64
-        );
-    }
     for g in tabs.groups.clone() {
         let mut rb = rbs.start;
         while rb < rbs.end {
-            // Full tiles, then single row blocks.
-            let nrb = if rbs.end - rb >= RB_TILE { RB_TILE } else { 1 };
+            // Tiles of 8 row blocks, then 4, then single blocks.
+            let left = rbs.end - rb;
+            let nrb = if left >= RB_TILE {
+                RB_TILE
+            } else if left >= 4 {
+                4
+            } else {
+                1
+            };
             // The next tile (in loop order), to prefetch while the first column runs.
             let next = if rb + nrb < rbs.end {
                 Some((rb + nrb, g))
@@ -889,10 +887,10 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                         }
                     };
                 }
-                if nrb == RB_TILE {
-                    tile!(4)
-                } else {
-                    tile!(1)
+                match nrb {
+                    RB_TILE => tile!(8),
+                    4 => tile!(4),
+                    _ => tile!(1),
                 }
                 let gn = tabs.gn(g, n);
                 for (r, sum) in sums.iter().enumerate().take(nrb) {
