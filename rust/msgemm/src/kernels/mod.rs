@@ -72,8 +72,8 @@ pub enum Zeros<'a> {
     /// No zero term.
     None,
     /// The same value for every row and group: weights without zero points read through a
-    /// shifted codebook (`z = -shift`). Kept as one number instead of a tiled array that every
-    /// group would stream next to the indices (that stream cost ~19% of the int4 GEMV).
+    /// shifted codebook (`z = -shift`, mirror mode). Kept as one number instead of a tiled
+    /// array of `M x groups` equal floats that every group would stream next to the indices.
     Uniform(f32),
     /// Tiled `[g][rb][64]` (padding rows 0).
     Tiled(&'a [f32]),
