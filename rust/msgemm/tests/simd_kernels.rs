@@ -52,6 +52,11 @@ fn weights_from(
     PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap()
 }
 
+/// Equal length and equal bits everywhere.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 fn activations(k: usize, n: usize, seed: u64) -> Vec<f32> {
     let mut r = stream(seed, 1);
     (0..k * n)
@@ -328,9 +333,7 @@ fn full_row_tiles_and_many_columns() {
                         );
                     }
                     assert!(
-                        got.iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&got, &want),
                         "{f:?} {:?} n={n} mirror={mirror}",
                         k.backend()
                     );
@@ -385,9 +388,7 @@ fn every_row_range_of_a_job() {
                     let mut got = vec![0f32; job.span() * n];
                     k.accumulate(&job, &mut got);
                     assert!(
-                        want.iter()
-                            .zip(&got)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&got, &want),
                         "{:?} rows {start}..{end} n={n} mirror={mirror}",
                         k.backend()
                     );
