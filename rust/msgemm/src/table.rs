@@ -335,50 +335,12 @@ fn chunk_fits(q: &[f32], mf: f32) -> bool {
     q.iter().map(|&v| ceil_127(v * mf)).sum::<u32>() <= I8_BUDGET
 }
 
-/// The int8 scaling of one `(group, column)` block of tables (spec section 4, `KERNELS.md`).
-///
-/// `amax[p]` is `max |entry|` of tuple `p`'s f32 table, `A = max_p amax[p]`. Tuple `p` gets the
-/// integer multiplier `m_p = max(1, ceil(q_p M / 127))`, `q_p = amax[p] * (127 / A)`, so its
-/// entries are rounded on the grid `m_p * tscale` with `tscale = A / (127 M)`: close to a
-/// table of its own (`amax[p] / 127`), while the kernels still add exact integers
-/// `m_p e_p` (the multiplier is the `vpmaddubsw` operand that was 1). `M` is the largest value
-/// in `1..=127` with `sum m_p <= 258` over every chunk of [`I8_CHUNK`] tuples (int16 partial
-/// sums). The sums grow with `M`, so the feasible `M` are a prefix: the search starts at
-/// `M0 = floor((258 - n) 127 / sum q)` (feasible since `m_p < q_p M / 127 + 1`) and walks to
-/// the first infeasible value (a step or two in practice). Writes `mult[p] = m_p` and
-/// `rm[p]`, the factor the entries of tuple `p` are multiplied by before rounding; returns
-/// `tscale`.
-///
-/// `A = 0`: multipliers 1, `rm = 0`, `tscale = 0`. A non-finite `127 / A` (subnormal `A`):
-/// `M = 1`, `rm = 127 / A` (the entries then saturate; the kernels still agree).
-///
-/// `#[inline]`: the SIMD builds inline it into their target-feature code (wider vectors, the
-/// same IEEE operations, so the same result).
+/// The largest `M` in `1..=I8_MULT_MAX` with `feasible(M)` (1 when none is), for feasible
+/// values that form a prefix: from a start that the bound `m_p < q_p M / 127 + 1` guarantees
+/// (with a margin for the float arithmetic) it steps up to the first infeasible value, or down
+/// to a feasible one; any start gives the same answer. `q`: the tuples' `q_p`.
 #[inline]
-pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
-    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
-    if a == 0.0 {
-        mult.fill(1);
-        rm.fill(0.0);
-        return 0.0;
-    }
-    let rcp = 127.0f32 / a;
-    if !rcp.is_finite() {
-        mult.fill(1);
-        rm.fill(rcp);
-        return a / 127.0;
-    }
-    // q_p in `rm` (scratch until the end).
-    for (q, &x) in rm.iter_mut().zip(amax) {
-        *q = x * rcp;
-    }
-    let q = &*rm;
-    let feasible = |mm: u32| -> bool {
-        let mf = mm as f32;
-        (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| chunk_fits(c, mf))
-    };
-    // Start from a value the bound m_p < q_p M / 127 + 1 guarantees (with a margin for the
-    // float arithmetic); the exact answer is found by the checks either way.
+pub fn search_multiplier(q: &[f32], feasible: impl Fn(u32) -> bool) -> u32 {
     let m0 = q
         .chunks(I8_CHUNK)
         .map(|c| {
@@ -402,6 +364,51 @@ pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
             mm -= 1;
         }
     }
+    mm
+}
+
+/// The int8 scaling of one `(group, column)` block of tables (spec section 4, `KERNELS.md`).
+///
+/// `amax[p]` is `max |entry|` of tuple `p`'s f32 table, `A = max_p amax[p]`. Tuple `p` gets the
+/// integer multiplier `m_p = max(1, ceil(q_p M / 127))`, `q_p = amax[p] * (127 / A)`, so its
+/// entries are rounded on the grid `m_p * tscale` with `tscale = A / (127 M)`: close to a
+/// table of its own (`amax[p] / 127`), while the kernels still add exact integers
+/// `m_p e_p` (the multiplier is the `vpmaddubsw` operand that was 1). `M` is the largest value
+/// in `1..=127` with `sum m_p <= 258` over every chunk of [`I8_CHUNK`] tuples (int16 partial
+/// sums). The sums grow with `M`, so the feasible `M` are a prefix: the search starts at
+/// `M0 = floor((258 - n) 127 / sum q)` (feasible since `m_p < q_p M / 127 + 1`) and walks to
+/// the first infeasible value (a step or two in practice). Writes `mult[p] = m_p` and
+/// `rm[p]`, the factor the entries of tuple `p` are multiplied by before rounding; returns
+/// `tscale`.
+///
+/// `A = 0`: multipliers 1, `rm = 0`, `tscale = 0`. A non-finite `127 / A` (subnormal `A`):
+/// `M = 1`, `rm = 127 / A` (the entries then saturate; the kernels still agree).
+///
+/// The AVX-512 build runs the same search with its per-tuple loops on 16 lanes
+/// (`kernels::avx512`, compared with this function bit for bit by a test).
+pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
+    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
+    if a == 0.0 {
+        mult.fill(1);
+        rm.fill(0.0);
+        return 0.0;
+    }
+    let rcp = 127.0f32 / a;
+    if !rcp.is_finite() {
+        mult.fill(1);
+        rm.fill(rcp);
+        return a / 127.0;
+    }
+    // q_p in `rm` (scratch until the end).
+    for (q, &x) in rm.iter_mut().zip(amax) {
+        *q = x * rcp;
+    }
+    let q = &*rm;
+    let feasible = |mm: u32| -> bool {
+        let mf = mm as f32;
+        (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| chunk_fits(c, mf))
+    };
+    let mm = search_multiplier(q, feasible);
     let mf = mm as f32;
     let rcp_m = rcp * mf;
     for (m, r) in mult.iter_mut().zip(rm.iter_mut()) {

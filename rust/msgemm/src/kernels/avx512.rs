@@ -1565,10 +1565,10 @@ fn ceil_127_x16(v: __m512) -> __m512 {
     _mm512_mask_add_ps(m, up, m, one)
 }
 
-/// [`table::i8_scaling`] with its per-tuple loops on 16 lanes: the same search for `M` (the
-/// largest feasible value, found from any start since the feasible values are a prefix) and the
-/// same IEEE operations per tuple, so the same multipliers, factors and scale (a test compares
-/// them). The scalar loops took about a quarter of the int4 table build.
+/// [`table::i8_scaling`] with its per-tuple loops on 16 lanes: the same search for `M`
+/// ([`table::search_multiplier`]) and the same IEEE operations per tuple, so the same
+/// multipliers, factors and scale (a test compares them). The scalar loops took about a quarter
+/// of the int4 table build.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
     let n = amax.len();
@@ -1608,30 +1608,7 @@ fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
                 chunk_sum(c0, (c0 + table::I8_CHUNK).min(n), _mm512_set1_ps(mf)) <= table::I8_BUDGET
             })
     };
-    // The start of the scalar search (any start gives the same answer).
-    let m0 = q
-        .chunks(table::I8_CHUNK)
-        .map(|c| {
-            let sq = c.iter().sum::<f32>();
-            let room = (table::I8_BUDGET as usize).saturating_sub(c.len()) as f32;
-            if sq > 0.0 {
-                (room * 127.0 / sq * (1.0 - 1.0 / 65536.0)).floor()
-            } else {
-                f32::INFINITY
-            }
-        })
-        .fold(f32::INFINITY, f32::min)
-        .clamp(1.0, table::I8_MULT_MAX as f32) as u32;
-    let mut mm = m0;
-    if feasible(mm) {
-        while mm < table::I8_MULT_MAX && feasible(mm + 1) {
-            mm += 1;
-        }
-    } else {
-        while mm > 1 && !feasible(mm) {
-            mm -= 1;
-        }
-    }
+    let mm = table::search_multiplier(q, feasible);
     let mf = mm as f32;
     let rcp_m = _mm512_set1_ps(rcp * mf);
     for i in (0..n).step_by(16) {
