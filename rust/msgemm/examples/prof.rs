@@ -1,6 +1,6 @@
 //! Profiling harness: table build and accumulate timed apart (min of many repeats).
 //! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS`.
-//! Environment: `M` rows (default 4096); `TOTAL_ONLY=1` only the whole call, from this thread
+//! Environment: `M` rows (default 4096), `G` group size; `TOTAL_ONLY=1` only the whole call, from this thread
 //! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
@@ -47,8 +47,14 @@ fn main() {
         "ternary" => (Format::Ternary, 128, 5),
         "uint4" => (Format::Uint4, 128, 2),
         "nf4" => (Format::Nf4, 128, 2),
+        "fp4" => (Format::Fp4, 32, 2),
         _ => (Format::Int4, 128, 2),
     };
+    // `G` overrides the group size.
+    let g: usize = std::env::var("G")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(g);
     let w = gaussian(m * k, 1);
     let qo = QuantizeOptions {
         group_size: Some(g),

@@ -575,9 +575,11 @@ unsafe fn pair256(
     }
 }
 
-/// Integer partial sums of `R` row blocks over the tuples of one group against one column's
-/// tables: `sums[r]` receives, in row order, the exact sums of row block `r`. Each table load
-/// feeds `R` lookups.
+/// One group of `R` row blocks against one column's tables: the exact integer sums of every
+/// row (int16 over each `I8_CHUNK` of tuples, widened to int32), then the epilogue into `y`
+/// (`epi`). Each table load feeds `R` lookups. A group of one chunk goes from the int16
+/// registers straight to the epilogue (the int32 round trip through memory cost ~16% of the
+/// lookups at group size 32).
 ///
 /// `rows[r]`: indices of tuple 0 of the group for row block `r`; `tab`: table of tuple 0, `mults`:
 /// the tuples' multipliers. While it runs, the index lines `[pf.offset, pf.offset + pf.len)` of the next
@@ -596,10 +598,12 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
     perm: &(__m512i, __m512i),
     ix_base: *const u8,
     pf: Prefetch,
-    sums: &mut [[i32; 64]; 8],
+    epi: &TileEpi<'_>,
 ) {
     unsafe {
         let zero = _mm512_setzero_si512();
+        // Int32 sums of groups longer than one int16 chunk.
+        let mut sums = [[0i32; 64]; R];
         let mv = MirVec {
             h: [
                 _mm512_set1_epi8(mp.h[0] as i8),
@@ -662,8 +666,23 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                 }
                 t += 1;
             }
-            for r in 0..R {
-                widen16(acc[r][0], acc[r][1], perm, false, t0 > 0, &mut sums[r]);
+            if t0 == 0 && end == per_group {
+                // One chunk: the epilogue straight from the registers.
+                for (r, a) in acc.iter().enumerate() {
+                    epilogue_block(epi, r, widen_rows(a[0], a[1], perm));
+                }
+            } else {
+                for r in 0..R {
+                    widen16(acc[r][0], acc[r][1], perm, false, t0 > 0, &mut sums[r]);
+                }
+                if end == per_group {
+                    for (r, sum) in sums.iter().enumerate() {
+                        let p = std::array::from_fn(|q| {
+                            _mm512_loadu_si512(sum.as_ptr().add(16 * q) as *const __m512i)
+                        });
+                        epilogue_block(epi, r, p);
+                    }
+                }
             }
             t0 = end;
         }
@@ -684,72 +703,92 @@ unsafe fn widen16(
 ) {
     // SAFETY: features enabled by the callers; 64-element arrays, 16 lanes at offset 16q.
     unsafe {
-        let nat = [
-            _mm512_permutex2var_epi16(lo, perm.0, hi),
-            _mm512_permutex2var_epi16(lo, perm.1, hi),
-        ];
-        for (h, v) in nat.iter().enumerate() {
-            for q in 0..2 {
-                let half = if q == 0 {
-                    _mm512_castsi512_si256(*v)
-                } else {
-                    _mm512_extracti64x4_epi64::<1>(*v)
-                };
-                let mut w = _mm512_cvtepi16_epi32(half);
-                if shift8 {
-                    w = _mm512_slli_epi32::<8>(w);
-                }
-                let p = out.as_mut_ptr().add(32 * h + 16 * q) as *mut __m512i;
-                if add {
-                    w = _mm512_add_epi32(_mm512_loadu_si512(p), w);
-                }
-                _mm512_storeu_si512(p, w);
+        for (q, mut w) in widen_rows(lo, hi, perm).into_iter().enumerate() {
+            if shift8 {
+                w = _mm512_slli_epi32::<8>(w);
             }
+            let p = out.as_mut_ptr().add(16 * q) as *mut __m512i;
+            if add {
+                w = _mm512_add_epi32(_mm512_loadu_si512(p), w);
+            }
+            _mm512_storeu_si512(p, w);
         }
     }
 }
 
-/// The epilogue of one (row block, group, column) from integer partial sums in row order,
-/// into `dst` (64 consecutive floats, `rows` of them valid).
+/// The int16 pair accumulators `(lo, hi)` of one row block as int32, rows `16q .. 16q + 16`
+/// in vector `q`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn epilogue_block(
-    plan: &Plan,
-    sums: &[i32; 64],
+unsafe fn widen_rows(lo: __m512i, hi: __m512i, perm: &(__m512i, __m512i)) -> [__m512i; 4] {
+    // SAFETY: features enabled by the callers.
+    unsafe {
+        let nat = [
+            _mm512_permutex2var_epi16(lo, perm.0, hi),
+            _mm512_permutex2var_epi16(lo, perm.1, hi),
+        ];
+        [
+            _mm512_cvtepi16_epi32(_mm512_castsi512_si256(nat[0])),
+            _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(nat[0])),
+            _mm512_cvtepi16_epi32(_mm512_castsi512_si256(nat[1])),
+            _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(nat[1])),
+        ]
+    }
+}
+
+/// The epilogue constants of one (group, column) for the rows of a tile.
+struct TileEpi<'a> {
+    plan: &'a Plan,
+    /// Tiled scales at the tile's first row block.
     scales: *const f32,
-    zeros: Zeros<'_>,
+    zeros: Zeros<'a>,
+    /// Offset of the tile's first row block in the tiled arrays.
     sz: usize,
     tsc: f32,
     zs: f32,
+    /// `y` at the tile's first row (64 consecutive floats per row block).
     dst: *mut f32,
+    /// Valid rows from the tile's first row on.
     rows: usize,
-) {
-    // SAFETY: `scales` points at 64 floats of the tiled array (`zeros` at `sz`), `dst` at `rows`
-    // writable floats; features enabled by the callers.
+}
+
+/// The epilogue of 16 rows (`lanes` of them valid) from their integer sums `p`, in the
+/// contract's order: `u = P; u -= z*zsum; u *= tscale; y += s*u`. `i`: offset of the rows in
+/// the tiled arrays and in `dst`.
+#[inline(always)]
+unsafe fn epilogue16(e: &TileEpi<'_>, p: __m512i, i: usize, lanes: usize) {
+    // SAFETY: `e.scales`, the tiled zero points and `e.dst` hold the rows `i .. i + lanes`;
+    // features enabled by the callers.
     unsafe {
-        let tscv = _mm512_set1_ps(tsc);
-        let zsv = _mm512_set1_ps(zs);
-        for q in 0..4 {
-            let lanes = rows.saturating_sub(16 * q).min(16);
-            if lanes == 0 {
-                break;
-            }
-            let p = _mm512_loadu_si512(sums.as_ptr().add(16 * q) as *const __m512i);
-            let mut u = _mm512_cvtepi32_ps(p);
-            if plan.zero_term {
-                u = _mm512_sub_ps(u, _mm512_mul_ps(zero_vec(zeros, sz + 16 * q), zsv));
-            }
-            u = _mm512_mul_ps(u, tscv);
-            let su = _mm512_mul_ps(_mm512_loadu_ps(scales.add(16 * q)), u);
-            let yp = dst.add(16 * q);
-            if lanes == 16 {
-                _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
-            } else {
-                let m: __mmask16 = (1u16 << lanes) - 1;
-                let yv = _mm512_maskz_loadu_ps(m, yp);
-                _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
-            }
+        let mut u = _mm512_cvtepi32_ps(p);
+        if e.plan.zero_term {
+            u = _mm512_sub_ps(
+                u,
+                _mm512_mul_ps(zero_vec(e.zeros, e.sz + i), _mm512_set1_ps(e.zs)),
+            );
         }
+        u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
+        let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.add(i)), u);
+        let yp = e.dst.add(i);
+        if lanes == 16 {
+            _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
+        } else {
+            let m: __mmask16 = (1u16 << lanes) - 1;
+            let yv = _mm512_maskz_loadu_ps(m, yp);
+            _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
+        }
+    }
+}
+
+/// The epilogue of row block `r` of a tile from its int32 sums in row order.
+#[inline(always)]
+unsafe fn epilogue_block(e: &TileEpi<'_>, r: usize, sums: [__m512i; 4]) {
+    for (q, p) in sums.into_iter().enumerate() {
+        let lanes = e.rows.saturating_sub(64 * r + 16 * q).min(16);
+        if lanes == 0 {
+            break;
+        }
+        // SAFETY: as `epilogue16`.
+        unsafe { epilogue16(e, p, 64 * r + 16 * q, lanes) };
     }
 }
 
@@ -814,7 +853,6 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
     let row_first = rbs.start * ROW_BLOCK;
     let cols = tabs.cols.clone();
     let span = job.span();
-    let mut sums = [[0i32; 64]; 8];
     let ib = ix.as_ptr();
     let tb = tab.as_ptr() as *const u8;
     for g in tabs.groups.clone() {
@@ -868,6 +906,20 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                 } else {
                     Prefetch { offset: 0, len: 0 }
                 };
+                let gn = tabs.gn(g, n);
+                let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
+                let epi = TileEpi {
+                    plan,
+                    scales: job.scales.as_ptr().wrapping_add(sz),
+                    zeros: job.zeros,
+                    sz,
+                    tsc: tabs.tscale[gn],
+                    zs: tabs.zsum[gn],
+                    dst: y
+                        .as_mut_ptr()
+                        .wrapping_add(n * span + rb * ROW_BLOCK - row_first),
+                    rows: plan.m - rb * ROW_BLOCK,
+                };
                 macro_rules! tile {
                     ($r:literal) => {
                         unsafe {
@@ -882,7 +934,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                                 &perm,
                                 ib,
                                 pfn,
-                                &mut sums,
+                                &epi,
                             )
                         }
                     };
@@ -891,27 +943,6 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                     RB_TILE => tile!(8),
                     4 => tile!(4),
                     _ => tile!(1),
-                }
-                let gn = tabs.gn(g, n);
-                for (r, sum) in sums.iter().enumerate().take(nrb) {
-                    let b = rb + r;
-                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
-                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let off = b * ROW_BLOCK - row_first;
-                    let dst = y.as_mut_ptr().wrapping_add(n * span + off);
-                    unsafe {
-                        epilogue_block(
-                            plan,
-                            sum,
-                            job.scales.as_ptr().add(sz),
-                            job.zeros,
-                            sz,
-                            tabs.tscale[gn],
-                            tabs.zsum[gn],
-                            dst,
-                            rows,
-                        )
-                    };
                 }
             }
             rb += nrb;
