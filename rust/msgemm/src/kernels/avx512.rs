@@ -268,73 +268,6 @@ unsafe fn zero_vec(z: Zeros<'_>, i: usize) -> __m512 {
     }
 }
 
-struct Epi<'a> {
-    plan: &'a Plan,
-    scales: &'a [f32],
-    zeros: Zeros<'a>,
-    tsc: f32,
-    zs: f32,
-    /// Floats per column of the job's `y`.
-    span: usize,
-}
-
-/// Applies the epilogue of one (row block, group, column) with partial sums `p` (row order).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn epilogue(
-    e: &Epi<'_>,
-    p: &[f32; 64],
-    sz: usize,
-    rows: usize,
-    y: &mut [f32],
-    y0: usize,
-    n: usize,
-) {
-    unsafe {
-        let plan = e.plan;
-        let tsc = _mm512_set1_ps(e.tsc);
-        let zs = _mm512_set1_ps(e.zs);
-        for q in 0..4 {
-            let lanes = rows.saturating_sub(16 * q).min(16);
-            if lanes == 0 {
-                break;
-            }
-            let mut u = _mm512_loadu_ps(p.as_ptr().add(16 * q));
-            if plan.zero_term {
-                u = _mm512_sub_ps(u, _mm512_mul_ps(zero_vec(e.zeros, sz + 16 * q), zs));
-            }
-            if plan.precision != TablePrecision::F32 {
-                u = _mm512_mul_ps(u, tsc);
-            }
-            let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.as_ptr().add(sz + 16 * q)), u);
-            // Column-major y: 16 consecutive rows.
-            let yp = y.as_mut_ptr().add(y0 + n * e.span + 16 * q);
-            if lanes == 16 {
-                _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
-            } else {
-                let m: __mmask16 = (1u16 << lanes) - 1;
-                let yv = _mm512_maskz_loadu_ps(m, yp);
-                _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
-            }
-        }
-    }
-}
-
-/// Common geometry of one job.
-struct JobGeo {
-    row_first: usize,
-    rb_stride: usize,
-}
-
-impl JobGeo {
-    fn new(job: &RowJob<'_>) -> JobGeo {
-        JobGeo {
-            row_first: job.row_blocks.start * ROW_BLOCK,
-            rb_stride: job.plan.tuples.per_group * ROW_BLOCK,
-        }
-    }
-}
-
 /// Index bytes `[offset, offset + len)` of the layout to prefetch while a tile runs
 /// (software prefetch one tile ahead: the streams of a tile are 4 KiB apart, which the
 /// hardware prefetchers follow poorly from DRAM).
@@ -368,20 +301,10 @@ unsafe fn drive_int(
 ) {
     let plan = job.plan;
     let tabs = job.tables;
-    let geo = JobGeo::new(job);
+    let rb_stride = plan.tuples.per_group * ROW_BLOCK;
     let mut acc = [[0i32; 64]; RB_TILE];
-    let mut pf = [0f32; 64];
     for g in tabs.groups.clone() {
         for n in tabs.cols.clone() {
-            let gn = tabs.gn(g, n);
-            let epi = Epi {
-                plan,
-                scales: job.scales,
-                zeros: job.zeros,
-                tsc: tabs.tscale[gn],
-                zs: tabs.zsum[gn],
-                span: job.span(),
-            };
             let mut rb = job.row_blocks.start;
             while rb < job.row_blocks.end {
                 // Tiles of 8, 4, 2 or 1 row blocks (the instantiated tile widths).
@@ -403,7 +326,7 @@ unsafe fn drive_int(
                 };
                 let pf_next = next.map_or(Prefetch { offset: 0, len: 0 }, |(b, gg)| Prefetch {
                     offset: lay.slot(gg, b, 0),
-                    len: (job.row_blocks.end - b).min(max_tile) * geo.rb_stride,
+                    len: (job.row_blocks.end - b).min(max_tile) * rb_stride,
                 });
                 // The next tile's scales (and zero points): short strided streams that the
                 // hardware prefetchers miss; without this the epilogue stalls on them.
@@ -422,18 +345,12 @@ unsafe fn drive_int(
                 }
                 f(g, n, rb, nrb, pf_next, &mut acc);
                 for (i, a) in acc.iter().enumerate().take(nrb) {
-                    let b = rb + i;
-                    for q in 0..4 {
-                        // SAFETY: 64-element arrays, 16 lanes at offset 16q.
-                        unsafe {
-                            let v = _mm512_loadu_si512(a.as_ptr().add(16 * q) as *const __m512i);
-                            _mm512_storeu_ps(pf.as_mut_ptr().add(16 * q), _mm512_cvtepi32_ps(v));
-                        }
-                    }
-                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
-                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let y0 = b * ROW_BLOCK - geo.row_first;
-                    unsafe { epilogue(&epi, &pf, sz, rows, y, y0, n) };
+                    let epi = block_epi(job, g, n, rb + i, y);
+                    // SAFETY: 64-element arrays, 16 lanes at offset 16q.
+                    let sums = std::array::from_fn(|q| unsafe {
+                        _mm512_loadu_si512(a.as_ptr().add(16 * q) as *const __m512i)
+                    });
+                    unsafe { epilogue_block_i32(&epi, 0, sums) };
                 }
                 rb += nrb;
             }
@@ -669,7 +586,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
             if t0 == 0 && end == per_group {
                 // One chunk: the epilogue straight from the registers.
                 for (r, a) in acc.iter().enumerate() {
-                    epilogue_block(epi, r, widen_rows(a[0], a[1], perm));
+                    epilogue_block_i32(epi, r, widen_rows(a[0], a[1], perm));
                 }
             } else {
                 for r in 0..R {
@@ -680,7 +597,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                         let p = std::array::from_fn(|q| {
                             _mm512_loadu_si512(sum.as_ptr().add(16 * q) as *const __m512i)
                         });
-                        epilogue_block(epi, r, p);
+                        epilogue_block_i32(epi, r, p);
                     }
                 }
             }
@@ -751,22 +668,23 @@ struct TileEpi<'a> {
     rows: usize,
 }
 
-/// The epilogue of 16 rows (`lanes` of them valid) from their integer sums `p`, in the
-/// contract's order: `u = P; u -= z*zsum; u *= tscale; y += s*u`. `i`: offset of the rows in
-/// the tiled arrays and in `dst`.
+/// The epilogue of 16 rows (`lanes` of them valid) from their partial sums `u` (as floats),
+/// in the contract's order: `u = P; u -= z*zsum; u *= tscale` (not for `f32` tables, whose
+/// `tscale` is 1)`; y += s*u`. `i`: offset of the rows in the tiled arrays and in `dst`.
 #[inline(always)]
-unsafe fn epilogue16(e: &TileEpi<'_>, p: __m512i, i: usize, lanes: usize) {
+unsafe fn epilogue16(e: &TileEpi<'_>, mut u: __m512, i: usize, lanes: usize) {
     // SAFETY: `e.scales`, the tiled zero points and `e.dst` hold the rows `i .. i + lanes`;
     // features enabled by the callers.
     unsafe {
-        let mut u = _mm512_cvtepi32_ps(p);
         if e.plan.zero_term {
             u = _mm512_sub_ps(
                 u,
                 _mm512_mul_ps(zero_vec(e.zeros, e.sz + i), _mm512_set1_ps(e.zs)),
             );
         }
-        u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
+        if e.plan.precision != TablePrecision::F32 {
+            u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
+        }
         let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.add(i)), u);
         let yp = e.dst.add(i);
         if lanes == 16 {
@@ -779,16 +697,42 @@ unsafe fn epilogue16(e: &TileEpi<'_>, p: __m512i, i: usize, lanes: usize) {
     }
 }
 
-/// The epilogue of row block `r` of a tile from its int32 sums in row order.
+/// The epilogue of row block `r` of a tile from its sums in row order (16 rows per vector).
 #[inline(always)]
-unsafe fn epilogue_block(e: &TileEpi<'_>, r: usize, sums: [__m512i; 4]) {
-    for (q, p) in sums.into_iter().enumerate() {
+unsafe fn epilogue_block(e: &TileEpi<'_>, r: usize, sums: [__m512; 4]) {
+    for (q, u) in sums.into_iter().enumerate() {
         let lanes = e.rows.saturating_sub(64 * r + 16 * q).min(16);
         if lanes == 0 {
             break;
         }
         // SAFETY: as `epilogue16`.
-        unsafe { epilogue16(e, p, 64 * r + 16 * q, lanes) };
+        unsafe { epilogue16(e, u, 64 * r + 16 * q, lanes) };
+    }
+}
+
+/// `epilogue_block` from int32 sums.
+#[inline(always)]
+unsafe fn epilogue_block_i32(e: &TileEpi<'_>, r: usize, sums: [__m512i; 4]) {
+    // SAFETY: as `epilogue16`.
+    unsafe { epilogue_block(e, r, sums.map(|p| _mm512_cvtepi32_ps(p))) }
+}
+
+/// The epilogue constants of row block `b` of a job against one (group, column) block.
+#[inline(always)]
+fn block_epi<'a>(job: &RowJob<'a>, g: usize, n: usize, b: usize, y: &mut [f32]) -> TileEpi<'a> {
+    let plan = job.plan;
+    let gn = job.tables.gn(g, n);
+    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
+    let y0 = n * job.span() + b * ROW_BLOCK - job.row_blocks.start * ROW_BLOCK;
+    TileEpi {
+        plan,
+        scales: job.scales.as_ptr().wrapping_add(sz),
+        zeros: job.zeros,
+        sz,
+        tsc: job.tables.tscale[gn],
+        zs: job.tables.zsum[gn],
+        dst: y.as_mut_ptr().wrapping_add(y0),
+        rows: plan.m - b * ROW_BLOCK,
     }
 }
 
@@ -850,9 +794,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
     let pg = plan.tuples.per_group;
     let rb_stride = pg * ROW_BLOCK;
     let rbs = job.row_blocks.clone();
-    let row_first = rbs.start * ROW_BLOCK;
     let cols = tabs.cols.clone();
-    let span = job.span();
     let ib = ix.as_ptr();
     let tb = tab.as_ptr() as *const u8;
     for g in tabs.groups.clone() {
@@ -906,20 +848,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                 } else {
                     Prefetch { offset: 0, len: 0 }
                 };
-                let gn = tabs.gn(g, n);
-                let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
-                let epi = TileEpi {
-                    plan,
-                    scales: job.scales.as_ptr().wrapping_add(sz),
-                    zeros: job.zeros,
-                    sz,
-                    tsc: tabs.tscale[gn],
-                    zs: tabs.zsum[gn],
-                    dst: y
-                        .as_mut_ptr()
-                        .wrapping_add(n * span + rb * ROW_BLOCK - row_first),
-                    rows: plan.m - rb * ROW_BLOCK,
-                };
+                let epi = block_epi(job, g, n, rb, y);
                 macro_rules! tile {
                     ($r:literal) => {
                         unsafe {
@@ -1127,7 +1056,6 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
     let lay = job.layout;
     let slot = plan.slot;
     let pg = plan.tuples.per_group;
-    let geo = JobGeo::new(job);
     let m0 = mask16(slot);
     let m1: __mmask16 = if slot >= 32 {
         0xffff
@@ -1146,18 +1074,8 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
             _mm512_set1_epi32(mp.c[0] as i32),
             _mm512_set1_epi32(mp.c[1] as i32),
         ];
-        let mut pf = [0f32; 64];
         for g in tabs.groups.clone() {
             for n in tabs.cols.clone() {
-                let gn = tabs.gn(g, n);
-                let epi = Epi {
-                    plan,
-                    scales: job.scales,
-                    zeros: job.zeros,
-                    tsc: tabs.tscale[gn],
-                    zs: tabs.zsum[gn],
-                    span: job.span(),
-                };
                 let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
                 for b in job.row_blocks.clone() {
                     let ip = ix.as_ptr().add(lay.slot(g, b, 0));
@@ -1197,13 +1115,7 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
                             *a = _mm512_add_ps(*a, e);
                         }
                     }
-                    for (q, a) in acc.iter().enumerate() {
-                        _mm512_storeu_ps(pf.as_mut_ptr().add(16 * q), *a);
-                    }
-                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
-                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let y0 = b * ROW_BLOCK - geo.row_first;
-                    epilogue(&epi, &pf, sz, rows, y, y0, n);
+                    epilogue_block(&block_epi(job, g, n, b, y), 0, acc);
                 }
             }
         }
