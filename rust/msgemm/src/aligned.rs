@@ -41,13 +41,6 @@ impl<T: Pod> AlignedVec<T> {
         }
     }
 
-    /// `len` copies of `value`.
-    pub fn filled(len: usize, value: T) -> Self {
-        let mut v = Self::zeroed(len);
-        v.fill(value);
-        v
-    }
-
     /// A copy of `values`.
     pub fn from_slice(values: &[T]) -> Self {
         let mut v = Self::zeroed(values.len());
@@ -152,7 +145,7 @@ mod tests {
         }
         v.clear();
         assert!(v.is_empty());
-        assert_eq!(AlignedVec::filled(5, 3i8).to_vec(), vec![3i8; 5]);
+        assert_eq!(AlignedVec::from_slice(&[3i8; 5]).to_vec(), vec![3i8; 5]);
         assert_eq!(v.clone(), v);
     }
 }

@@ -340,7 +340,7 @@ fn chunk_fits(q: &[f32], mf: f32) -> bool {
 /// (with a margin for the float arithmetic) it steps up to the first infeasible value, or down
 /// to a feasible one; any start gives the same answer. `q`: the tuples' `q_p`.
 #[inline]
-pub fn search_multiplier(q: &[f32], feasible: impl Fn(u32) -> bool) -> u32 {
+pub(crate) fn search_multiplier(q: &[f32], feasible: impl Fn(u32) -> bool) -> u32 {
     let m0 = q
         .chunks(I8_CHUNK)
         .map(|c| {

@@ -516,11 +516,10 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
     ix_base: *const u8,
     pf: Prefetch,
     epi: &TileEpi<'_>,
+    sums: &mut [[i32; 64]; RB_TILE],
 ) {
     unsafe {
         let zero = _mm512_setzero_si512();
-        // Int32 sums of groups longer than one int16 chunk.
-        let mut sums = [[0i32; 64]; R];
         let mv = MirVec {
             h: [
                 _mm512_set1_epi8(mp.h[0] as i8),
@@ -593,7 +592,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                     widen16(acc[r][0], acc[r][1], perm, false, t0 > 0, &mut sums[r]);
                 }
                 if end == per_group {
-                    for (r, sum) in sums.iter().enumerate() {
+                    for (r, sum) in sums.iter().enumerate().take(R) {
                         let p = std::array::from_fn(|q| {
                             _mm512_loadu_si512(sum.as_ptr().add(16 * q) as *const __m512i)
                         });
@@ -795,6 +794,9 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
     let rb_stride = pg * ROW_BLOCK;
     let rbs = job.row_blocks.clone();
     let cols = tabs.cols.clone();
+    // Int32 sums of the row blocks of a tile, for groups longer than one int16 chunk (every
+    // chunk's widening writes them before they are read).
+    let mut sums = [[0i32; 64]; RB_TILE];
     let ib = ix.as_ptr();
     let tb = tab.as_ptr() as *const u8;
     for g in tabs.groups.clone() {
@@ -864,6 +866,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                                 ib,
                                 pfn,
                                 &epi,
+                                &mut sums,
                             )
                         }
                     };
