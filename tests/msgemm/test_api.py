@@ -162,7 +162,8 @@ BAD_CALLS = [
     (lambda pw: mg.op_counts(0, 128), ValueError, "M"),
     (lambda pw: mg.op_counts(64, 100, group_size=64), ValueError, "group_size"),
     (lambda pw: mg.op_counts(64, 128, format="nf4", mirror=True), ValueError, "mirror"),
-    (lambda pw: mg.best_depth(64, 1), ValueError, "format"),
+    (lambda pw: mg.best_depth(64, 1), ValueError, "V: must be >= 2"),
+    (lambda pw: mg.best_depth(64, "codebook"), ValueError, "no fixed number of levels"),
     (lambda pw: mg.msgemm(mg.quantize(np.ones((4, 64)), "nf4", 64), np.ones(64), mirror=True), ValueError,
      "mirror"),
 ]

@@ -45,7 +45,8 @@ def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
     if arr.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array (float16/32/64), got dtype {arr.dtype}")
     if arr.ndim not in ndims:
-        want = " or ".join(f"{d}-D" for d in ndims)
+        want = (f"{ndims[0]}-D to {ndims[-1]}-D" if len(ndims) > 2 and ndims == tuple(range(ndims[0], ndims[-1] + 1))
+                else " or ".join(f"{d}-D" for d in ndims))
         raise ValueError(f"{name}: expected a {want} array, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
@@ -60,7 +61,7 @@ def _check_finite32(arr: np.ndarray, name: str) -> None:
 
 def _as_f32(arr: np.ndarray, name: str) -> np.ndarray:
     with np.errstate(over="ignore"):
-        out = np.ascontiguousarray(arr, dtype=np.float32)
+        out = np.require(arr, np.float32, "CA")  # C order, aligned, native byte order
     _check_finite32(out, name)
     return out
 
@@ -87,12 +88,12 @@ def _int_array(x: Any, name: str, ndims: tuple[int, ...], dtype: Any) -> np.ndar
     info = np.iinfo(dtype)
     if arr.min() < info.min or arr.max() > info.max:
         # int32 tensors holding uint32 bit patterns are the norm for GPTQ/AWQ: reinterpret.
-        if np.dtype(dtype) == np.int32 and arr.dtype == np.uint32:
-            return np.ascontiguousarray(arr).view(np.int32)
+        if np.dtype(dtype) == np.int32 and arr.dtype.kind == "u" and arr.dtype.itemsize == 4:
+            return np.require(arr, np.uint32, "CA").view(np.int32)
         raise ValueError(f"{name}: values must lie in [{info.min}, {info.max}]")
-    if np.dtype(dtype) == np.int32 and arr.dtype == np.uint32:
-        return np.ascontiguousarray(arr).view(np.int32)
-    return np.ascontiguousarray(arr, dtype=dtype)
+    if np.dtype(dtype) == np.int32 and arr.dtype.kind == "u" and arr.dtype.itemsize == 4:
+        return np.require(arr, np.uint32, "CA").view(np.int32)
+    return np.require(arr, dtype, "CA")
 
 
 def _check_format(format: Any, codebook: Any) -> tuple[str, list[float] | None]:
@@ -237,6 +238,13 @@ class PackedWeights:
         return self._raw.mirror
 
     # -- methods --------------------------------------------------------------------------
+    def to_device(self, depth: int | None = None) -> Any:
+        """These weights on the current CUDA device, for :func:`maleki_rs.msgemm.cuda.msgemm_cuda`
+        (same as :func:`maleki_rs.msgemm.cuda.to_device`; needs CuPy and a GPU)."""
+        from .cuda import to_device
+
+        return to_device(self, depth)
+
     def dequantize(self, dtype: npt.DTypeLike = np.float64, *, out: np.ndarray | None = None) -> np.ndarray:
         """The dense weight ``Wd``, shape ``(M, K)``, in the original input order.
 
@@ -370,7 +378,8 @@ class PackedWeights:
             order once, here, and :func:`msgemm` permutes ``x`` to match.
         bits : {2, 3, 4}
         group_size : int, optional
-            Needed without ``g_idx`` when ``groups > 1`` (default ``K // groups``).
+            Needed without ``g_idx`` when ``groups > 1`` (default ``K // groups``). With ``g_idx``
+            it is checked: every group must then hold ``group_size`` inputs.
         zero_offset : int
             Added to the stored zero points: 1 for the classic GPTQ format (stores ``z - 1``),
             0 for ``gptq_v2`` checkpoints.
@@ -380,10 +389,24 @@ class PackedWeights:
         qz = _int_array(qzeros, "qzeros", (2,), np.int32)
         sc = _as_f32(_float_array(scales, "scales", (2,)), "scales")
         gi = None if g_idx is None else _int_array(g_idx, "g_idx", (1,), np.int32)
+        if (qw.shape[0] * 32) % b:
+            raise ValueError(f"qweight: {qw.shape[0]} rows of 32-bit words do not hold a whole number of "
+                             f"{b}-bit codes per column (expected K * {b} / 32 rows); is bits={b} right?")
         k = qw.shape[0] * 32 // b
+        m = qw.shape[1]
+        if sc.shape[1] != m:
+            raise ValueError(f"scales: expected shape (groups, {m}) (M = qweight.shape[1]), got {sc.shape}")
+        if (m * b) % 32 == 0 and qz.shape != (sc.shape[0], m * b // 32):
+            raise ValueError(f"qzeros: expected shape ({sc.shape[0]}, {m * b // 32}) (groups, M * bits / 32), "
+                             f"got {qz.shape}")
         g = None if group_size is None else check_int(group_size, "group_size", min=1)
         if g is None and gi is None:
             g = k // sc.shape[0] if sc.shape[0] and k % sc.shape[0] == 0 else None
+        if g is not None and gi is not None and gi.size == k and gi.min() >= 0:
+            sizes = np.bincount(gi)
+            if not (sizes == g).all():
+                raise ValueError(f"group_size: g_idx puts {sizes.min()} to {sizes.max()} inputs in a group, "
+                                 f"not group_size = {g}")
         zo = check_int(zero_offset, "zero_offset", min=-16, max=16)
         return cls(_m.Packed.from_gptq(qw, qz, sc, gi, b, g, zo))
 
@@ -400,6 +423,13 @@ class PackedWeights:
         qz = _int_array(qzeros, "qzeros", (2,), np.int32)
         sc = _as_f32(_float_array(scales, "scales", (2,)), "scales")
         g = check_int(group_size, "group_size", min=1)
+        k, mw = qw.shape
+        if k % g:
+            raise ValueError(f"group_size: K = {k} (qweight.shape[0]) is not a multiple of group_size = {g}")
+        if qz.shape != (k // g, mw):
+            raise ValueError(f"qzeros: expected shape ({k // g}, {mw}) (K / group_size, M / 8), got {qz.shape}")
+        if sc.shape != (k // g, 8 * mw):
+            raise ValueError(f"scales: expected shape ({k // g}, {8 * mw}) (K / group_size, M), got {sc.shape}")
         return cls(_m.Packed.from_awq(qw, qz, sc, g))
 
     @classmethod
@@ -430,17 +460,30 @@ class PackedWeights:
             Power of two >= 16.
         """
         b = _int_array(B, "B", (3,), np.uint8)
-        sc = _as_f32(_float_array(scales, "scales", (1, 2)).reshape(-1), "scales")
         k = check_int(K, "K", min=1)
         nb = check_int(bits, "bits", min=2, max=4)
         bs = check_int(block_size, "block_size", min=1)
+        n = b.shape[0]
+        kb = k // bs
+        if k % bs == 0 and nb in (2, 4) and (bs * nb) % 8 == 0 and b.shape != (n, kb, bs * nb // 8):
+            raise ValueError(f"B: expected shape ({n}, {kb}, {bs * nb // 8}) (N, K / block_size, "
+                             f"block_size * bits / 8), got {b.shape}")
+
+        def flat(a: np.ndarray, name: str, per_row: int) -> np.ndarray:
+            # ONNX Runtime stores these 1-D; some exporters keep them (N, per_row).
+            if a.shape not in ((n * per_row,), (n, per_row)):
+                raise ValueError(f"{name}: expected shape ({n * per_row},) or ({n}, {per_row}), got {a.shape}")
+            return a.reshape(-1)
+
+        sc = _as_f32(flat(_float_array(scales, "scales", (1, 2)), "scales", kb), "scales")
         zp_u8 = zp_f = None
         if zero_points is not None:
             zarr = np.asarray(zero_points)
             if zarr.dtype.kind == "f":
-                zp_f = _as_f32(zarr.reshape(-1), "zero_points")
+                zp_f = _as_f32(flat(_float_array(zarr, "zero_points", (1, 2)), "zero_points", kb), "zero_points")
             else:
-                zp_u8 = _int_array(zarr.reshape(-1), "zero_points", (1,), np.uint8)
+                zarr = _int_array(zarr, "zero_points", (1, 2), np.uint8)
+                zp_u8 = flat(zarr, "zero_points", -(-kb * nb // 8))
         return cls(_m.Packed.from_matmulnbits(b, sc, k, nb, bs, zp_u8, zp_f))
 
 
@@ -497,7 +540,7 @@ def quantize(
     sym = None if symmetric is None else check_bool(symmetric, "symmetric")
     g = _check_group_size(group_size, arr.shape[1])
     if arr.dtype == np.float64:
-        w64 = np.ascontiguousarray(arr)
+        w64 = np.require(arr, np.float64, "CA")
         if not np.isfinite(w64).all():
             _check_finite32(w64, "w")
         raw = _m.Packed.quantize_f64(w64, fmt, g, sym, cb)
@@ -611,16 +654,17 @@ def msgemm(
         raise ValueError(f"x: expected {k} rows (K of the weights), got shape {arr.shape}")
     vector = arr.ndim == 1
     n = 1 if vector else arr.shape[1]
-    if not vector and arr.flags.f_contiguous and not arr.flags.c_contiguous and arr.dtype == np.float32:
+    if (not vector and arr.flags.f_contiguous and not arr.flags.c_contiguous and arr.flags.aligned
+            and arr.dtype == np.float32):
+        _check_finite32(arr, "x")
         xs, transposed = arr.T, True  # (N, K) C-contiguous view: no copy
-        _check_finite32(xs, "x")
     else:
-        xs, transposed = _as_f32(arr.reshape(k, n), "x"), False
+        xs, transposed = _as_f32(arr, "x").reshape(k, n), False
     if count:
         if out is not None:
             raise ValueError("out: not supported with count=True")
         y, counts = _m.gemm_counted(pw._raw, xs, transposed, d, tbl, mir)
-        return (y.reshape(m) if vector else y), counts
+        return _finite_result(y.reshape(m) if vector else y), counts
     if out is not None:
         want = (m,) if vector else (m, n)
         if not isinstance(out, np.ndarray):
@@ -629,12 +673,14 @@ def msgemm(
             raise TypeError(f"out: expected dtype float32, got {out.dtype}")
         if out.shape != want:
             raise ValueError(f"out: expected shape {want}, got {out.shape}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError("out: must be a writeable C-contiguous array")
+        if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+            raise ValueError("out: must be a writeable, aligned, C-contiguous array")
+        if np.may_share_memory(out, xs):
+            xs = xs.copy()  # the kernels read x while they write out
         _m.gemm(pw._raw, xs, transposed, d, tbl, bk, mir, t, out.reshape(m, n))
-        return out
+        return _finite_result(out)
     y = _m.gemm(pw._raw, xs, transposed, d, tbl, bk, mir, t)
-    return y.reshape(m) if vector else y
+    return _finite_result(y.reshape(m) if vector else y)
 
 
 def linear(
@@ -668,20 +714,29 @@ def linear(
     if arr.shape[-1] != k:
         raise ValueError(f"x: expected last dimension K = {k}, got shape {arr.shape}")
     lead = arr.shape[:-1]
-    x2 = _as_f32(arr.reshape(-1, k), "x")  # (B, K): X transposed, as the kernel wants it
+    x2 = _as_f32(arr, "x").reshape(-1, k)  # (B, K): X transposed, as the kernel wants it
     if bk == "reference":
         y, _ = _m.gemm_counted(pw._raw, x2, True, d, tbl, mir)
         y = np.ascontiguousarray(y.T)
     else:
         # Y comes out (B, M) directly from the driver's column-major blocks.
         y = _m.gemm(pw._raw, x2, True, d, tbl, bk, mir, t, None, True)
-    return y.reshape(*lead, m)
+    return _finite_result(y.reshape(*lead, m))
 
 
-def _levels_of(format: Any, codebook: Any) -> tuple[int, float | None, int]:
+def _finite_result(y: np.ndarray) -> np.ndarray:
+    """``y``, or a ValueError when float32 overflowed on the way (weights and x are finite)."""
+    if not np.isfinite(y).all():
+        raise ValueError(
+            "x: the result overflows float32: a table entry (an activation times a codebook value), "
+            "a partial sum or an output exceeds 3.4e38 in magnitude; scale x down (the result is linear in x)")
+    return y
+
+
+def _levels_of(format: Any, codebook: Any, name: str = "format") -> tuple[int, float | None, int]:
     """``(V, mirror shift or None, max depth)`` of a format name or a level count."""
     if isinstance(format, numbers.Integral) and not isinstance(format, bool):
-        v = check_int(format, "format", min=2, max=1 << 16)
+        v = check_int(format, name, min=2, max=1 << 16)
         dmax = 1
         while v ** (dmax + 1) <= 65536:
             dmax += 1
@@ -765,7 +820,9 @@ def best_depth(M: int, V: int | str, *, max_depth: int | None = None, mirror: bo
         Count half tables (``A_d^mir``).
     """
     m = check_int(M, "M", min=1)
-    v, _, dmax = _levels_of(V, None)
+    if isinstance(V, str) and V == "codebook":
+        raise ValueError("V: a custom codebook has no fixed number of levels; pass it as an integer")
+    v, _, dmax = _levels_of(V, None, "V")
     dm = dmax if max_depth is None else check_int(max_depth, "max_depth", min=1, max=64)
     return int(_m.best_depth(m, v, dm, check_bool(mirror, "mirror")))
 
@@ -773,7 +830,9 @@ def best_depth(M: int, V: int | str, *, max_depth: int | None = None, mirror: bo
 def model_ratio(M: int, V: int | str, depth: int, *, mirror: bool = False) -> float:
     """The model ratio ``R = d / (1 + A_d(V)/M)`` of dense multiply-adds to table adds + lookups."""
     m = check_int(M, "M", min=1)
-    v, _, _ = _levels_of(V, None)
+    if isinstance(V, str) and V == "codebook":
+        raise ValueError("V: a custom codebook has no fixed number of levels; pass it as an integer")
+    v, _, _ = _levels_of(V, None, "V")
     d = check_int(depth, "depth", min=1, max=64)
     return float(_m.model_ratio(m, v, d, check_bool(mirror, "mirror")))
 

@@ -133,6 +133,15 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
 
 
 @functools.lru_cache(maxsize=16)
+def _smem_budget(device: int) -> int:
+    """Dynamic shared memory one block of ours may use on ``device`` (opt-in limit, at most
+    ``_SMEM_BUDGET``: 227 KiB on H100/H200, 163 KiB on A100, 99 KiB on Ada)."""
+    cp = require()
+    props = cp.cuda.runtime.getDeviceProperties(device)
+    return int(min(_SMEM_BUDGET, props.get("sharedMemPerBlockOptin", 48 * 1024)))
+
+
+@functools.lru_cache(maxsize=16)
 def _sm_count(device: int) -> int:
     cp = require()
     return int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
@@ -152,7 +161,7 @@ def _kernel_cached(name: str, device: int, large_smem: bool) -> Any:
         # The limit belongs to the kernel handle, which every call of this kernel shares: it is
         # set once to the whole budget (a cap, not a reservation; the launch says how much it
         # uses), so that a call with small tables cannot lower it under a later call's need.
-        k.max_dynamic_shared_size_bytes = _SMEM_BUDGET
+        k.max_dynamic_shared_size_bytes = _smem_budget(device)
     return k
 
 
@@ -169,11 +178,13 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
     xt = xa.reshape(1, k) if vector else xa.T
     if xt.shape[0] == 0 or xt.shape[0] > MAX_COLUMNS:
         raise ValueError(f"x: the GPU kernels take 1 to {MAX_COLUMNS} columns, got {xt.shape[0]}")
-    if check and not bool(cp.isfinite(xt).all()):
-        raise ValueError("x: contains NaN or infinity")
     if pwd.k_perm is not None:
         xt = xt[:, pwd.k_perm]
-    return cp.ascontiguousarray(xt, dtype=cp.float32), vector
+    xt = cp.ascontiguousarray(xt, dtype=cp.float32)
+    # After the conversion: a finite float64 beyond float32's range becomes inf here.
+    if check and not bool(cp.isfinite(xt).all()):
+        raise ValueError("x: contains NaN, infinity, or a value beyond float32's range")
+    return xt, vector
 
 
 def _splits(pwd: DeviceWeights, sm_count: int) -> int:
@@ -201,9 +212,9 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     -------
     cupy.ndarray, float32, shape (M,) or (M, N)
     """
-    cp = require()
     if not isinstance(pwd, DeviceWeights):
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
+    cp = require()
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
@@ -221,13 +232,14 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
             (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
         )
     sm = _sm_count(cp.cuda.Device().id)
-    s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=groups)
+    s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=min(groups, 65535))
     per = -(-groups // s)
     s = -(-groups // per)
     per_col = tpg * slot * 4
-    nc = max(1, min(n, _SMEM_BUDGET // per_col))
+    budget = _smem_budget(cp.cuda.Device().id)
+    nc = max(1, min(n, budget // per_col))
     smem = tpg * nc * slot * 4
-    if smem > _SMEM_BUDGET:
+    if smem > budget:
         raise ValueError(f"group_size/depth: one group's tables ({smem} bytes) exceed the shared-memory budget")
     kern = _kernel("msgemm_gemv_lut", smem)
     partial = cp.empty((s, n, m), cp.float32)
@@ -250,6 +262,8 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
 
     4-bit formats only (``pwd.packed`` present). Same shapes as :func:`msgemm_cuda`.
     """
+    if not isinstance(pwd, DeviceWeights):
+        raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
     cp = require()
     if pwd.packed is None:
         raise ValueError("dequant_gemv_cuda: needs 4-bit codes with K and G multiples of 8")

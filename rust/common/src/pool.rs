@@ -113,7 +113,7 @@ pub fn pool() -> Arc<ThreadPool> {
 }
 
 /// A pool of exactly `threads` workers, for calls that take an explicit `threads=` argument;
-/// built once per size and process, owned by the library like [`pool`].
+/// kept for the next call of that size (the last few sizes), owned by the library like [`pool`].
 pub fn sized_pool(threads: usize) -> Result<Arc<ThreadPool>> {
     if threads == 0 || threads > 4096 {
         return Err(Error::invalid(
@@ -128,10 +128,20 @@ pub fn sized_pool(threads: usize) -> Result<Arc<ThreadPool>> {
     if let Some(p) = map.get(&threads) {
         return Ok(Arc::clone(p));
     }
+    if map.len() >= SIZED_KEPT {
+        // Keep a few sizes only: a pool's threads live as long as it is kept (a call still
+        // running on a dropped pool holds its own reference).
+        if let Some(&old) = map.keys().next() {
+            map.remove(&old);
+        }
+    }
     let p = build(threads, "maleki-rs")?;
     map.insert(threads, Arc::clone(&p));
     Ok(p)
 }
+
+/// How many explicitly sized pools are kept between calls.
+const SIZED_KEPT: usize = 4;
 
 /// Marks every pool as unusable; to be called in the child after `fork()`. Async-signal
 /// safe: it only bumps an atomic counter.

@@ -11,15 +11,12 @@ use maleki_msgemm::kernels::{self, Backend};
 use maleki_msgemm::quantize::{quantize, QuantizeOptions};
 use maleki_msgemm::{Codebook, Format, PackedWeights, TablePrecision};
 use numpy::ndarray::{Array1, Array2};
-use numpy::{
-    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
-    PyReadwriteArray2, PyUntypedArrayMethods,
-};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::arrays::slice;
+use crate::arrays::{borrow_out, slice, Ro1, Ro2, Ro3};
 use crate::errors::to_pyerr;
 use crate::progress::run_quick;
 
@@ -73,9 +70,9 @@ type GroupData = (Vec<f32>, Option<Vec<f32>>, Option<Vec<u32>>);
 
 /// Owned copies of the scales, zero points and K permutation handed to the core constructors.
 fn owned_group_data(
-    scales: &PyReadonlyArray2<'_, f32>,
-    zeros: Option<&PyReadonlyArray2<'_, f32>>,
-    k_perm: Option<&PyReadonlyArray1<'_, u32>>,
+    scales: &Ro2<'_, f32>,
+    zeros: Option<&Ro2<'_, f32>>,
+    k_perm: Option<&Ro1<'_, u32>>,
 ) -> PyResult<GroupData> {
     let s = slice(scales, "scales")?.to_vec();
     let z = zeros
@@ -90,7 +87,7 @@ fn owned_group_data(
 /// Quantizes `w` (M, K) of float32 or float64 (the two `quantize_*` entry points).
 fn quantize_array<T: numpy::Element + Copy + Into<f64> + Sync>(
     py: Python<'_>,
-    w: PyReadonlyArray2<'_, T>,
+    w: Ro2<'_, T>,
     format: &str,
     group_size: Option<usize>,
     symmetric: Option<bool>,
@@ -109,7 +106,7 @@ impl Packed {
     #[pyo3(signature = (w, format, group_size, symmetric, codebook))]
     fn quantize_f32(
         py: Python<'_>,
-        w: PyReadonlyArray2<'_, f32>,
+        w: Ro2<'_, f32>,
         format: &str,
         group_size: Option<usize>,
         symmetric: Option<bool>,
@@ -123,7 +120,7 @@ impl Packed {
     #[pyo3(signature = (w, format, group_size, symmetric, codebook))]
     fn quantize_f64(
         py: Python<'_>,
-        w: PyReadonlyArray2<'_, f64>,
+        w: Ro2<'_, f64>,
         format: &str,
         group_size: Option<usize>,
         symmetric: Option<bool>,
@@ -137,12 +134,12 @@ impl Packed {
     #[pyo3(signature = (codes, scales, zeros, format, codebook, k_perm))]
     fn from_codes(
         py: Python<'_>,
-        codes: PyReadonlyArray2<'_, u8>,
-        scales: PyReadonlyArray2<'_, f32>,
-        zeros: Option<PyReadonlyArray2<'_, f32>>,
+        codes: Ro2<'_, u8>,
+        scales: Ro2<'_, f32>,
+        zeros: Option<Ro2<'_, f32>>,
         format: &str,
         codebook: Option<Vec<f32>>,
-        k_perm: Option<PyReadonlyArray1<'_, u32>>,
+        k_perm: Option<Ro1<'_, u32>>,
     ) -> PyResult<Packed> {
         let (m, k) = (codes.shape()[0], codes.shape()[1]);
         let groups = scales.shape()[1];
@@ -167,13 +164,13 @@ impl Packed {
     #[allow(clippy::too_many_arguments)] // one argument per field of the pickled state
     fn from_packed(
         py: Python<'_>,
-        packed: PyReadonlyArray2<'_, u8>,
+        packed: Ro2<'_, u8>,
         k: usize,
-        scales: PyReadonlyArray2<'_, f32>,
-        zeros: Option<PyReadonlyArray2<'_, f32>>,
+        scales: Ro2<'_, f32>,
+        zeros: Option<Ro2<'_, f32>>,
         format: &str,
         codebook: Option<Vec<f32>>,
-        k_perm: Option<PyReadonlyArray1<'_, u32>>,
+        k_perm: Option<Ro1<'_, u32>>,
     ) -> PyResult<Packed> {
         let m = packed.shape()[0];
         let groups = scales.shape()[1];
@@ -197,10 +194,10 @@ impl Packed {
     #[allow(clippy::too_many_arguments)]
     fn from_gptq(
         py: Python<'_>,
-        qweight: PyReadonlyArray2<'_, i32>,
-        qzeros: PyReadonlyArray2<'_, i32>,
-        scales: PyReadonlyArray2<'_, f32>,
-        g_idx: Option<PyReadonlyArray1<'_, i32>>,
+        qweight: Ro2<'_, i32>,
+        qzeros: Ro2<'_, i32>,
+        scales: Ro2<'_, f32>,
+        g_idx: Option<Ro1<'_, i32>>,
         bits: u32,
         group_size: Option<usize>,
         zero_offset: i32,
@@ -229,9 +226,9 @@ impl Packed {
     #[staticmethod]
     fn from_awq(
         py: Python<'_>,
-        qweight: PyReadonlyArray2<'_, i32>,
-        qzeros: PyReadonlyArray2<'_, i32>,
-        scales: PyReadonlyArray2<'_, f32>,
+        qweight: Ro2<'_, i32>,
+        qzeros: Ro2<'_, i32>,
+        scales: Ro2<'_, f32>,
         group_size: usize,
     ) -> PyResult<Packed> {
         let k = qweight.shape()[0];
@@ -251,13 +248,13 @@ impl Packed {
     #[allow(clippy::too_many_arguments)]
     fn from_matmulnbits(
         py: Python<'_>,
-        b: PyReadonlyArray3<'_, u8>,
-        scales: PyReadonlyArray1<'_, f32>,
+        b: Ro3<'_, u8>,
+        scales: Ro1<'_, f32>,
         k: usize,
         bits: u32,
         block_size: usize,
-        zeros_packed: Option<PyReadonlyArray1<'_, u8>>,
-        zeros_float: Option<PyReadonlyArray1<'_, f32>>,
+        zeros_packed: Option<Ro1<'_, u8>>,
+        zeros_float: Option<Ro1<'_, f32>>,
     ) -> PyResult<Packed> {
         let m = b.shape()[0];
         let bs = b
@@ -387,11 +384,8 @@ impl Packed {
         to_array2(py, c, self.inner.m(), self.inner.k())
     }
     /// Dequantizes into `out` (M, K) float32 C-contiguous: the float64 values rounded once.
-    fn dequantize_into_f32(
-        &self,
-        py: Python<'_>,
-        mut out: PyReadwriteArray2<'_, f32>,
-    ) -> PyResult<()> {
+    fn dequantize_into_f32(&self, py: Python<'_>, out: Bound<'_, PyArray2<f32>>) -> PyResult<()> {
+        let mut out = borrow_out(&out)?;
         let pw = Arc::clone(&self.inner);
         let o = out_slice(&mut out, pw.m(), pw.k())?;
         run_quick(py, || {
@@ -400,11 +394,8 @@ impl Packed {
         })
     }
     /// Dequantizes into `out` (M, K) float64 C-contiguous.
-    fn dequantize_into_f64(
-        &self,
-        py: Python<'_>,
-        mut out: PyReadwriteArray2<'_, f64>,
-    ) -> PyResult<()> {
+    fn dequantize_into_f64(&self, py: Python<'_>, out: Bound<'_, PyArray2<f64>>) -> PyResult<()> {
+        let mut out = borrow_out(&out)?;
         let pw = Arc::clone(&self.inner);
         let o = out_slice(&mut out, pw.m(), pw.k())?;
         run_quick(py, || {
@@ -487,14 +478,14 @@ fn counts_dict<'py>(
 fn gemm<'py>(
     py: Python<'py>,
     pw: &Packed,
-    x: PyReadonlyArray2<'py, f32>,
+    x: Ro2<'py, f32>,
     transposed: bool,
     depth: Option<usize>,
     table: &str,
     backend: &str,
     mirror: bool,
     threads: Option<usize>,
-    out: Option<PyReadwriteArray2<'py, f32>>,
+    out: Option<Bound<'py, PyArray2<f32>>>,
     y_transposed: bool,
 ) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
@@ -512,7 +503,8 @@ fn gemm<'py>(
         core_gemm::gemm_into_layout(&w, xs, n, layout, y_layout, &opts, y).map(|_| ())
     };
     match out {
-        Some(mut o) => {
+        Some(o) => {
+            let mut o = borrow_out(&o)?;
             if o.shape() != shape {
                 return Err(PyValueError::new_err(format!(
                     "out: expected shape ({}, {}), got {:?}",
@@ -539,7 +531,7 @@ fn gemm<'py>(
 }
 
 /// The number of columns of X and its layout: `(N, K)` when `transposed`, else `(K, N)`.
-fn columns_of(x: &PyReadonlyArray2<'_, f32>, transposed: bool) -> (usize, XLayout) {
+fn columns_of(x: &Ro2<'_, f32>, transposed: bool) -> (usize, XLayout) {
     if transposed {
         (x.shape()[0], XLayout::NbyK)
     } else {
@@ -553,7 +545,7 @@ fn columns_of(x: &PyReadonlyArray2<'_, f32>, transposed: bool) -> (usize, XLayou
 fn gemm_counted<'py>(
     py: Python<'py>,
     pw: &Packed,
-    x: PyReadonlyArray2<'py, f32>,
+    x: Ro2<'py, f32>,
     transposed: bool,
     depth: Option<usize>,
     table: &str,
@@ -683,14 +675,8 @@ fn backend_supports(
     mirror: bool,
 ) -> PyResult<bool> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
-    let Ok(plan) = core_gemm::plan(
-        &pw.inner,
-        n,
-        &GemmOptions {
-            backend: Backend::Scalar,
-            ..opts
-        },
-    ) else {
+    // The plan of the named backend: under depth="auto" the depth is that backend's choice.
+    let Ok(plan) = core_gemm::plan(&pw.inner, n, &opts) else {
         return Ok(false);
     };
     Ok(match opts.backend {

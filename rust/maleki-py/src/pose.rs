@@ -14,16 +14,15 @@ use maleki_pose::{
     BatchBlock, BatchCov, BatchRef, Init, Options, PerScan, PoseEstimate, ScanRef, Workspace,
 };
 use nalgebra::{Matrix3, Vector3};
-use numpy::PyReadonlyArrayDyn;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::arrays::{slice, to_numpy};
+use crate::arrays::{slice, to_numpy, RoDyn};
 use crate::errors::to_pyerr;
 use crate::progress::{run_monitored, run_quick};
 
-type Arr<'py> = PyReadonlyArrayDyn<'py, f64>;
+type Arr<'py> = RoDyn<'py, f64>;
 type Array<'py> = Bound<'py, numpy::PyArrayDyn<f64>>;
 
 /// Batches with fewer points than this run without the progress watcher (its 100 ms polling
@@ -108,7 +107,7 @@ fn batch_cov<'a>(
     })
 }
 
-fn offsets_of(o: &PyReadonlyArrayDyn<'_, u64>) -> PyResult<Vec<usize>> {
+fn offsets_of(o: &RoDyn<'_, u64>) -> PyResult<Vec<usize>> {
     let s = slice(o, "offsets")?;
     s.iter()
         .map(|&v| usize::try_from(v).map_err(|_| PyValueError::new_err("offsets: value too large")))
@@ -202,7 +201,7 @@ fn run_batch<T: Send>(
 #[allow(clippy::too_many_arguments)]
 fn solve_batch<'py>(
     py: Python<'py>,
-    offsets: PyReadonlyArrayDyn<'py, u64>,
+    offsets: RoDyn<'py, u64>,
     b: Arr<'py>,
     r: Arr<'py>,
     r_mode: &str,
@@ -372,7 +371,7 @@ fn estimates_to_dict<'py>(
 #[allow(clippy::too_many_arguments)]
 fn absolute_orientation_batch<'py>(
     py: Python<'py>,
-    offsets: PyReadonlyArrayDyn<'py, u64>,
+    offsets: RoDyn<'py, u64>,
     b: Arr<'py>,
     r: Arr<'py>,
     r_mode: &str,
@@ -437,7 +436,7 @@ fn absolute_orientation_batch<'py>(
 #[allow(clippy::too_many_arguments)]
 fn crlb_batch<'py>(
     py: Python<'py>,
-    offsets: PyReadonlyArrayDyn<'py, u64>,
+    offsets: RoDyn<'py, u64>,
     r: Arr<'py>,
     r_mode: &str,
     rotation: Arr<'py>,

@@ -18,12 +18,12 @@ use maleki_tessel::simulate::{self, Lags};
 use maleki_tessel::svg::{self, SvgOptions};
 use maleki_tessel::template::Template;
 use maleki_tessel::validate::{self as rules, Report};
-use numpy::{PyArrayDyn, PyReadonlyArray2, PyUntypedArrayMethods};
+use numpy::{PyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::arrays::to_numpy;
+use crate::arrays::{to_numpy, Ro2};
 use crate::errors::to_pyerr;
 use crate::progress::run_quick;
 
@@ -284,7 +284,7 @@ impl PyPremise {
 #[allow(clippy::too_many_arguments)]
 pub fn schedule_from_args(
     premise: &Bound<'_, PyAny>,
-    starts: &PyReadonlyArray2<'_, i64>,
+    starts: &Ro2<'_, i64>,
     memory: Option<Vec<Option<i64>>>,
     convention: &str,
     fifo: bool,
@@ -384,7 +384,7 @@ fn report_list<'py>(py: Python<'py>, r: Report) -> PyResult<(Bound<'py, PyList>,
 fn validate<'py>(
     py: Python<'py>,
     premise: &Bound<'py, PyAny>,
-    starts: PyReadonlyArray2<'py, i64>,
+    starts: Ro2<'py, i64>,
     memory: Option<Vec<Option<i64>>>,
     convention: &str,
     fifo: bool,
@@ -432,7 +432,7 @@ fn validate_template<'py>(
 fn metrics<'py>(
     py: Python<'py>,
     premise: &Bound<'py, PyAny>,
-    starts: PyReadonlyArray2<'py, i64>,
+    starts: Ro2<'py, i64>,
     memory: Option<Vec<Option<i64>>>,
     convention: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -462,7 +462,7 @@ fn metrics<'py>(
 fn memory_timeline<'py>(
     py: Python<'py>,
     premise: &Bound<'py, PyAny>,
-    starts: PyReadonlyArray2<'py, i64>,
+    starts: Ro2<'py, i64>,
     device: i64,
     convention: &str,
 ) -> PyResult<Arrays2<'py>> {
@@ -481,7 +481,7 @@ fn memory_timeline<'py>(
 
 /// Per-device orders of a schedule (by start).
 #[pyfunction]
-fn orders(premise: &Bound<'_, PyAny>, starts: PyReadonlyArray2<'_, i64>) -> PyResult<PyOrders> {
+fn orders(premise: &Bound<'_, PyAny>, starts: Ro2<'_, i64>) -> PyResult<PyOrders> {
     let s = schedule_from_args(premise, &starts, None, "start", true, None, None, None)?;
     Ok(simulate::orders_of(&s))
 }
@@ -545,7 +545,7 @@ fn baseline<'py>(
 fn to_json(
     py: Python<'_>,
     premise: &Bound<'_, PyAny>,
-    starts: PyReadonlyArray2<'_, i64>,
+    starts: Ro2<'_, i64>,
     memory: Option<Vec<Option<i64>>>,
     convention: &str,
     fifo: bool,
@@ -577,7 +577,7 @@ fn from_json<'py>(py: Python<'py>, text: String) -> PyResult<Bound<'py, PyDict>>
 fn to_tessel_json(
     py: Python<'_>,
     premise: &Bound<'_, PyAny>,
-    starts: PyReadonlyArray2<'_, i64>,
+    starts: Ro2<'_, i64>,
     repetend: Option<(i64, i64)>,
 ) -> PyResult<String> {
     let s = schedule_from_args(premise, &starts, None, "start", true, None, None, repetend)?;
@@ -601,7 +601,7 @@ fn from_tessel_json<'py>(
 fn to_text(
     py: Python<'_>,
     premise: &Bound<'_, PyAny>,
-    starts: PyReadonlyArray2<'_, i64>,
+    starts: Ro2<'_, i64>,
     repetend: Option<(i64, i64)>,
     compact: bool,
 ) -> PyResult<String> {
@@ -621,11 +621,7 @@ fn from_text<'py>(
 }
 
 #[pyfunction]
-fn to_csv(
-    py: Python<'_>,
-    premise: &Bound<'_, PyAny>,
-    starts: PyReadonlyArray2<'_, i64>,
-) -> PyResult<String> {
+fn to_csv(py: Python<'_>, premise: &Bound<'_, PyAny>, starts: Ro2<'_, i64>) -> PyResult<String> {
     let s = schedule_from_args(premise, &starts, None, "start", true, None, None, None)?;
     run_quick(py, || Ok(formats::to_csv(&s)))
 }
@@ -660,7 +656,7 @@ fn csv_to_orders(
 fn to_svg(
     py: Python<'_>,
     premise: &Bound<'_, PyAny>,
-    starts: PyReadonlyArray2<'_, i64>,
+    starts: Ro2<'_, i64>,
     memory: Option<Vec<Option<i64>>>,
     convention: &str,
     period: Option<i64>,
@@ -687,7 +683,7 @@ fn to_svg(
 #[pyo3(signature = (premise, starts, period, title))]
 fn title_line(
     premise: &Bound<'_, PyAny>,
-    starts: PyReadonlyArray2<'_, i64>,
+    starts: Ro2<'_, i64>,
     period: Option<i64>,
     title: Option<String>,
 ) -> PyResult<String> {

@@ -101,6 +101,24 @@ impl CountParams {
                 format!("V^d too large (V={}, d={})", self.levels, self.depth),
             ));
         }
+        // Every count is at most 4 M N K (dense and LUT adds) or 4 N K V^d (tables): keep
+        // them within the 64-bit counters.
+        let entries = self.levels.pow(self.depth as u32);
+        let fits = |a: u64, b: u64, c: u64| {
+            a.checked_mul(b)
+                .and_then(|x| x.checked_mul(c))
+                .and_then(|x| x.checked_mul(4))
+                .is_some()
+        };
+        if !fits(self.m, self.n, self.k) || !fits(entries, self.n, self.k) {
+            return Err(Error::invalid(
+                "M",
+                format!(
+                    "M={}, K={}, N={} give operation counts beyond 64-bit counters",
+                    self.m, self.k, self.n
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -153,9 +171,22 @@ pub fn compare(p: &CountParams, counts: &OpCounts) -> Comparison {
     }
 }
 
-/// The model ratio `R = d / (1 + A_d(V)/M)` (independent of N and K).
+/// The model ratio `R = d / (1 + A_d(V)/M)` (independent of N and K), in float64 (`A_d(V)`
+/// may exceed 64 bits for the depths the model is asked about).
 pub fn model_ratio(m: u64, levels: u64, depth: u64, mirror: bool) -> f64 {
-    depth as f64 / (1.0 + table_adds(levels, depth, mirror) as f64 / m as f64)
+    let v = levels as f64;
+    let adds = if depth < 2 {
+        0.0
+    } else {
+        let full: f64 = (2..depth).map(|j| v.powi(j as i32)).sum();
+        let last = if mirror {
+            v.powi(depth as i32 - 1) * levels.div_ceil(2) as f64
+        } else {
+            v.powi(depth as i32)
+        };
+        full + last
+    };
+    depth as f64 / (1.0 + adds / m as f64)
 }
 
 /// `argmax_d R(d)` over `d` in `1..=max_depth` (ties: the smaller depth).

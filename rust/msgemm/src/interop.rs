@@ -320,8 +320,8 @@ pub fn from_matmulnbits(
     if scales.len() != m * kb {
         return Err(Error::shape(
             "scales",
-            format!("({})", m * kb),
-            format!("({})", scales.len()),
+            format!("({},)", m * kb),
+            format!("({},)", scales.len()),
         ));
     }
     let format = match (bits, &zeros) {
@@ -336,8 +336,8 @@ pub fn from_matmulnbits(
             if zf.len() != m * kb {
                 return Err(Error::shape(
                     "zero_points",
-                    format!("({})", m * kb),
-                    format!("({})", zf.len()),
+                    format!("({},)", m * kb),
+                    format!("({},)", zf.len()),
                 ));
             }
             Some(zf.to_vec())
@@ -347,8 +347,8 @@ pub fn from_matmulnbits(
             if zp.len() != m * per_row {
                 return Err(Error::shape(
                     "zero_points",
-                    format!("({})", m * per_row),
-                    format!("({})", zp.len()),
+                    format!("({},)", m * per_row),
+                    format!("({},)", zp.len()),
                 ));
             }
             let per_byte = 8 / bits as usize;

@@ -145,12 +145,12 @@ impl PackedWeights {
             return Err(Error::invalid(
                 "codes",
                 format!(
-                    "code {} at index ({}, {}) is not a valid {} code (0..{}{})",
+                    "code {} at index ({}, {}) is not a valid {} code (0 to {}{})",
                     codes[i],
                     i / k,
                     i % k,
                     codebook.format().name(),
-                    codebook.levels(),
+                    codebook.levels() - 1,
                     if codebook.levels() == 256 {
                         ", finite values only"
                     } else {

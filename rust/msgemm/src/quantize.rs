@@ -154,10 +154,14 @@ impl Levels {
 }
 
 /// The E8M0 scale of an MX block: `2^(floor(log2 maxabs) - 2)` (emax of e2m1 is 2),
-/// exponent clamped to E8M0's `[-127, 127]`; 1 for an all-zero block.
+/// exponent clamped below at E8M0's `-127`; 1 for an all-zero block; infinite for a block beyond
+/// the float32 range (the caller reports it).
 pub fn mx_scale(maxabs: f64) -> f32 {
     if maxabs == 0.0 || !maxabs.is_finite() {
         return 1.0;
+    }
+    if maxabs > f64::from(f32::MAX) {
+        return f32::INFINITY;
     }
     let e = maxabs.log2().floor() as i32;
     // log2 may round across an integer for values just below a power of two: fix up exactly.
