@@ -20,6 +20,7 @@
 
 #define MSGEMM_MAX_N 8
 #define MSGEMM_ROWS 256
+#define MSGEMM_RPT 4  // rows per thread of msgemm_gemv_lut (cuda.py: _RPT)
 
 // One thread per table entry (grid-stride loop).
 extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const float* __restrict__ values,
@@ -60,25 +61,32 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
     sums[i] = s;
 }
 
-// Grid (ceil(M / 256), splits); 256 threads, thread = row. For each chunk of `nc` columns and
+// Grid (ceil(M / 1024), splits); 256 threads, MSGEMM_RPT = 4 rows per thread (rows
+// m0 + r * 256, so every load of a tuple quad is coalesced). For each chunk of `nc` columns and
 // each group of its split, the group's tables (tpg tuples x nc columns x slot floats) are
-// staged in shared memory, then each thread adds one entry per tuple and column.
+// staged in shared memory, then each thread adds one entry per tuple, column and row. Four rows
+// per thread make each staged table serve 1024 rows: the staging traffic (L2 -> shared) per
+// weight byte is a quarter of one row per thread's, and four independent index loads are in
+// flight per tuple quad. The order of the adds of each row is the same for any RPT.
 extern "C" __global__ void __launch_bounds__(MSGEMM_ROWS)
     msgemm_gemv_lut(const unsigned int* __restrict__ idx4, const float* __restrict__ tables,
                     const float* __restrict__ scales, const float* __restrict__ zeros,
                     const float* __restrict__ sums, long long m_rows, int n_cols, int groups, int tpg,
                     int slot, int groups_per_split, int nc, float* __restrict__ partial) {
     extern __shared__ float tab[];  // [t][c][slot]
-    const long long m = static_cast<long long>(blockIdx.x) * MSGEMM_ROWS + threadIdx.x;
+    const long long m0 = static_cast<long long>(blockIdx.x) * (MSGEMM_ROWS * MSGEMM_RPT) + threadIdx.x;
     const int split = blockIdx.y;
     const int g0 = split * groups_per_split;
     const int g1 = min(groups, g0 + groups_per_split);
     const bool has_zeros = zeros != nullptr;
     for (int c0 = 0; c0 < n_cols; c0 += nc) {
         const int ncc = min(nc, n_cols - c0);
-        float y[MSGEMM_MAX_N];
+        float y[MSGEMM_RPT][MSGEMM_MAX_N];
 #pragma unroll
-        for (int c = 0; c < MSGEMM_MAX_N; ++c) y[c] = 0.0f;
+        for (int r = 0; r < MSGEMM_RPT; ++r) {
+#pragma unroll
+            for (int c = 0; c < MSGEMM_MAX_N; ++c) y[r][c] = 0.0f;
+        }
         for (int g = g0; g < g1; ++g) {
             __syncthreads();  // the previous group's tables are no longer read
             const int total = tpg * ncc * slot;
@@ -90,40 +98,56 @@ extern "C" __global__ void __launch_bounds__(MSGEMM_ROWS)
                 tab[i] = __ldg(tables + ((static_cast<long long>(g) * tpg + t) * n_cols + c0 + c) * slot + e);
             }
             __syncthreads();
-            if (m < m_rows) {
-                float p[MSGEMM_MAX_N];
+            float p[MSGEMM_RPT][MSGEMM_MAX_N];
 #pragma unroll
-                for (int c = 0; c < MSGEMM_MAX_N; ++c) p[c] = 0.0f;
-                const unsigned int* ip = idx4 + (static_cast<long long>(g) * (tpg / 4)) * m_rows + m;
-                for (int q = 0; q < tpg / 4; ++q) {
-                    // Weights are read once: stream them past the caches (evict-first).
-                    const unsigned int w = __ldcs(ip + static_cast<long long>(q) * m_rows);
+            for (int r = 0; r < MSGEMM_RPT; ++r) {
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int e = (w >> (8 * j)) & 0xff;
-                        const float* row = tab + (4 * q + j) * ncc * slot + e;
+                for (int c = 0; c < MSGEMM_MAX_N; ++c) p[r][c] = 0.0f;
+            }
+            const unsigned int* ip = idx4 + (static_cast<long long>(g) * (tpg / 4)) * m_rows + m0;
+            for (int q = 0; q < tpg / 4; ++q) {
 #pragma unroll
-                        for (int c = 0; c < MSGEMM_MAX_N; ++c) {
-                            if (c < ncc) p[c] = __fadd_rn(p[c], row[c * slot]);
+                for (int r = 0; r < MSGEMM_RPT; ++r) {
+                    if (m0 + r * MSGEMM_ROWS < m_rows) {
+                        // Weights are read once: stream them past the caches (evict-first).
+                        const unsigned int w = __ldcs(ip + static_cast<long long>(q) * m_rows + r * MSGEMM_ROWS);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const int e = (w >> (8 * j)) & 0xff;
+                            const float* row = tab + (4 * q + j) * ncc * slot + e;
+#pragma unroll
+                            for (int c = 0; c < MSGEMM_MAX_N; ++c) {
+                                if (c < ncc) p[r][c] = __fadd_rn(p[r][c], row[c * slot]);
+                            }
                         }
                     }
                 }
-                const float s = scales[m * groups + g];
-                const float z = has_zeros ? zeros[m * groups + g] : 0.0f;
+            }
 #pragma unroll
-                for (int c = 0; c < MSGEMM_MAX_N; ++c) {
-                    if (c < ncc) {
-                        float u = p[c];
-                        if (has_zeros) u = __fsub_rn(u, __fmul_rn(z, sums[(c0 + c) * groups + g]));
-                        y[c] = __fadd_rn(y[c], __fmul_rn(s, u));
+            for (int r = 0; r < MSGEMM_RPT; ++r) {
+                const long long m = m0 + r * MSGEMM_ROWS;
+                if (m < m_rows) {
+                    const float s = scales[m * groups + g];
+                    const float z = has_zeros ? zeros[m * groups + g] : 0.0f;
+#pragma unroll
+                    for (int c = 0; c < MSGEMM_MAX_N; ++c) {
+                        if (c < ncc) {
+                            float u = p[r][c];
+                            if (has_zeros) u = __fsub_rn(u, __fmul_rn(z, sums[(c0 + c) * groups + g]));
+                            y[r][c] = __fadd_rn(y[r][c], __fmul_rn(s, u));
+                        }
                     }
                 }
             }
         }
-        if (m < m_rows) {
 #pragma unroll
-            for (int c = 0; c < MSGEMM_MAX_N; ++c) {
-                if (c < ncc) partial[(static_cast<long long>(split) * n_cols + c0 + c) * m_rows + m] = y[c];
+        for (int r = 0; r < MSGEMM_RPT; ++r) {
+            const long long m = m0 + r * MSGEMM_ROWS;
+            if (m < m_rows) {
+#pragma unroll
+                for (int c = 0; c < MSGEMM_MAX_N; ++c) {
+                    if (c < ncc) partial[(static_cast<long long>(split) * n_cols + c0 + c) * m_rows + m] = y[r][c];
+                }
             }
         }
     }

@@ -39,6 +39,7 @@ _SRC = "msgemm/msgemm.cu"
 #: Most columns of X one call takes (decode and small batches).
 MAX_COLUMNS = 8
 _ROWS = 256
+_RPT = 4  # rows per thread of msgemm_gemv_lut (MSGEMM_RPT in msgemm.cu): a block covers 1024 rows
 _SMEM_BUDGET = 200 * 1024  # dynamic shared memory per block (H100/H200 allow up to 227 KiB)
 
 
@@ -190,7 +191,7 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
 def _splits(pwd: DeviceWeights, sm_count: int) -> int:
     m = pwd.shape[0]
     groups = pwd.shape[1] // pwd.group_size
-    tiles = -(-m // _ROWS)
+    tiles = -(-m // (_ROWS * _RPT))
     want = -(-4 * sm_count // tiles)  # about 4 blocks per SM
     return max(1, min(groups, want))
 
@@ -245,7 +246,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     partial = cp.empty((s, n, m), cp.float32)
     zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)  # a null pointer
     kern(
-        (-(-m // _ROWS), s), (_ROWS,),
+        (-(-m // (_ROWS * _RPT)), s), (_ROWS,),
         (pwd.idx4, tables, pwd.scales, zeros, sums, np.int64(m), np.int32(n), np.int32(groups), np.int32(tpg),
          np.int32(slot), np.int32(per), np.int32(nc), partial),
         shared_mem=smem,
