@@ -53,6 +53,8 @@ def test_without_gpu_raises_clear_error():
     pw = mg.quantize(np.ones((8, 64), np.float32), "int4", 32)
     with pytest.raises(GPUUnavailableError):
         mgc.to_device(pw)
+    with pytest.raises(GPUUnavailableError):
+        pw.to_device()
 
 
 # Integer or dyadic codebooks only (nf4's levels are not dyadic: covered by the bound test).
