@@ -102,10 +102,11 @@ def test_random_data_within_the_f32_bound_and_deterministic():
         y = mgc.msgemm_cuda(pwd, x)
         assert np.all(np.abs(cp.asnumpy(y) - want) <= bound), fmt
         assert cp.asnumpy(mgc.msgemm_cuda(pwd, x)).tobytes() == cp.asnumpy(y).tobytes()
-        # One split adds the groups in the host kernels' order with the same roundings (no
-        # FMA contraction on the device): the host's f32 result bit for bit.
+        # Two splits add the groups as the host driver's two K slices do (each half in order,
+        # then the halves), with the same roundings (no FMA contraction on the device): the
+        # host's f32 result bit for bit.
         host = mg.msgemm(pw, x, depth=pwd.depth, table="f32", mirror=False)
-        np.testing.assert_array_equal(cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=1)), host, err_msg=fmt)
+        np.testing.assert_array_equal(cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=2)), host, err_msg=fmt)
 
 
 @pytest.mark.gpu

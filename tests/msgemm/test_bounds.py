@@ -185,7 +185,10 @@ def _i16_replica(pw: mg.PackedWeights, x: np.ndarray, mirror: bool) -> np.ndarra
     xs = x if pw.k_perm is None else x[pw.k_perm.astype(np.int64)]
     n = xs.shape[1]
     zero_term = pw.zeros is not None or (mirror and pw.mirror[1] != 0)
-    y = np.zeros((m, n), dtype=f32)
+    # Two K slices (the driver's `k_slices`): groups [0, h) and [h, groups), each accumulated
+    # from zero, then added.
+    h = -(-groups // 2)
+    ys = [np.zeros((m, n), dtype=f32), np.zeros((m, n), dtype=f32)]
     for gi in range(groups):
         xg = xs[gi * g:(gi + 1) * g].astype(f32)  # (G, N)
         maxabs = np.abs(xg).max(axis=0)
@@ -201,8 +204,9 @@ def _i16_replica(pw: mg.PackedWeights, x: np.ndarray, mirror: bool) -> np.ndarra
             zsum = (xq.sum(axis=0).astype(f32) * f32(2.0**e)).astype(f32)
             u = (u - (zeff[:, gi].astype(f32)[:, None] * zsum[None, :]).astype(f32)).astype(f32)
         u = (u * tscale[None, :]).astype(f32)
-        y = (y + (pw.scales[:, gi][:, None] * u).astype(f32)).astype(f32)
-    return y
+        s = int(gi >= h)
+        ys[s] = (ys[s] + (pw.scales[:, gi][:, None] * u).astype(f32)).astype(f32)
+    return (ys[0] + ys[1]).astype(f32)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "uint4", "fp4", "int3", "int2", "ternary"])

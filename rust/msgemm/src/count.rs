@@ -233,7 +233,9 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
         None
     };
     let mut cnt = Counter::default();
-    let mut y = vec![0f32; m * n];
+    // One accumulator per K slice of the driver (`gemm::k_slices`), added in slice order.
+    let slices = crate::gemm::k_slices(plan);
+    let mut ys = vec![vec![0f32; m * n]; slices.len()];
     let mut tables = vec![0f32; tp.per_group * plan.slot];
     let mut prod = vec![0f32; tp.depth * v];
     for col in 0..n {
@@ -291,15 +293,27 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
                 let yi = row * n + col;
                 let term = scales[gi] * u;
                 cnt.c.mul += 1;
-                if g == 0 {
+                let s = slices
+                    .iter()
+                    .position(|r| r.contains(&g))
+                    .expect("slices cover the groups");
+                if g == slices[s].start {
                     // An assignment; `+ 0.0` only turns -0 into +0, as the kernels' `0 + term`.
-                    y[yi] = term + 0.0;
+                    ys[s][yi] = term + 0.0;
                 } else {
-                    y[yi] += term;
+                    ys[s][yi] += term;
                     cnt.c.add += 1;
                 }
             }
         }
+    }
+    let mut parts = ys.into_iter();
+    let mut y = parts.next().expect("at least one slice");
+    for part in parts {
+        for (a, b) in y.iter_mut().zip(&part) {
+            *a += *b;
+        }
+        cnt.c.add += (m * n) as u64;
     }
     Ok((y, cnt.c))
 }

@@ -5,8 +5,10 @@
 //! `maleki_common::pool::install`): with a column per thread or more, each task takes a range
 //! of columns, all rows, and builds its own tables; otherwise (GEMV) the threads share each
 //! table set and split its rows into contiguous chunks of 64-row blocks. Every `y[m, n]` is
-//! accumulated over its groups in ascending order by exactly one task, and the tables do not
-//! depend on the split, so results are bitwise identical on any thread count.
+//! accumulated over its groups in ascending order by exactly one task (a GEMV in two K slices,
+//! see [`k_slices`]: each slice in ascending order, then the slices added in order), and
+//! neither the tables nor the slices depend on the thread count, so results are bitwise
+//! identical on any thread count.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -246,17 +248,21 @@ pub fn transpose_permute<'a>(
 
 /// Table sets of `ncols` columns `0..ncols`: `(group range, column range)` chunks under
 /// [`TABLE_BUDGET`], in order (groups ascending within each column chunk).
-fn table_chunks(plan: &Plan, ncols: usize) -> Vec<(Range<usize>, Range<usize>)> {
+fn table_chunks(
+    plan: &Plan,
+    ncols: usize,
+    groups: Range<usize>,
+) -> Vec<(Range<usize>, Range<usize>)> {
     let bb = table::block_bytes(plan).max(1);
     let cols_per = (TABLE_BUDGET / bb).clamp(1, ncols);
     let mut out = Vec::new();
     let mut c0 = 0;
     while c0 < ncols {
         let c1 = (c0 + cols_per).min(ncols);
-        let groups_per = (TABLE_BUDGET / (bb * (c1 - c0))).clamp(1, plan.groups);
-        let mut g0 = 0;
-        while g0 < plan.groups {
-            let g1 = (g0 + groups_per).min(plan.groups);
+        let groups_per = (TABLE_BUDGET / (bb * (c1 - c0))).clamp(1, groups.len().max(1));
+        let mut g0 = groups.start;
+        while g0 < groups.end {
+            let g1 = (g0 + groups_per).min(groups.end);
             out.push((g0..g1, c0..c1));
             g0 = g1;
         }
@@ -265,7 +271,29 @@ fn table_chunks(plan: &Plan, ncols: usize) -> Vec<(Range<usize>, Range<usize>)> 
     out
 }
 
-/// Row blocks per parallel task: `tasks_per_thread` tasks per thread, at least one block,
+/// The K slices of a call: two halves of the groups (`ceil(groups / 2)` first; one slice for a
+/// single group). Every `y[m, n]` is the sum, in slice order, of its slices' partial results,
+/// each accumulated over its groups in ascending order from `+0.0`.
+///
+/// Why: a GEMV on two threads runs one slice per thread, each thread building its slice's
+/// tables and running all rows against them, so that no thread reads tables the other core
+/// built and none waits for the other's build before its lookups (int4 4096x4096 on 2
+/// threads: 0.150-0.159 -> 0.130-0.141 ms). The slices depend on the number of groups only
+/// (never on N, the table budget or the thread count), so a column of a batch equals the GEMV
+/// of that column bit for bit, on any pool. The reference kernel and the GPU kernels (two
+/// K splits) add in the same way.
+pub fn k_slices(plan: &Plan) -> Vec<Range<usize>> {
+    let g = plan.groups;
+    if g >= 2 {
+        let h = g.div_ceil(2);
+        vec![0..h, h..g]
+    } else {
+        vec![0..g]
+    }
+}
+
+/// Row blocks per parallel task: `tasks_per_thread` tasks per thread (of this call's share of
+/// the pool, `share` calls running side by side), at least one block,
 /// rounded up to whole kernel tiles of 8 row blocks when every thread still gets a task.
 ///
 /// One table pass: one task per thread. A task sweeps each group's tables over all its row
@@ -274,8 +302,8 @@ fn table_chunks(plan: &Plan, ncols: usize) -> Vec<(Range<usize>, Range<usize>)> 
 /// (int4 GEMV, 2 threads, minima): M = 4096 0.176 -> 0.167 ms, M = 11008 0.478 -> 0.417 ms,
 /// medians as good. Several passes: about 4 tasks per thread, which the next pass's table
 /// build (run alongside) needs to balance (N = 3: one task per thread was 10% slower).
-fn blocks_per_task(plan: &Plan, tasks_per_thread: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
+fn blocks_per_task(plan: &Plan, tasks_per_thread: usize, share: usize) -> usize {
+    let threads = rayon::current_num_threads().div_ceil(share).max(1);
     let per = plan.row_blocks.div_ceil(tasks_per_thread * threads).max(1);
     let whole = per.next_multiple_of(8);
     if plan.row_blocks.div_ceil(whole) >= threads {
@@ -371,10 +399,8 @@ pub fn job_zeros<'a>(pw: &'a PackedWeights, plan: &Plan) -> Zeros<'a> {
     }
 }
 
-/// Runs the plan with `kernel` into `y` (overwritten), laid out as `y_layout`.
-///
-/// Kernels accumulate into a column-major block per task (see [`RowJob::y_index`]); with
-/// `N > 1` that block is a scratch buffer copied into `y` at the end.
+/// Runs the plan with `kernel` into `y` (overwritten), laid out as `y_layout`: the K slices
+/// ([`k_slices`]) into `y` and a scratch buffer, added in slice order.
 pub fn run_plan(
     pw: &PackedWeights,
     plan: &Plan,
@@ -382,6 +408,74 @@ pub fn run_plan(
     xt: &[f32],
     y: &mut [f32],
     y_layout: YLayout,
+) -> Result<()> {
+    let slices = k_slices(plan);
+    let (first, rest) = slices.split_first().expect("at least one slice");
+    if plan.n == 1
+        && rest.len() == 1
+        && slices
+            .iter()
+            .all(|s| table_chunks(plan, 1, s.clone()).len() == 1)
+    {
+        // GEMV whose slices fit one table pass each: the two slices side by side.
+        let mut other = vec![0f32; y.len()];
+        let (a, b) = rayon::join(
+            || run_groups(pw, plan, kernel, xt, y, y_layout, first.clone(), 2),
+            || {
+                run_groups(
+                    pw,
+                    plan,
+                    kernel,
+                    xt,
+                    &mut other,
+                    y_layout,
+                    rest[0].clone(),
+                    2,
+                )
+            },
+        );
+        a?;
+        b?;
+        add_into(y, &other);
+        return Ok(());
+    }
+    run_groups(pw, plan, kernel, xt, y, y_layout, first.clone(), 1)?;
+    if !rest.is_empty() {
+        let mut other = vec![0f32; y.len()];
+        for s in rest {
+            run_groups(pw, plan, kernel, xt, &mut other, y_layout, s.clone(), 1)?;
+            add_into(y, &other);
+        }
+    }
+    Ok(())
+}
+
+/// `y += other`, elementwise (float32 adds), on the pool.
+fn add_into(y: &mut [f32], other: &[f32]) {
+    y.par_chunks_mut(1 << 14)
+        .zip(other.par_chunks(1 << 14))
+        .for_each(|(a, b)| {
+            for (a, b) in a.iter_mut().zip(b) {
+                *a += *b;
+            }
+        });
+}
+
+/// [`run_plan`] over the groups `groups` only, into `y` (overwritten). `share`: how many such
+/// calls run side by side (each then splits its rows for its share of the threads).
+///
+/// Kernels accumulate into a column-major block per task (see [`RowJob::y_index`]); with
+/// `N > 1` that block is a scratch buffer copied into `y` at the end.
+#[allow(clippy::too_many_arguments)]
+fn run_groups(
+    pw: &PackedWeights,
+    plan: &Plan,
+    kernel: &dyn LutKernel,
+    xt: &[f32],
+    y: &mut [f32],
+    y_layout: YLayout,
+    groups: Range<usize>,
+    share: usize,
 ) -> Result<()> {
     let layout = pw.layout(plan.depth())?;
     let scales = pw.tiled_scales();
@@ -410,7 +504,7 @@ pub fn run_plan(
             .zip(xt.par_chunks(cols_per * k))
             .for_each(|(yk, xs)| {
                 let mut spare: Option<TableSet> = None;
-                for chunk in table_chunks(plan, xs.len() / k) {
+                for chunk in table_chunks(plan, xs.len() / k, groups.clone()) {
                     let set = build_set(plan, kernel, xs, spare.take(), chunk);
                     job(&set, 0..plan.row_blocks, yk);
                     spare = Some(set);
@@ -421,8 +515,8 @@ pub fn run_plan(
             });
         plan.row_blocks
     } else {
-        let chunks = table_chunks(plan, n);
-        let per_task = blocks_per_task(plan, if chunks.len() == 1 { 1 } else { 4 });
+        let chunks = table_chunks(plan, n, groups.clone());
+        let per_task = blocks_per_task(plan, if chunks.len() == 1 { 1 } else { 4 }, share);
         let task_len = per_task * ROW_BLOCK * n;
         let yk: &mut [f32] = if n == 1 {
             y.fill(0.0);
