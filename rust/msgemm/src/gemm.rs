@@ -288,7 +288,7 @@ pub fn k_slices(plan: &Plan) -> Vec<Range<usize>> {
         let h = g.div_ceil(2);
         vec![0..h, h..g]
     } else {
-        vec![0..g]
+        std::iter::once(0..g).collect()
     }
 }
 
