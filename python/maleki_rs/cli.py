@@ -85,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, maleki_rs.MalekiError) as exc:
         print(f"maleki: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file that cannot be read or written
+        print(f"maleki: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

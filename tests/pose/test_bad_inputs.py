@@ -150,7 +150,7 @@ def test_other_functions_reject(good):
         pose_error(np.eye(2), np.zeros(3), np.eye(3), np.zeros(3))
     with pytest.raises(ValueError, match="errors"):
         nees(np.float64(1.0), np.eye(6))
-    with pytest.raises(ValueError, match="singular"):
+    with pytest.raises(ValueError, match="positive definite"):
         nees(np.ones(6), np.zeros((6, 6)))
     with pytest.raises(ValueError, match="n_scans"):
         simulate_scans(0)

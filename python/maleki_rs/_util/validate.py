@@ -46,7 +46,7 @@ def as_float_array(
     finite: bool = True,
     allow_empty: bool = False,
 ) -> np.ndarray:
-    """Converts ``x`` to a C-contiguous float array (no copy when it already is one).
+    """Converts ``x`` to a C-contiguous, aligned float array (no copy when it already is one).
 
     Parameters
     ----------
@@ -92,7 +92,7 @@ def as_float_array(
             raise ValueError(f"{name}: expected a {want}-dimensional array, got shape {shape_str(arr.shape)}")
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {shape_str(arr.shape)}")
-    out = np.ascontiguousarray(arr, dtype=dtype)
+    out = np.require(arr, dtype, "CA")  # C order, aligned, native byte order; keeps 0-d arrays 0-d
     if finite and out.size and not np.isfinite(out).all():
         bad = np.argwhere(~np.isfinite(out))[0]
         raise ValueError(f"{name}: contains a non-finite value at index {tuple(int(i) for i in bad)}")
@@ -115,7 +115,7 @@ def as_int_array(
     if arr.dtype.kind == "f":
         if arr.size and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
             raise ValueError(f"{name}: expected integer values")
-    elif arr.dtype.kind not in "iub":
+    elif arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected an integer array, got dtype {arr.dtype}")
     if shape is not None:
         ok = arr.ndim == len(shape) and all(s is None or s == g for s, g in zip(shape, arr.shape))
@@ -131,7 +131,7 @@ def as_int_array(
     info = np.iinfo(dtype)
     if arr.size and (arr.min() < info.min or arr.max() > info.max):
         raise ValueError(f"{name}: values must lie in [{info.min}, {info.max}]")
-    return np.ascontiguousarray(arr, dtype=dtype)
+    return np.require(arr, dtype, "CA")
 
 
 def check_int(value: Any, name: str, *, min: int | None = None, max: int | None = None) -> int:

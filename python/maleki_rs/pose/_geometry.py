@@ -35,6 +35,23 @@ def _trailing(x: Any, name: str, tail: tuple[int, ...]) -> NDArray[np.float64]:
     return arr
 
 
+#: Largest |R Rᵀ − I| entry accepted as a rotation matrix (float32-rounded rotations pass).
+_ORTHO_TOL = 1e-5
+
+
+def _rotation(x: Any, name: str) -> NDArray[np.float64]:
+    """Rotation matrices ``(..., 3, 3)``: orthonormal within ``_ORTHO_TOL`` with ``det = +1``."""
+    m = _trailing(x, name, (3, 3))
+    err = np.abs(m @ np.swapaxes(m, -1, -2) - np.eye(3)).max(axis=(-2, -1))
+    bad = (err > _ORTHO_TOL) | (np.linalg.det(m) <= 0)
+    if np.any(bad):
+        where = np.argwhere(np.atleast_1d(bad))[0]
+        at = f" at index {tuple(int(i) for i in where)}" if m.ndim > 2 else ""
+        raise ValueError(f"{name}: not a rotation matrix{at} (needs R Rᵀ = I and det R = +1; "
+                         f"max |R Rᵀ − I| = {float(np.atleast_1d(err)[tuple(where)]):.2g})")
+    return m
+
+
 def _skew(v: NDArray[np.float64]) -> NDArray[np.float64]:
     out = np.zeros(v.shape[:-1] + (3, 3))
     out[..., 0, 1], out[..., 0, 2] = -v[..., 2], v[..., 1]
@@ -57,7 +74,7 @@ def quaternion_from_matrix(rotation: Any) -> NDArray[np.float64]:
         Scalar-last quaternions with ``scipy.spatial.transform.Rotation.from_quat(q).as_matrix()``
         equal to ``rotation``. Shepperd's method: exact near half turns too.
     """
-    m = _trailing(rotation, "rotation", (3, 3))
+    m = _rotation(rotation, "rotation")
     m00, m01, m02 = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
     m10, m11, m12 = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
     m20, m21, m22 = m[..., 2, 0], m[..., 2, 1], m[..., 2, 2]
@@ -145,13 +162,19 @@ def pose_error(rotation_hat: Any, t_hat: Any, rotation_true: Any, t_true: Any) -
     ndarray, shape (..., 6), float64
         ``θ`` (radians, body frame) then ``δt`` (length units).
     """
-    ah = _trailing(rotation_hat, "rotation_hat", (3, 3))
-    at = _trailing(rotation_true, "rotation_true", (3, 3))
+    ah = _rotation(rotation_hat, "rotation_hat")
+    at = _rotation(rotation_true, "rotation_true")
     th = _trailing(t_hat, "t_hat", (3,))
     tt = _trailing(t_true, "t_true", (3,))
-    theta = rotation_vector(ah @ np.swapaxes(at, -1, -2))
-    dt = th - tt
-    theta, dt = np.broadcast_arrays(theta, dt)
+    try:
+        theta = rotation_vector(ah @ np.swapaxes(at, -1, -2))
+        dt = th - tt
+        theta, dt = np.broadcast_arrays(theta, dt)
+    except ValueError as exc:
+        if "not a rotation" in str(exc):
+            raise
+        raise ValueError(f"rotation_hat, rotation_true, t_hat, t_true: leading shapes {ah.shape[:-2]}, "
+                         f"{at.shape[:-2]}, {th.shape[:-1]}, {tt.shape[:-1]} do not broadcast") from None
     return np.concatenate([theta, dt], axis=-1)
 
 
@@ -177,11 +200,19 @@ def nees(errors: Any, covariances: Any) -> NDArray[np.float64]:
     d = x.shape[-1]
     if p.ndim < 2 or p.shape[-2:] != (d, d):
         raise ValueError(f"covariances: expected shape (..., {d}, {d}) to match errors, got {p.shape}")
+    scale = np.abs(p).max(axis=(-2, -1), keepdims=True)
+    if np.any(np.abs(p - np.swapaxes(p, -1, -2)) > 1e-9 * scale):
+        raise ValueError("covariances: not symmetric")
     try:
-        sol = np.linalg.solve(p, x[..., None])[..., 0]
+        chol = np.linalg.cholesky(p)
     except np.linalg.LinAlgError:
-        raise ValueError("covariances: a matrix is singular") from None
-    return np.einsum("...i,...i->...", x, sol)
+        raise ValueError("covariances: a matrix is not positive definite") from None
+    try:
+        z = np.linalg.solve(chol, x[..., None])[..., 0]  # L z = x, so ε = |z|²
+    except ValueError:
+        raise ValueError(f"errors, covariances: leading shapes {x.shape[:-1]} and {p.shape[:-2]} do not "
+                         "broadcast") from None
+    return np.einsum("...i,...i->...", z, z)
 
 
 def _jac_reference(rotation: NDArray[np.float64], translation: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -225,7 +256,7 @@ def reference_frame_errors(rotation: Any, translation: Any, errors: Any) -> NDAr
     -------
     ndarray, shape (..., 6), float64
     """
-    a = _trailing(rotation, "rotation", (3, 3))
+    a = _rotation(rotation, "rotation")
     t = _trailing(translation, "translation", (3,))
     x = _trailing(errors, "errors", (6,))
     return (_jac_reference(a, t) @ x[..., None])[..., 0]
@@ -238,7 +269,7 @@ def reference_frame_covariance(rotation: Any, translation: Any, covariance: Any)
     -------
     ndarray, shape (..., 6, 6), float64
     """
-    a = _trailing(rotation, "rotation", (3, 3))
+    a = _rotation(rotation, "rotation")
     t = _trailing(translation, "translation", (3,))
     p = _trailing(covariance, "covariance", (6, 6))
     j = _jac_reference(a, t)

@@ -109,6 +109,8 @@ def _memory_arg(memory: Any, ndevs: int) -> tuple[int | None, ...] | None:
             caps.append(None)
         else:
             caps.append(check_int(m, f"memory[{d}]", min=0, max=_NO_LIMIT))
+    if len(caps) == 1:
+        caps = caps * ndevs  # one cap for every device, as the schedule format reads it
     if len(caps) != ndevs:
         raise ValueError(f"memory: expected 1 or {ndevs} caps (one per device), got {len(caps)}")
     return None if all(c is None for c in caps) else tuple(caps)

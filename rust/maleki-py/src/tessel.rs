@@ -247,10 +247,10 @@ impl PyPremise {
         self.inner.period_lower_bound()
     }
 
-    fn lower_bound(&self, nmicros: i64) -> PyResult<i64> {
+    fn lower_bound(&self, nmicros: i64) -> PyResult<i128> {
         Ok(self
             .inner
-            .makespan_lower_bound(usize_arg(nmicros, "nmicros")?))
+            .makespan_lower_bound_wide(usize_arg(nmicros, "nmicros")? as u64))
     }
 
     /// The stages when the premise is a pipeline: `[(device, forward, backward, weight)]`.

@@ -137,11 +137,11 @@ fn exact_py<'py>(
         let mut so = SearchOptions::new(cc.clone(), nm);
         so.convention = conv;
         so.exact_jobs = 0;
-        so.time_limit = opts.deadline.map(|d| {
-            d.saturating_duration_since(Instant::now())
-                .as_secs_f64()
-                .max(1e-3)
-        });
+        // The seed gets a quarter of the time (5 s without a deadline): the rest is the exact
+        // search's, which the seed only helps prune.
+        so.time_limit = Some(opts.deadline.map_or(SEED_SECONDS, |d| {
+            (d.saturating_duration_since(Instant::now()).as_secs_f64() / 4.0).max(1e-3)
+        }));
         let seed = match core_search::search(&pc, &so, pr) {
             Ok(s) => Some(s.schedule.starts),
             Err(maleki_common::Error::Cancelled) => return Err(maleki_common::Error::Cancelled),
@@ -170,6 +170,9 @@ fn exact_py<'py>(
     d.set_item("search_time", t0.elapsed().as_secs_f64())?;
     Ok(d)
 }
+
+/// Longest seeding search of `exact` without a deadline, in seconds.
+const SEED_SECONDS: f64 = 5.0;
 
 /// Repetend construction alone: `(min_period, min_period_proved, [(period, length,
 /// template, first_template, exhausted, nodes)])`.

@@ -29,30 +29,56 @@ pub fn horn_fit(b: &[[f64; 3]], r: &[[f64; 3]], w: impl Fn(usize) -> f64) -> Hor
 /// [`horn_fit`] reading point `i` as `(b_i, r_i, w_i)` through `pt`, so that callers with
 /// another memory layout need not gather the points first.
 pub fn horn_fit_by(n: usize, pt: impl Fn(usize) -> ([f64; 3], [f64; 3], f64)) -> Horn {
+    // The rotation depends only on the direction of `m` below, so weights and deviations are
+    // scaled to at most 1 before their products are summed: coordinates or weights near the
+    // ends of the float64 range (1e±150 and beyond) neither overflow nor underflow there.
+    let wmax = (0..n).fold(0.0f64, |acc, i| acc.max(pt(i).2));
+    let wmax = if wmax > 0.0 && wmax.is_finite() {
+        wmax
+    } else {
+        1.0
+    };
+    // Weighted centroids as running means (no sum of large coordinates).
     let mut sw = 0.0;
     let mut bc = [0.0; 3];
     let mut rc = [0.0; 3];
     for i in 0..n {
         let (bi, ri, wi) = pt(i);
+        let wi = wi / wmax;
+        if wi == 0.0 {
+            continue;
+        }
         sw += wi;
+        let f = wi / sw;
         for k in 0..3 {
-            bc[k] += wi * bi[k];
-            rc[k] += wi * ri[k];
+            bc[k] += f * (bi[k] - bc[k]);
+            rc[k] += f * (ri[k] - rc[k]);
         }
     }
-    for k in 0..3 {
-        bc[k] /= sw;
-        rc[k] /= sw;
+    let (mut sr, mut sb) = (0.0f64, 0.0f64);
+    for i in 0..n {
+        let (bi, ri, _) = pt(i);
+        for k in 0..3 {
+            sr = sr.max((ri[k] - rc[k]).abs());
+            sb = sb.max((bi[k] - bc[k]).abs());
+        }
     }
-    // m[x][y] = Σ w (r − r̄)_x (b − b̄)_y: Horn's S matrix (source r, target b).
+    let sr = if sr > 0.0 && sr.is_finite() { sr } else { 1.0 };
+    let sb = if sb > 0.0 && sb.is_finite() { sb } else { 1.0 };
+    // m[x][y] = Σ w (r − r̄)_x (b − b̄)_y / (wmax sr sb): Horn's S matrix (source r, target b).
     let mut m = [[0.0; 3]; 3];
     for i in 0..n {
         let (bi, ri, wi) = pt(i);
-        let dr = [ri[0] - rc[0], ri[1] - rc[1], ri[2] - rc[2]];
+        let wi = wi / wmax;
+        let dr = [
+            (ri[0] - rc[0]) / sr,
+            (ri[1] - rc[1]) / sr,
+            (ri[2] - rc[2]) / sr,
+        ];
         let db = [
-            wi * (bi[0] - bc[0]),
-            wi * (bi[1] - bc[1]),
-            wi * (bi[2] - bc[2]),
+            wi * ((bi[0] - bc[0]) / sb),
+            wi * ((bi[1] - bc[1]) / sb),
+            wi * ((bi[2] - bc[2]) / sb),
         ];
         for x in 0..3 {
             for y in 0..3 {

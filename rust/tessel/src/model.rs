@@ -448,12 +448,18 @@ impl Premise {
     /// `max( max_d [min_{g on d} head_g + N W_d + min_{g on d} tail_g],
     ///       max_g [head_g + N s_g + tail_g] )`.
     /// The second term holds because the N copies of a block share its devices.
+    /// Saturates at `i64::MAX` (see [`Premise::makespan_lower_bound_wide`] for the exact value).
     pub fn makespan_lower_bound(&self, nmicros: usize) -> i64 {
+        i64::try_from(self.makespan_lower_bound_wide(nmicros as u64)).unwrap_or(i64::MAX)
+    }
+
+    /// [`Premise::makespan_lower_bound`] in 128-bit arithmetic: exact for any `nmicros`.
+    pub fn makespan_lower_bound_wide(&self, nmicros: u64) -> i128 {
         if nmicros == 0 {
             return 0;
         }
-        let n = nmicros as i64;
-        let mut lb = 0;
+        let n = i128::from(nmicros);
+        let mut lb = 0i128;
         for d in 0..self.ndevs {
             let on = &self.on_device[d];
             if on.is_empty() {
@@ -461,10 +467,14 @@ impl Premise {
             }
             let h = on.iter().map(|&g| self.head[g]).min().unwrap_or(0);
             let t = on.iter().map(|&g| self.tail[g]).min().unwrap_or(0);
-            lb = lb.max(h + n * self.work[d] + t);
+            lb = lb.max(i128::from(h) + n * i128::from(self.work[d]) + i128::from(t));
         }
         for g in 0..self.nblocks() {
-            lb = lb.max(self.head[g] + n * self.blocks[g].span + self.tail[g]);
+            lb = lb.max(
+                i128::from(self.head[g])
+                    + n * i128::from(self.blocks[g].span)
+                    + i128::from(self.tail[g]),
+            );
         }
         lb
     }

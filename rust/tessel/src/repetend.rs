@@ -893,7 +893,8 @@ impl<'a, const K: usize> Search<'a, K> {
                     };
                     v -= mu * e;
                 }
-                if v > self.period * self.caps[d] {
+                // In 128 bits: caps up to 2^62 times the period overflow 64.
+                if i128::from(v) > i128::from(self.period) * i128::from(self.caps[d]) {
                     return false;
                 }
             }

@@ -1,0 +1,68 @@
+"""Regressions found by an adversarial review (stop 9): scale-free Horn start, input
+conversion, and validation of the geometry helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from maleki_rs import pose as P
+
+
+def _points():
+    rng = np.random.default_rng(0)
+    r = rng.uniform(-1, 1, (10, 3))
+    a = Rotation.random(random_state=5).as_matrix()
+    return r @ a.T, r, a
+
+
+@pytest.mark.parametrize("scale", [1e-150, 1e-85, 1e30, 1e90, 1e150])
+def test_absolute_orientation_is_scale_free(scale):
+    b, r, a = _points()
+    rot, t = P.absolute_orientation(b * scale, r * scale)[:2]
+    np.testing.assert_allclose(rot, a, atol=1e-12)
+
+
+@pytest.mark.parametrize("w", [1e-180, 1e60, 1e200])
+def test_absolute_orientation_with_extreme_weights(w):
+    b, r, a = _points()
+    rot = P.absolute_orientation(b, r, weights=np.full(10, w))[0]
+    np.testing.assert_allclose(rot, a, atol=1e-12)
+
+
+def test_unaligned_and_zero_d_inputs():
+    b, r, a = _points()
+    raw = bytearray(1) + bytearray(np.ascontiguousarray(b).tobytes())
+    u = np.frombuffer(raw, np.float64, offset=1).reshape(-1, 3)
+    assert not u.flags.aligned
+    np.testing.assert_array_equal(P.absolute_orientation(u, r)[0], P.absolute_orientation(b, r)[0])
+    with pytest.raises(ValueError, match=r"weights: .*got \(\)"):
+        P.estimate_pose(b, r, weights=1.0)
+
+
+def test_geometry_helpers_reject_non_rotations_and_non_spd():
+    for bad in [np.ones((3, 3)), np.zeros((3, 3)), 2 * np.eye(3), np.diag([1.0, 1.0, -1.0])]:
+        with pytest.raises(ValueError, match="not a rotation matrix"):
+            P.quaternion_from_matrix(bad)
+        with pytest.raises(ValueError, match="not a rotation matrix"):
+            P.rotation_vector(bad)
+        with pytest.raises(ValueError, match="not a rotation matrix"):
+            P.pose_error(bad, np.zeros(3), np.eye(3), np.zeros(3))
+    x = np.ones(6)
+    with pytest.raises(ValueError, match="positive definite"):
+        P.nees(x, -np.eye(6))
+    asym = np.eye(6)
+    asym[0, 1] = 0.5
+    with pytest.raises(ValueError, match="symmetric"):
+        P.nees(x, asym)
+    with pytest.raises(ValueError, match="broadcast"):
+        P.nees(np.ones((2, 6)), np.stack([np.eye(6)] * 3))
+    # The oracle: x^T P^-1 x for an SPD P.
+    rng = np.random.default_rng(1)
+    m = rng.standard_normal((6, 6))
+    p = m @ m.T + 6 * np.eye(6)
+    assert P.nees(x, p) == pytest.approx(x @ np.linalg.solve(p, x), rel=1e-12)
+    # Rotations rounded to float32 still pass.
+    a32 = Rotation.random(random_state=2).as_matrix().astype(np.float32)
+    assert np.isfinite(P.rotation_vector(a32)).all()
