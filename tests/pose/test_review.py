@@ -66,3 +66,19 @@ def test_geometry_helpers_reject_non_rotations_and_non_spd():
     # Rotations rounded to float32 still pass.
     a32 = Rotation.random(random_state=2).as_matrix().astype(np.float32)
     assert np.isfinite(P.rotation_vector(a32)).all()
+
+
+@pytest.mark.parametrize("override, exc", [
+    ({"sigma": float("nan")}, ValueError), ({"sigma": float("inf")}, ValueError),
+    ({"anisotropy": float("nan")}, ValueError), ({"base": "S3", "sigma_b": -1}, ValueError),
+    ({"n_points": 2}, ValueError), ({"n_points": 2.5}, TypeError), ({"base": "S4", "range": (5.0, -1.0)}, ValueError),
+    ({"half_width": -1}, ValueError), ({"t_sigma": "x"}, TypeError), ({"rho": 2.0}, ValueError),
+])
+def test_scenario_overrides_are_validated(override, exc):
+    with pytest.raises(exc, match="scenario"):
+        P.simulate_scans(2, scenario=override)
+
+
+def test_valid_overrides_still_work():
+    s = P.simulate_scans(3, scenario={"base": "S1", "rho": 0.9, "anisotropy": 100.0, "n_points": 5}, seed=1)
+    assert s.b.shape == (3, 5, 3) and np.isfinite(s.b).all()

@@ -222,11 +222,63 @@ def _resolve(scenario: Any) -> dict[str, Any]:
             raise ValueError(f"scenario: unknown keys {sorted(unknown)}")
         out = {"name": f"custom({base})", **SCENARIOS[base], **scenario}
         out.pop("base", None)
+        _check_overrides(out, set(scenario) - {"base", "name"})
         return out
     raise TypeError(f"scenario: expected a scenario name or a dict, got {type(scenario).__name__}")
 
 
 _ALL_KEYS = sorted({k for s in SCENARIOS.values() for k in s})
+
+#: Allowed ranges of the numeric scenario keys: (low, high, low inclusive).
+_RANGES = {"half_width": (0.0, np.inf, False), "t_sigma": (0.0, np.inf, True), "sigma": (0.0, np.inf, False),
+           "sigma_b": (0.0, np.inf, False), "sigma_r": (0.0, np.inf, False), "anisotropy": (1.0, np.inf, True),
+           "rho": (-1.0, 1.0, True), "sigma_range": (0.0, np.inf, False), "sigma_angle_deg": (0.0, 180.0, False),
+           "sigma_map": (0.0, np.inf, False)}
+
+
+def _number(v: Any, key: str) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scenario[{key!r}]: expected a number, got {type(v).__name__}")
+    f = float(v)
+    if not np.isfinite(f):
+        raise ValueError(f"scenario[{key!r}]: must be finite, got {v!r}")
+    return f
+
+
+def _check_overrides(p: dict[str, Any], keys: set[str]) -> None:
+    """Validates the keys a scenario dict overrides (the built-in values are valid)."""
+    for key in sorted(keys):
+        v = p[key]
+        if key in _RANGES:
+            lo, hi, closed = _RANGES[key]
+            f = _number(v, key)
+            if f > hi or f < lo or (f == lo and not closed):
+                raise ValueError(f"scenario[{key!r}]: must be in {'[' if closed else '('}{lo}, {hi}], got {v!r}")
+        elif key == "n_points":
+            p[key] = check_int(v, "scenario['n_points']", min=3, max=10**7)
+        elif key == "noise":
+            if v not in ("anisotropic", "isotropic", "lidar"):
+                raise ValueError(f"scenario['noise']: must be 'anisotropic', 'isotropic' or 'lidar', got {v!r}")
+        elif key == "range":
+            lo, hi = (_number(x, key) for x in _pair(v, key))
+            if not 0.0 < lo < hi:
+                raise ValueError(f"scenario['range']: needs 0 < low < high, got {v!r}")
+        elif key == "visible":
+            lo, hi = (check_int(x, "scenario['visible']", min=3) for x in _pair(v, key))
+            if lo > hi:
+                raise ValueError(f"scenario['visible']: needs low <= high, got {v!r}")
+        elif key == "map_extent":
+            ext = [_number(x, key) for x in v] if isinstance(v, (tuple, list)) else []
+            if len(ext) != 3 or min(ext) <= 0:
+                raise ValueError(f"scenario['map_extent']: needs 3 positive lengths, got {v!r}")
+        elif key == "trajectory" and not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"scenario['trajectory']: expected a bool, got {type(v).__name__}")
+
+
+def _pair(v: Any, key: str) -> tuple[Any, Any]:
+    if not isinstance(v, (tuple, list)) or len(v) != 2:
+        raise ValueError(f"scenario[{key!r}]: expected a pair (low, high), got {v!r}")
+    return v[0], v[1]
 
 
 def simulate_scans(n_scans: int, n_points: int | None = None, *, scenario: str | dict[str, Any] = "S1",
