@@ -82,3 +82,30 @@ def test_scenario_overrides_are_validated(override, exc):
 def test_valid_overrides_still_work():
     s = P.simulate_scans(3, scenario={"base": "S1", "rho": 0.9, "anisotropy": 100.0, "n_points": 5}, seed=1)
     assert s.b.shape == (3, 5, 3) and np.isfinite(s.b).all()
+
+
+def _skew(v):
+    return np.array([[0, -v[2], v[1]], [v[2], 0, -v[0]], [-v[1], v[0], 0]])
+
+
+@pytest.mark.parametrize("off", [np.array([5e5, 5e6, 0.0]), np.array([-3e4, 2e3, 1e2])])
+def test_far_from_the_origin(off):
+    # UTM-like coordinates: the same scan shifted by `off` in both frames. The estimate must be
+    # the shifted one (t' = t + off - A off), with the covariance mapped by
+    # J = [[I, 0], [[(A off)x], I]], and the CRLB likewise.
+    s = P.simulate_scans(1, 20, seed=0)
+    b, r, cov = s.b[0], s.r[0], s.cov[0]
+    e0 = P.estimate_pose(b, r, cov)
+    e1 = P.estimate_pose(b + off, r + off, cov)
+    assert e1.converged
+    np.testing.assert_allclose(e1.rotation, e0.rotation, atol=1e-9)
+    np.testing.assert_allclose(e1.translation, e0.translation + off - e0.rotation @ off,
+                               rtol=0, atol=1e-8 * np.abs(off).max())
+    j = np.eye(6)
+    j[3:, :3] = _skew(e0.rotation @ off)
+    want = j @ e0.covariance @ j.T
+    np.testing.assert_allclose(e1.covariance, want, rtol=1e-5, atol=1e-9 * np.abs(want).max())
+    c0 = P.crlb(s.rotation[0], s.translation[0], s.r_true[0], cov)
+    c1 = P.crlb(s.rotation[0], s.translation[0], s.r_true[0] + off, cov)
+    j[3:, :3] = _skew(s.rotation[0] @ off)
+    np.testing.assert_allclose(c1, j @ c0 @ j.T, rtol=1e-6, atol=1e-9 * np.abs(c1).max())

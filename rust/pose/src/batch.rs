@@ -14,8 +14,8 @@ use nalgebra::{Matrix3, Matrix6, Vector3};
 use rayon::prelude::*;
 
 use crate::horn::absolute_orientation;
-use crate::input::{prepare, BatchCov, BatchRef, PerScan, Prepared};
-use crate::solver::{crlb_prepared, solve_with, Options, PoseEstimate, Workspace};
+use crate::input::{BatchCov, BatchRef, PerScan};
+use crate::solver::{crlb_with, solve_with, Options, PoseEstimate, Workspace};
 
 /// A rotation and a translation.
 pub type RigidPose = (Matrix3<f64>, Vector3<f64>);
@@ -123,7 +123,7 @@ pub fn crlb_batch(
             ),
         ));
     }
-    run_chunked(nb, progress, |k, prep: &mut Prepared| {
+    run_chunked(nb, progress, |k, ws: &mut Workspace| {
         let rot = Matrix3::from_row_slice(&rotations[if rotations.len() == 1 { 0 } else { k }]);
         batch
             .scan(k)
@@ -131,7 +131,6 @@ pub fn crlb_batch(
                 scan.b = scan.r;
                 scan
             })
-            .and_then(|scan| prepare(&scan, prep))
-            .and_then(|_| crlb_prepared(prep, &rot))
+            .and_then(|scan| crlb_with(&scan, &rot, ws))
     })
 }

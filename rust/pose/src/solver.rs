@@ -25,7 +25,7 @@ use crate::horn::horn_fit_by;
 #[cfg(test)]
 use crate::input::Point;
 use crate::input::{prepare, Prepared, ScanRef};
-use crate::math::{exp_so3, orthonormalize, quaternion_xyzw, rcond_equilibrated, Chol6};
+use crate::math::{exp_so3, orthonormalize, quaternion_xyzw, rcond_equilibrated, skew, Chol6};
 #[cfg(test)]
 use crate::math::{sym3_inverse_spd, sym3_mul};
 
@@ -369,10 +369,13 @@ pub fn evaluate_scan(scan: &ScanRef<'_>, a: &Matrix3<f64>, t: &Vector3<f64>) -> 
     evaluate(&prep, a, t, true)
 }
 
-/// Reusable per-thread memory of the solver (the validated points of the current scan).
+/// Reusable per-thread memory of the solver (the centred and validated points of the
+/// current scan).
 #[derive(Debug, Default)]
 pub struct Workspace {
     prep: Prepared,
+    b: Vec<[f64; 3]>,
+    r: Vec<[f64; 3]>,
 }
 
 /// Estimates the pose of one scan (allocates a fresh [`Workspace`]).
@@ -381,10 +384,54 @@ pub fn solve(scan: &ScanRef<'_>, opts: &Options) -> Result<PoseEstimate> {
 }
 
 /// Estimates the pose of one scan, reusing `ws`.
+///
+/// The solver works on points centred on their means `b̄`, `r̄` (`b − b̄ = A (r − r̄) + t'`),
+/// then maps back: `t = t' + b̄ − A r̄`, and `δt = δt' + [(A r̄)×] θ` for the covariance.
+/// The estimate is the same (the cost is invariant under the shift), but the normal matrix of
+/// points far from the origin (map or UTM coordinates) is conditioned like the scene's
+/// extent, not like its distance from the origin squared.
 pub fn solve_with(scan: &ScanRef<'_>, opts: &Options, ws: &mut Workspace) -> Result<PoseEstimate> {
     opts.validate()?;
-    prepare(scan, &mut ws.prep)?;
-    refine(&ws.prep, opts)
+    let Workspace { prep, b, r } = ws;
+    let (bbar, rbar) = (centre_into(scan.b, b), centre_into(scan.r, r));
+    let centred = ScanRef {
+        b,
+        r,
+        cov: scan.cov,
+        weights: scan.weights,
+    };
+    prepare(&centred, prep)?;
+    let mut est = refine(prep, opts)?;
+    let v = est.rotation * rbar;
+    est.translation += bbar - v;
+    est.covariance = uncentre_covariance(&est.covariance, &v);
+    Ok(est)
+}
+
+/// `pts − mean(pts)` into `out`; returns the mean (0 for an empty or non-finite set, which
+/// `prepare` then reports).
+fn centre_into(pts: &[[f64; 3]], out: &mut Vec<[f64; 3]>) -> Vector3<f64> {
+    let mut c = [0.0; 3];
+    for (i, p) in pts.iter().enumerate() {
+        let f = 1.0 / (i + 1) as f64;
+        for k in 0..3 {
+            c[k] += f * (p[k] - c[k]);
+        }
+    }
+    if !c.iter().all(|v| v.is_finite()) {
+        c = [0.0; 3];
+    }
+    out.clear();
+    out.extend(pts.iter().map(|p| [p[0] - c[0], p[1] - c[1], p[2] - c[2]]));
+    Vector3::from(c)
+}
+
+/// `J C Jᵀ` with `J = [[I, 0], [[v×], I]]`: the covariance of `[θ; δt]` from that of
+/// `[θ; δt']` when `t = t' − A r̄ + b̄` and `v = A r̄`.
+fn uncentre_covariance(c: &Matrix6<f64>, v: &Vector3<f64>) -> Matrix6<f64> {
+    let mut j = Matrix6::identity();
+    j.fixed_view_mut::<3, 3>(3, 0).copy_from(&skew(v));
+    j * c * j.transpose()
 }
 
 /// The Cholesky solve of `F δ = −g`, with optional Levenberg-Marquardt damping `λ diag(F)`.
@@ -571,9 +618,28 @@ fn project_translation(
 /// Cramér-Rao lower bound of `[θ; δt]`: `(Σ Hᵢᵀ Wᵢ(A) Hᵢ)⁻¹` at the true rotation and true
 /// reference points (`scan.r`; `scan.b` is not used). The translation does not enter.
 pub fn crlb(scan: &ScanRef<'_>, rotation: &Matrix3<f64>) -> Result<Matrix6<f64>> {
-    let mut prep = Prepared::default();
-    prepare(scan, &mut prep)?;
-    crlb_prepared(&prep, rotation)
+    crlb_with(scan, rotation, &mut Workspace::default())
+}
+
+/// [`crlb`] reusing `ws`; computed for points centred on `r̄` (as [`solve_with`]) and mapped
+/// back with `v = A r̄`.
+pub fn crlb_with(
+    scan: &ScanRef<'_>,
+    rotation: &Matrix3<f64>,
+    ws: &mut Workspace,
+) -> Result<Matrix6<f64>> {
+    let Workspace { prep, b, r } = ws;
+    let rbar = centre_into(scan.r, r);
+    centre_into(scan.b, b); // b does not enter the bound
+    let centred = ScanRef {
+        b,
+        r,
+        cov: scan.cov,
+        weights: scan.weights,
+    };
+    prepare(&centred, prep)?;
+    let c = crlb_prepared(prep, rotation)?;
+    Ok(uncentre_covariance(&c, &(rotation * rbar)))
 }
 
 pub(crate) fn crlb_prepared(prep: &Prepared, rotation: &Matrix3<f64>) -> Result<Matrix6<f64>> {
