@@ -401,7 +401,19 @@ pub fn solve_with(scan: &ScanRef<'_>, opts: &Options, ws: &mut Workspace) -> Res
         weights: scan.weights,
     };
     prepare(&centred, prep)?;
-    let mut est = refine(prep, opts)?;
+    // A given start translation, in the centred frame: t' = t + A r̄ − b̄.
+    let mut opts = *opts;
+    if let Init::Given {
+        rotation,
+        translation: Some(t0),
+    } = opts.init
+    {
+        opts.init = Init::Given {
+            rotation,
+            translation: Some(t0 + orthonormalize(&rotation) * rbar - bbar),
+        };
+    }
+    let mut est = refine(prep, &opts)?;
     let v = est.rotation * rbar;
     est.translation += bbar - v;
     est.covariance = uncentre_covariance(&est.covariance, &v);
@@ -536,6 +548,12 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         evaluate_into(prep, &trial_a, &trial_t, true, &mut ev[1 - c])?;
         // Accept unless the cost went up by more than rounding.
         if ev[1 - c].cost <= ev[c].cost + 1e-12 * ev[c].cost.abs() {
+            // A step that did not lower the cost overshot along some direction (F only
+            // approximates the Hessian: with few noisy points F⁻¹H can exceed 2, and full
+            // steps then grow that component by |1 − λ| > 1 each time, a cycle the rounding
+            // allowance above would accept forever): halve the next steps. A real decrease
+            // lets them grow back, by 2 per step.
+            let decreased = ev[1 - c].cost < ev[c].cost;
             a = trial_a;
             t = trial_t;
             c = 1 - c;
@@ -554,7 +572,11 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
                     lambda = 0.0;
                 }
             }
-            shrink = 1.0;
+            shrink = if decreased {
+                (2.0 * shrink).min(1.0)
+            } else {
+                (0.5 * shrink).max(1.0 / 1024.0)
+            };
             halvings = 0;
             if lambda > 0.0 && scaled_norm(&step) < opts.tol {
                 converged = true;
