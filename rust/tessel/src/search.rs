@@ -292,8 +292,9 @@ pub fn search(
             }
             _ => {
                 return Err(Error::Infeasible(
-                    "no periodic schedule found within the memory caps (the exact search ran out of budget \
-                     and modulo scheduling failed)"
+                    "no periodic schedule found within the memory caps (the repetend search ran out of budget \
+                     and modulo scheduling failed); this does not prove that no schedule exists: \
+                     tessel.exact() searches every schedule of small instances"
                         .into(),
                 ))
             }
