@@ -162,7 +162,9 @@ def search(
         Number of micro-batches N (>= 1).
     time_limit : float or None
         Wall-clock limit in seconds (default 10). When it cuts a search short the best
-        schedule found so far is returned with ``proved_optimal=False``.
+        schedule found so far is returned with ``proved_optimal=False``. It bounds the
+        searches; writing out the schedule of N micro-batches takes time of its own, about
+        O(N log N) (some seconds for N = 10^6).
     periodic_k : {1, 2, 3}
         Micro-batches per repetend. K > 1 can beat every 1-periodic schedule when memory is
         tight (Tessel cannot express it).

@@ -328,27 +328,37 @@ pub fn search(
         transplant_budget: opts.transplant_budget,
         deadline,
     };
-    let done: Vec<Result<(Vec<i64>, i64, Method)>> = templates
-        .par_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            // The ramp search runs on the best-ranked template only. It does not know FIFO
-            // between replica copies, so K > 1 uses compaction.
-            let ramp = if k == 1 && i == 0 { Some(&ramp) } else { None };
-            let c = complete(&kp, t, nk, &opts.memory, opts.convention, ramp, progress)?;
-            let starts = if k == 1 {
-                c.starts
-            } else {
-                unreplicate(n, k, opts.nmicros, &c.starts)
-            };
-            let mk = (0..starts.len())
-                .map(|x| starts[x] + premise.span(x % n))
-                .max()
-                .unwrap_or(0);
-            Ok((starts, mk, c.method))
-        })
-        .collect();
-    let mut done: Vec<(Vec<i64>, i64, Method)> = done.into_iter().collect::<Result<_>>()?;
+    let complete_one = |i: usize, t: &Template| -> Result<(Vec<i64>, i64, Method)> {
+        // The ramp search runs on the best-ranked template only. It does not know FIFO
+        // between replica copies, so K > 1 uses compaction.
+        let ramp = if k == 1 && i == 0 { Some(&ramp) } else { None };
+        let c = complete(&kp, t, nk, &opts.memory, opts.convention, ramp, progress)?;
+        let starts = if k == 1 {
+            c.starts
+        } else {
+            unreplicate(n, k, opts.nmicros, &c.starts)
+        };
+        let mk = (0..starts.len())
+            .map(|x| starts[x] + premise.span(x % n))
+            .max()
+            .unwrap_or(0);
+        Ok((starts, mk, c.method))
+    };
+    // The best-ranked template first; the others only while time is left (completing many
+    // micro-batches takes O(N) time per template, which the time limit must bound too).
+    let mut done = vec![complete_one(0, &templates[0])?];
+    progress.check()?;
+    if templates.len() > 1 && deadline.is_none_or(|dl| Instant::now() < dl) {
+        let rest: Vec<Result<(Vec<i64>, i64, Method)>> = templates[1..]
+            .par_iter()
+            .enumerate()
+            .map(|(i, t)| complete_one(i + 1, t))
+            .collect();
+        for r in rest {
+            done.push(r?);
+        }
+    }
+    progress.check()?;
     let mut candidates: Vec<Candidate> = templates
         .iter()
         .zip(&done)
