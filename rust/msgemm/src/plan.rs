@@ -134,7 +134,7 @@ impl Plan {
         let (int_values, int_exp) = if precision == TablePrecision::I16 {
             let (ints, e) = codebook.integer_values(shift).ok_or_else(|| {
                 Error::Unsupported(format!(
-                    "table='i16' needs an integer (or power-of-two scaled) codebook; {} is not: use table='i8' or 'f32'",
+                    "table='i16' needs an integer codebook, or one that is integer after scaling by at most 2^8; {} is not: use table='i8' or 'f32'",
                     codebook.format().name()
                 ))
             })?;
