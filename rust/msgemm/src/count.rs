@@ -240,6 +240,12 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
     let mut prod = vec![0f32; tp.depth * v];
     for col in 0..n {
         for g in 0..plan.groups {
+            // The K slice of this group, and whether the group starts it.
+            let s = slices
+                .iter()
+                .position(|r| r.contains(&g))
+                .expect("slices cover the groups");
+            let first_of_slice = g == slices[s].start;
             let xg = &xt[col * k + g * gsz..col * k + (g + 1) * gsz];
             // Phase 1: the group's tables (counted by construction of the level build).
             tables.fill(0.0);
@@ -293,11 +299,7 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
                 let yi = row * n + col;
                 let term = scales[gi] * u;
                 cnt.c.mul += 1;
-                let s = slices
-                    .iter()
-                    .position(|r| r.contains(&g))
-                    .expect("slices cover the groups");
-                if g == slices[s].start {
+                if first_of_slice {
                     // An assignment; `+ 0.0` only turns -0 into +0, as the kernels' `0 + term`.
                     ys[s][yi] = term + 0.0;
                 } else {
