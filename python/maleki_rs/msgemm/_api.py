@@ -638,7 +638,15 @@ def msgemm(
         mac_ratio, op_ratio, model_ratio, depth``).
     mirror : bool
         Build half-size tables using the codebook's mirror symmetry (int*, uint*, ternary,
-        fp4, symmetric codebooks).
+        fp4, symmetric codebooks). For int4 / int3 / int2 weights without zero points that
+        never use the most negative code (symmetric quantization) the tables are built over
+        sign-magnitude labels: the same values, so the same int8 grid and no zero-point term;
+        otherwise int* / uint* tables are shifted by half a step (``i8``: a slightly coarser
+        grid). Even with ``mirror=False``, an ``i8`` call runs on half tables whenever that gives
+        the same bits (those int weights, fp4, ternary, weights with zero points) and the
+        kernel reads mirror-folded indices (AVX-512: one ``vpermi2b`` and a masked negation per
+        64 lookups instead of two and a blend, and half the table build); ``plan_info`` reports
+        it as ``half_tables``.
 
     Returns
     -------

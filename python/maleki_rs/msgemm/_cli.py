@@ -45,7 +45,7 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     d = int(info["depth"])
     pw.prepare(d)
     out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={table}, depth={d}, "
-        f"kernel={info['backend']}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB")
+        f"kernel={info['backend']}{' (half tables)' if info['folded_indices'] else ''}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB")
     # 1. the counted reduction (the instrumented kernel, when the shape is small enough)
     zero_points = pw.zeros is not None
     _report_counts(m, k, n, fmt, d, pw.group_size, zero_points, False, out)

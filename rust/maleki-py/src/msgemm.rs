@@ -403,11 +403,26 @@ impl Packed {
             Ok(())
         })
     }
-    /// Builds (and caches) the tile layout and tiled scales of `depth` ahead of the first call.
+    /// Builds (and caches) the tile layout that a default call (`table='i8'`, backend auto)
+    /// of `depth` reads, and the tiled scales, ahead of the first call.
     fn prepare(&self, py: Python<'_>, depth: usize) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);
         run_quick(py, || {
-            pw.layout(depth)?;
+            let opts = GemmOptions {
+                depth: Depth::Fixed(depth),
+                precision: TablePrecision::I8,
+                backend: Backend::Auto,
+                mirror: false,
+            };
+            match core_gemm::plan(&pw, 1, &opts) {
+                Ok(plan) => {
+                    let (run, kernel) = core_gemm::execution_plan(&pw, &plan, Backend::Auto)?;
+                    pw.layout_for(&run, kernel.wants_folded(&run))?;
+                }
+                Err(_) => {
+                    pw.layout(depth)?;
+                }
+            }
             pw.tiled_scales();
             pw.tiled_zeros();
             Ok(())
@@ -583,12 +598,15 @@ fn plan_info<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     let plan = core_gemm::plan(&pw.inner, n, &opts).map_err(to_pyerr)?;
-    let kernel = match opts.backend {
-        Backend::Reference => "reference",
-        b => kernels::select(b, &plan)
-            .map_err(to_pyerr)?
-            .backend()
-            .name(),
+    // What runs: the kernel, and the plan it executes (a mirror plan on folded indices where
+    // that gives the same bits, see `gemm::execution_plan`).
+    let (kernel, run) = match opts.backend {
+        Backend::Reference => ("reference", None),
+        b => {
+            let (run, k) = core_gemm::execution_plan(&pw.inner, &plan, b).map_err(to_pyerr)?;
+            let folded = k.wants_folded(&run);
+            (k.backend().name(), Some((run, folded)))
+        }
     };
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
@@ -601,6 +619,13 @@ fn plan_info<'py>(
     d.set_item("zero_term", plan.zero_term)?;
     d.set_item("mirror", plan.mirror.is_some())?;
     d.set_item("int_exp", plan.int_exp)?;
+    let (half, folded, labels) = run.as_ref().map_or(
+        (plan.mirror.is_some(), false, plan.labels.is_some()),
+        |(r, f)| (r.mirror.is_some(), *f, r.labels.is_some()),
+    );
+    d.set_item("half_tables", half)?;
+    d.set_item("folded_indices", folded)?;
+    d.set_item("label_space", labels)?;
     Ok(d)
 }
 

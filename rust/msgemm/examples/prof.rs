@@ -1,7 +1,8 @@
 //! Profiling harness: table build and accumulate timed apart (min of many repeats).
 //! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS`.
-//! Environment: `M` rows (default 4096), `G` group size; `TOTAL_ONLY=1` only the whole call, from this thread
-//! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets.
+//! Environment: `M` rows and `K` inputs (default 4096), `G` group size; `TOTAL_ONLY=1` only the whole call, from this thread
+//! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets;
+//! `MIRROR=1` half tables by the codebook's mirror symmetry.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, RowJob};
@@ -41,7 +42,10 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4096);
-    let k = 4096usize;
+    let k: usize = std::env::var("K")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4096);
     let (f, g, d) = match fmt {
         "int2" => (Format::Int2, 64, 4),
         "ternary" => (Format::Ternary, 128, 5),
@@ -74,7 +78,7 @@ fn main() {
             depth: Depth::Fixed(d),
             precision: TablePrecision::I8,
             backend: Backend::Auto,
-            mirror: false,
+            mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
         let warm = tmin(reps, || {
             pool::install(|| gemm_into(&pw, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap());
@@ -96,7 +100,7 @@ fn main() {
             depth: Depth::Fixed(d),
             precision: TablePrecision::I8,
             backend: Backend::Auto,
-            mirror: false,
+            mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
         let r = if n > 4 { reps / 10 + 3 } else { reps };
         let total = tmin(r, || {
@@ -115,7 +119,8 @@ fn main() {
             continue;
         }
         let p = plan(&pw, n, &opts).unwrap();
-        let kern = kernels::select(Backend::Auto, &p).unwrap();
+        // The plan and kernel a call runs (the mirror plan where it gives the same bits).
+        let (p, kern) = maleki_msgemm::gemm::execution_plan(&pw, &p, Backend::Auto).unwrap();
         let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned();
         let mut set = TableSet::zeroed(&p, 0..p.groups, 0..n);
         let build = tmin(r, || {
@@ -125,7 +130,7 @@ fn main() {
                 }
             })
         });
-        let layout = pw.layout(d).unwrap();
+        let layout = pw.layout_for(&p, kern.wants_folded(&p)).unwrap();
         let job = |row_blocks: std::ops::Range<usize>| RowJob {
             plan: &p,
             layout,

@@ -274,7 +274,8 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
                     let k0 = row * k + g * gsz + t * tp.depth;
                     let mut idx = 0usize;
                     for j in (0..r).rev() {
-                        idx = idx * v + codes[k0 + j] as usize;
+                        let c = codes[k0 + j];
+                        idx = idx * v + plan.labels.as_ref().map_or(c, |l| l[c as usize]) as usize;
                     }
                     let half = plan.used_entries(r);
                     let (e, neg) = match plan.mirror {
@@ -401,8 +402,19 @@ mod tests {
             let cb = Codebook::new(f).unwrap();
             for mirror in [false, true] {
                 for d in 1..=dmax {
-                    let plan = Plan::new(&cb, 1, 64, 1, 64, false, d, TablePrecision::F32, mirror)
-                        .unwrap();
+                    let plan = Plan::new(
+                        &cb,
+                        1,
+                        64,
+                        1,
+                        64,
+                        false,
+                        d,
+                        TablePrecision::F32,
+                        mirror,
+                        None,
+                    )
+                    .unwrap();
                     assert_eq!(
                         count_level_adds(&plan, d),
                         table_adds(cb.levels() as u64, d as u64, mirror),

@@ -307,6 +307,36 @@ impl Mirror {
     }
 }
 
+/// A relabelling of the codes under which a codebook that is symmetric about 0 except for
+/// one extreme code (the two's-complement integers: int4 `-8..7`) has a mirror with no
+/// shift: label `0` is the code of value 0, labels `1..V/2` the positive values in ascending
+/// order, label `V/2 + i` the negation of label `i`. Label `V/2` ("-0") stands for the spare
+/// code (int4: -8), which has no negation in the codebook: the relabelling is exact only for
+/// weights that never use it (symmetric round-to-nearest quantization never does). In label
+/// space the codebook is antisymmetric under `L -> L ^ V/2` (a [`Involution::SignBit`]
+/// mirror with shift 0), so half tables need no zero-point term and have the same int8 grid
+/// as full tables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignMagnitude {
+    /// The label of every code.
+    pub labels: Vec<u8>,
+    /// The value of every label (`-0.0` for label `V/2`).
+    pub values: Vec<f32>,
+    /// The code without a negation (label `V/2`).
+    pub spare: usize,
+}
+
+impl SignMagnitude {
+    /// The shift-free mirror of label space.
+    pub fn mirror(&self) -> Mirror {
+        Mirror {
+            involution: Involution::SignBit,
+            shift: 0.0,
+            levels: self.values.len(),
+        }
+    }
+}
+
 /// The 16 NormalFloat4 levels (bitsandbytes' `NF4` quantile construction), as float32.
 pub const NF4_VALUES: [f32; 16] = [
     -1.0,
@@ -564,11 +594,59 @@ impl Codebook {
         try_inv(Involution::Reverse).or_else(|| try_inv(Involution::SignBit))
     }
 
+    /// The sign-magnitude relabelling of the codebook ([`SignMagnitude`]), if it has one:
+    /// `V` a power of two `>= 4`, one code of value 0, `V/2 - 1` positive values each with its
+    /// exact negation, and one spare code (of either sign).
+    pub fn sign_magnitude(&self) -> Option<SignMagnitude> {
+        let v = &self.values;
+        let n = v.len();
+        if self.format.packing() == Packing::Byte || n < 4 || !n.is_power_of_two() {
+            return None;
+        }
+        let negation = |c: usize| (0..n).find(|&d| v[d] == -v[c]);
+        let zeros: Vec<usize> = (0..n).filter(|&c| v[c] == 0.0).collect();
+        // Positive values whose negation is in the codebook (values are distinct).
+        let mut pos: Vec<usize> = (0..n)
+            .filter(|&c| v[c] > 0.0 && negation(c).is_some())
+            .collect();
+        if zeros.len() != 1 || pos.len() != n / 2 - 1 {
+            return None;
+        }
+        pos.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+        let mut labels = vec![u8::MAX; n];
+        let mut values = vec![0f32; n];
+        labels[zeros[0]] = 0;
+        values[n / 2] = -0.0;
+        for (i, &c) in pos.iter().enumerate() {
+            let neg = [negation(c)?];
+            labels[c] = (i + 1) as u8;
+            labels[neg[0]] = (n / 2 + i + 1) as u8;
+            values[i + 1] = v[c];
+            values[n / 2 + i + 1] = -v[c];
+        }
+        let spare: Vec<usize> = (0..n).filter(|&c| labels[c] == u8::MAX).collect();
+        if spare.len() != 1 {
+            return None;
+        }
+        labels[spare[0]] = (n / 2) as u8;
+        Some(SignMagnitude {
+            labels,
+            values,
+            spare: spare[0],
+        })
+    }
+
     /// Integer form of `values - shift` for exact integer tables (`i16` mode): the smallest
     /// `e` in `0..=8` such that every `(v - shift) * 2^e` is an integer of magnitude
     /// `<= 2^15`; returns those integers and `e`. `None` for non-dyadic codebooks (nf4).
     pub fn integer_values(&self, shift: f32) -> Option<(Vec<i32>, i32)> {
-        let vals = self.table_values();
+        integer_form(&self.table_values(), shift)
+    }
+}
+
+/// [`Codebook::integer_values`] of any list of values (a codebook in label space).
+pub fn integer_form(vals: &[f32], shift: f32) -> Option<(Vec<i32>, i32)> {
+    {
         for e in 0..=8 {
             let f = 2f64.powi(e);
             let ints: Option<Vec<i32>> = vals
@@ -632,6 +710,47 @@ mod tests {
             .unwrap()
             .mirror()
             .is_none());
+    }
+
+    #[test]
+    fn sign_magnitude_labels_the_twos_complement_integers() {
+        for (f, v) in [
+            (Format::Int4, 16usize),
+            (Format::Int3, 8),
+            (Format::Int2, 4),
+        ] {
+            let cb = Codebook::new(f).unwrap();
+            let sm = cb.sign_magnitude().unwrap();
+            assert_eq!(sm.spare, 0, "{f:?}: the most negative code");
+            let mi = sm.mirror();
+            for c in 0..v {
+                let l = sm.labels[c] as usize;
+                if c != sm.spare {
+                    assert_eq!(sm.values[l], cb.values()[c], "{f:?} code {c}");
+                }
+                // Antisymmetric in label space, the spare label included.
+                assert_eq!(sm.values[mi.code(l)], -sm.values[l]);
+            }
+            let mut seen = sm.labels.clone();
+            seen.sort();
+            assert_eq!(seen, (0..v as u8).collect::<Vec<_>>());
+        }
+        for f in [
+            Format::Uint4,
+            Format::Fp4,
+            Format::Nf4,
+            Format::Ternary,
+            Format::Fp8E4m3,
+        ] {
+            assert!(
+                Codebook::new(f).unwrap().sign_magnitude().is_none(),
+                "{f:?}"
+            );
+        }
+        let cb = Codebook::custom(&[-3.0, -1.0, 0.0, 1.0, 3.0, 5.0, -2.0, 2.0]).unwrap();
+        let sm = cb.sign_magnitude().unwrap();
+        assert_eq!(sm.spare, 5);
+        assert_eq!(sm.values, vec![0.0, 1.0, 2.0, 3.0, -0.0, -1.0, -2.0, -3.0]);
     }
 
     #[test]

@@ -91,14 +91,50 @@ fn plan_for(pw: &PackedWeights, n: usize, depth: usize, opts: &GemmOptions) -> R
         depth,
         opts.precision,
         opts.mirror,
+        Some(pw.used_codes()),
     )
-    .map(|p| {
-        if p.precision == TablePrecision::I8 && p.mirror.is_none() {
-            p.with_used_codes(pw.used_codes())
-        } else {
-            p
+}
+
+/// The plan and kernel that run a call planned as `plan` on `backend`. An `i8` plan without
+/// mirror runs as its mirror plan when that gives the same bits and the kernel reads folded
+/// indices ([`LutKernel::wants_folded`]: half the tables to build, and one `vpermi2b` and a
+/// masked negation per 64 lookups instead of two `vpermi2b` and a blend). The bits are the
+/// same when the mirror plan's tables hold the same values: built in sign-magnitude label
+/// space (int4 / int3 / int2 weights that never use the most negative code), or from a
+/// codebook mirror with the shift the plain `i8` plan already uses (none: fp4, ternary; the
+/// mirror's: weights with zero points). Its `i8` scales then cover the same entries (see
+/// [`Plan::stored_used`]), so every entry, scale and sum is equal.
+pub fn execution_plan(
+    pw: &PackedWeights,
+    plan: &Plan,
+    backend: Backend,
+) -> Result<(Plan, &'static dyn LutKernel)> {
+    let kernel = kernels::select(backend, plan)?;
+    if plan.precision != TablePrecision::I8 || plan.mirror.is_some() {
+        return Ok((plan.clone(), kernel));
+    }
+    let mirrored = Plan::new(
+        pw.codebook(),
+        plan.m,
+        plan.k,
+        plan.n,
+        plan.group_size,
+        pw.zeros().is_some(),
+        plan.depth(),
+        plan.precision,
+        true,
+        Some(pw.used_codes()),
+    );
+    if let Ok(mp) = mirrored {
+        if mp.labels.is_some() || mp.shift == plan.shift {
+            if let Ok(k) = kernels::select(backend, &mp) {
+                if k.wants_folded(&mp) {
+                    return Ok((mp, k));
+                }
+            }
         }
-    })
+    }
+    Ok((plan.clone(), kernel))
 }
 
 fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
@@ -477,7 +513,7 @@ fn run_groups(
     groups: Range<usize>,
     share: usize,
 ) -> Result<()> {
-    let layout = pw.layout(plan.depth())?;
+    let layout = pw.layout_for(plan, kernel.wants_folded(plan))?;
     let scales = pw.tiled_scales();
     let zeros = job_zeros(pw, plan);
     let n = plan.n;
@@ -627,8 +663,8 @@ pub fn gemm_into_layout(
         }
         return Ok(plan);
     }
-    let kernel = kernels::select(opts.backend, &plan)?;
-    run_plan(pw, &plan, kernel, &xt, y, y_layout)?;
+    let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
+    run_plan(pw, &run, kernel, &xt, y, y_layout)?;
     Ok(plan)
 }
 

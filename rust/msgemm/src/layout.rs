@@ -13,6 +13,7 @@
 use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
+use crate::format::Mirror;
 
 /// Rows per block: one 64-byte vector of indices.
 pub const ROW_BLOCK: usize = 64;
@@ -66,6 +67,10 @@ pub struct TileLayout {
     pub row_blocks: usize,
     /// `[g][rb][t][64]`, see the module docs.
     pub data: IndexData,
+    /// Mirror-folded byte indices (see [`TileLayout::fold`]).
+    pub folded: bool,
+    /// Indices formed from sign-magnitude labels instead of codes.
+    pub labeled: bool,
 }
 
 impl TileLayout {
@@ -75,7 +80,9 @@ impl TileLayout {
         ((g * self.row_blocks + rb) * self.tuples.per_group + t) * ROW_BLOCK
     }
 
-    /// Builds the layout from unpacked codes `(M, K)` row-major (`K = groups * G`).
+    /// Builds the layout from unpacked codes `(M, K)` row-major (`K = groups * G`), each code
+    /// `c` read as `labels[c]` when labels are given (tables in label space, see
+    /// [`crate::plan::Plan::labels`]).
     pub fn build(
         codes: &[u8],
         m: usize,
@@ -83,7 +90,10 @@ impl TileLayout {
         group_size: usize,
         levels: usize,
         depth: usize,
+        labels: Option<&[u8]>,
     ) -> TileLayout {
+        let ident: Vec<u8> = (0..=255u8).collect();
+        let label = labels.unwrap_or(&ident);
         let groups = k / group_size;
         let row_blocks = m.div_ceil(ROW_BLOCK);
         let tuples = Tuples::new(group_size, depth);
@@ -92,7 +102,7 @@ impl TileLayout {
         let index = |row: usize, k0: usize, r: usize| -> usize {
             let mut idx = 0usize;
             for j in (0..r).rev() {
-                idx = idx * levels + codes[row * k + k0 + j] as usize;
+                idx = idx * levels + label[codes[row * k + k0 + j] as usize] as usize;
             }
             idx
         };
@@ -134,10 +144,57 @@ impl TileLayout {
             groups,
             row_blocks,
             data,
+            folded: false,
+            labeled: labels.is_some(),
         }
     }
 
-    /// The index of `(g, row, t)` (for tests and the scalar kernel's tails).
+    /// True when the byte indices of mirror tables can be folded: every stored prefix
+    /// (`mirror.stored_entries(depth)`, the largest) fits in 7 bits.
+    pub fn can_fold(levels: usize, depth: usize, mirror: &Mirror) -> bool {
+        levels.checked_pow(depth as u32).is_some_and(|e| e <= 256)
+            && mirror.stored_entries(depth) <= 128
+    }
+
+    /// The mirror-folded form of a byte layout: an index past its tuple's stored prefix
+    /// (`idx >= h_r`, `h_r = mirror.stored_entries(r)`) becomes `0x80 | mirror(idx)`, which is
+    /// below `h_r`; indices in the prefix stay as they are. A kernel then finds the stored
+    /// entry in the low 7 bits and the sign (`-T[mirror(idx)]`) in the top bit, with no
+    /// per-lane compare or index arithmetic. Needs [`TileLayout::can_fold`].
+    pub fn fold(mut self, mirror: &Mirror) -> TileLayout {
+        let IndexData::U8(v) = &mut self.data else {
+            panic!("only byte layouts fold")
+        };
+        assert!(!self.folded && mirror.stored_entries(self.tuples.depth) <= 128);
+        // byte -> folded byte, for the regular depth and the group's last tuple.
+        let map = |r: usize| -> [u8; 256] {
+            let h = mirror.stored_entries(r);
+            let e = mirror.levels.pow(r as u32);
+            std::array::from_fn(|idx| {
+                if idx < h || idx >= e {
+                    idx as u8
+                } else {
+                    0x80 | mirror.index(idx, r) as u8
+                }
+            })
+        };
+        let maps = [map(self.tuples.depth), map(self.tuples.last_depth)];
+        let tp = self.tuples;
+        let slot_len = self.row_blocks * tp.per_group * ROW_BLOCK;
+        v.par_chunks_mut(slot_len.max(1)).for_each(|grp| {
+            for (i, tuple) in grp.chunks_mut(ROW_BLOCK).enumerate() {
+                let m = &maps[usize::from(i % tp.per_group + 1 == tp.per_group)];
+                for b in tuple {
+                    *b = m[*b as usize];
+                }
+            }
+        });
+        self.folded = true;
+        self
+    }
+
+    /// The index of `(g, row, t)` (for tests and the scalar kernel's tails; folded form for a
+    /// folded layout).
     pub fn index(&self, g: usize, row: usize, t: usize) -> usize {
         let i = self.slot(g, row / ROW_BLOCK, t) + row % ROW_BLOCK;
         match &self.data {
@@ -189,7 +246,7 @@ mod tests {
         let (m, k, g, v) = (70usize, 12usize, 6usize, 16usize);
         let codes: Vec<u8> = (0..m * k).map(|i| ((i * 11 + 5) % v) as u8).collect();
         for d in [1usize, 2, 3, 4] {
-            let lay = TileLayout::build(&codes, m, k, g, v, d);
+            let lay = TileLayout::build(&codes, m, k, g, v, d, None);
             assert_eq!(matches!(lay.data, IndexData::U16(_)), d >= 3);
             for row in 0..m {
                 for grp in 0..k / g {
@@ -204,6 +261,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn folding_keeps_the_prefix_and_marks_mirrored_indices() {
+        use crate::format::{Codebook, Format};
+        let (m, k) = (70usize, 24usize);
+        for (f, g, d) in [
+            (Format::Int4, 6usize, 2usize),
+            (Format::Fp4, 6, 2),
+            (Format::Int2, 6, 4),
+            (Format::Ternary, 8, 3),
+            (Format::Int3, 6, 2),
+        ] {
+            let cb = Codebook::new(f).unwrap();
+            let (v, mir) = (cb.levels(), cb.mirror().unwrap());
+            assert!(TileLayout::can_fold(v, d, &mir));
+            let codes: Vec<u8> = (0..m * k).map(|i| ((i * 7 + 3) % v) as u8).collect();
+            let plain = TileLayout::build(&codes, m, k, g, v, d, None);
+            let folded = plain.clone().fold(&mir);
+            assert!(folded.folded);
+            for row in 0..m {
+                for grp in 0..k / g {
+                    for t in 0..plain.tuples.per_group {
+                        let r = plain.tuples.depth_of(t);
+                        let (idx, b) = (plain.index(grp, row, t), folded.index(grp, row, t));
+                        let h = mir.stored_entries(r);
+                        if idx < h {
+                            assert_eq!(b, idx, "{f:?}");
+                        } else {
+                            assert!(b & 0x80 != 0 && (b & 0x7f) < h, "{f:?}");
+                            assert_eq!(mir.index(b & 0x7f, r), idx, "{f:?}");
+                        }
+                    }
+                }
+            }
+        }
+        // Ternary at depth 5 stores 162 entries: more than 7 bits.
+        let cb = Codebook::new(Format::Ternary).unwrap();
+        assert!(!TileLayout::can_fold(3, 5, &cb.mirror().unwrap()));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use crate::aligned::AlignedVec;
 use crate::format::{Codebook, MAX_DEPTH};
 use crate::layout::{tile_per_group, TileLayout};
+use crate::plan::Plan;
 
 /// A quantized weight matrix `Wd` of shape `(M, K)`:
 /// `Wd[m, k] = s[m, g] * (v[q[m, k]] - z[m, g])`, `g = k / G` (in the packed column order;
@@ -27,6 +28,9 @@ pub struct PackedWeights {
     zeros: Option<Vec<f32>>,
     k_perm: Option<Vec<u32>>,
     layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
+    /// Layouts of mirror plans: in label space (plans with labels), and folded.
+    labeled_layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
+    folded_layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
     tiled_scales: OnceLock<AlignedVec<f32>>,
     tiled_zeros: OnceLock<Option<AlignedVec<f32>>>,
     tiled_mirror_zeros: OnceLock<AlignedVec<f32>>,
@@ -45,6 +49,8 @@ impl Clone for PackedWeights {
             zeros: self.zeros.clone(),
             k_perm: self.k_perm.clone(),
             layouts: Default::default(),
+            labeled_layouts: Default::default(),
+            folded_layouts: Default::default(),
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
@@ -247,6 +253,8 @@ impl PackedWeights {
             zeros,
             k_perm,
             layouts: Default::default(),
+            labeled_layouts: Default::default(),
+            folded_layouts: Default::default(),
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
@@ -433,8 +441,63 @@ impl PackedWeights {
                 self.group_size,
                 self.codebook.levels(),
                 depth,
+                None,
             )
         }))
+    }
+
+    /// The tile layout a kernel reads for `plan` (built on first use, then cached): the
+    /// plain one, its label-space form for plans with [`Plan::labels`], or (`folded`, for
+    /// kernels that ask for it: [`crate::kernels::LutKernel::wants_folded`]) the
+    /// mirror-folded form of either ([`TileLayout::fold`]). Whether a mirror plan of these
+    /// weights uses labels depends on the weights only, so one cache entry per depth serves.
+    pub fn layout_for(&self, plan: &Plan, folded: bool) -> Result<&TileLayout> {
+        let depth = plan.depth();
+        if !folded && plan.labels.is_none() {
+            return self.layout(depth);
+        }
+        self.codebook.check_depth(depth)?;
+        let build = || {
+            TileLayout::build(
+                &self.codes(),
+                self.m,
+                self.k,
+                self.group_size,
+                self.codebook.levels(),
+                depth,
+                plan.labels.as_deref(),
+            )
+        };
+        let (lay, labeled) = if folded {
+            let mirror = plan
+                .mirror
+                .filter(|m| TileLayout::can_fold(plan.levels, depth, m))
+                .ok_or_else(|| {
+                    Error::Unsupported(format!(
+                        "no folded layout for {} at depth {depth}",
+                        self.codebook.format().name()
+                    ))
+                })?;
+            let lay = self.folded_layouts[depth].get_or_init(|| {
+                let mut l = build().fold(&mirror);
+                l.labeled = plan.labels.is_some();
+                l
+            });
+            (lay, lay.labeled)
+        } else {
+            let lay = self.labeled_layouts[depth].get_or_init(|| {
+                let mut l = build();
+                l.labeled = true;
+                l
+            });
+            (lay, true)
+        };
+        if labeled != plan.labels.is_some() {
+            return Err(Error::Unsupported(
+                "internal: a cached layout does not match the plan's labels".into(),
+            ));
+        }
+        Ok(lay)
     }
 
     /// Scales tiled `[g][row_block][64]`.

@@ -2,7 +2,7 @@
 
 use maleki_common::{Error, Result};
 
-use crate::format::{Codebook, Mirror};
+use crate::format::{integer_form, Codebook, Mirror};
 use crate::layout::{Tuples, ROW_BLOCK};
 
 /// Precision of the look-up tables (spec section 4).
@@ -80,14 +80,22 @@ pub struct Plan {
     pub int_values: Option<Vec<i32>>,
     /// `i16` mode: the power of two that makes the codebook integer.
     pub int_exp: i32,
-    /// `i8` mode without mirror: the codes that occur in the weights (`None`: all). The
-    /// int8 scale of each table covers only the entries whose digits are all such codes;
-    /// the others are never looked up (they saturate at +-127).
+    /// `i8` mode: the codes (labels, with [`Plan::labels`]) that occur in the weights
+    /// (`None`: all). The int8 scale of each table covers only the entries whose digits are
+    /// all such codes, or (mirror) whose mirror's digits are; the others are never looked up
+    /// (they saturate at +-127).
     pub i8_used: Option<Vec<bool>>,
+    /// The sign-magnitude label of every code ([`crate::format::SignMagnitude`]) when the
+    /// tables are built in label space: mirror requested, no zero points, a codebook whose
+    /// own mirror needs a shift (int4, int3, int2) and weights that never use its spare code.
+    /// Table indices are then formed from labels, and `mirror` is the shift-free
+    /// [`crate::format::Involution::SignBit`] of label space.
+    pub labels: Option<Vec<u8>>,
 }
 
 impl Plan {
-    /// Builds and validates the plan of a call.
+    /// Builds and validates the plan of a call. `used`: which codes occur in the weights (see
+    /// [`Plan::i8_used`] and [`Plan::labels`]); `None` when unknown.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         codebook: &Codebook,
@@ -99,13 +107,26 @@ impl Plan {
         depth: usize,
         precision: TablePrecision,
         mirror: bool,
+        used: Option<&[bool]>,
     ) -> Result<Plan> {
         codebook.check_depth(depth)?;
         if n == 0 {
             return Err(Error::invalid("x", "must have at least one column"));
         }
         let levels = codebook.levels();
-        let mirror = if mirror {
+        let used = used.filter(|u| u.len() == levels);
+        // Label space when the codebook's own mirror would need a shift (a zero-point term and
+        // a coarser int8 grid) and the weights allow it.
+        let sm = if mirror && !has_zeros && codebook.mirror().is_none_or(|mi| mi.shift != 0.0) {
+            codebook
+                .sign_magnitude()
+                .filter(|sm| used.is_some_and(|u| !u[sm.spare]))
+        } else {
+            None
+        };
+        let mirror = if let Some(sm) = &sm {
+            Some(sm.mirror())
+        } else if mirror {
             Some(codebook.mirror().ok_or_else(|| {
                 Error::Unsupported(format!(
                     "mirror=True needs a codebook symmetric under an involution of its codes; {} is not",
@@ -130,9 +151,13 @@ impl Plan {
             Some(mi) => mi.stored_entries(depth),
             None => levels.pow(depth as u32),
         };
-        let table_values: Vec<f32> = codebook.table_values().iter().map(|&v| v - shift).collect();
+        let base_values = match &sm {
+            Some(sm) => sm.values.clone(),
+            None => codebook.table_values(),
+        };
+        let table_values: Vec<f32> = base_values.iter().map(|&v| v - shift).collect();
         let (int_values, int_exp) = if precision == TablePrecision::I16 {
-            let (ints, e) = codebook.integer_values(shift).ok_or_else(|| {
+            let (ints, e) = integer_form(&base_values, shift).ok_or_else(|| {
                 Error::Unsupported(format!(
                     "table='i16' needs an integer codebook, or one that is integer after scaling by at most 2^8; {} is not: use table='i8' or 'f32'",
                     codebook.format().name()
@@ -181,23 +206,35 @@ impl Plan {
             table_values,
             int_values,
             int_exp,
-            i8_used: None,
+            // The `i8` scales cover only the codes that occur (when some, but not all, do).
+            i8_used: used
+                .filter(|u| {
+                    precision == TablePrecision::I8 && u.iter().any(|&x| x) && !u.iter().all(|&x| x)
+                })
+                .map(|u| match &sm {
+                    Some(sm) => {
+                        let mut l = vec![false; levels];
+                        for (c, &x) in u.iter().enumerate() {
+                            l[sm.labels[c] as usize] = x;
+                        }
+                        l
+                    }
+                    None => u.to_vec(),
+                }),
+            labels: sm.map(|sm| sm.labels),
         })
     }
 
-    /// Restricts the `i8` table scales to the codes that occur in the weights (`used[c]` for
-    /// every code; see [`Plan::i8_used`]). No effect for other precisions, with mirror, or when
-    /// every code (or none) occurs.
-    pub fn with_used_codes(mut self, used: &[bool]) -> Plan {
-        if self.precision == TablePrecision::I8
-            && self.mirror.is_none()
-            && used.len() == self.levels
-            && used.iter().any(|&u| u)
-            && !used.iter().all(|&u| u)
-        {
-            self.i8_used = Some(used.to_vec());
-        }
-        self
+    /// True when stored entry `idx` of a depth-`r` table can be looked up: it lies in the
+    /// stored prefix, and its digits are all codes that occur, or (mirror) those of
+    /// `mirror(idx)` are.
+    #[inline]
+    pub fn stored_used(&self, idx: usize, r: usize) -> bool {
+        idx < self.used_entries(r)
+            && (self.entry_used(idx, r)
+                || self
+                    .mirror
+                    .is_some_and(|mi| self.entry_used(mi.index(idx, r), r)))
     }
 
     /// True when every digit of table index `idx` (depth `r`) is a code that occurs in the

@@ -468,7 +468,7 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
             // those are depends only on the tuple's depth: one mask per depth, not a digit
             // decomposition per entry and tuple)
             let used =
-                |r: usize| -> Vec<bool> { (0..slot).map(|i| plan.entry_used(i, r)).collect() };
+                |r: usize| -> Vec<bool> { (0..slot).map(|i| plan.stored_used(i, r)).collect() };
             let (full, last) = (used(tp.depth), used(tp.last_depth));
             let amax: Vec<f32> = f
                 .chunks_exact(slot)
@@ -607,6 +607,7 @@ mod tests {
             d,
             prec,
             mirror,
+            None,
         )
         .unwrap()
     }

@@ -83,7 +83,7 @@ fn same_tables(plan: &Plan, a: &TableSet, b: &TableSet) -> bool {
                 && x.iter().zip(y).enumerate().all(|(i, (p, q))| {
                     let t = (i / plan.slot) % plan.tuples.per_group;
                     let idx = i % plan.slot;
-                    p == q || !plan.entry_used(idx, plan.tuples.depth_of(t))
+                    p == q || !plan.stored_used(idx, plan.tuples.depth_of(t))
                 })
         }
         _ => a == b,
@@ -366,7 +366,7 @@ fn every_row_range_of_a_job() {
         let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
         let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
         build_scalar(&plan, &xt, &mut set);
-        let layout = pw.layout(2).unwrap();
+        let layout = pw.layout_for(&plan, false).unwrap();
         let zeros = maleki_msgemm::gemm::job_zeros(&pw, &plan);
         let scalar = kernels::select(Backend::Scalar, &plan).unwrap();
         for start in [0usize, 1, 3] {
@@ -385,15 +385,119 @@ fn every_row_range_of_a_job() {
                     if !k.supports(&plan) {
                         continue;
                     }
-                    let mut got = vec![0f32; job.span() * n];
-                    k.accumulate(&job, &mut got);
-                    assert!(
-                        same_bits(&got, &want),
-                        "{:?} rows {start}..{end} n={n} mirror={mirror}",
-                        k.backend()
-                    );
+                    // The plain layout, and the folded one where the kernel asks for it.
+                    let mut layouts = vec![layout];
+                    if k.wants_folded(&plan) {
+                        layouts.push(pw.layout_for(&plan, true).unwrap());
+                    }
+                    for lay in layouts {
+                        let job = kernels::RowJob {
+                            layout: lay,
+                            row_blocks: start..end,
+                            ..job
+                        };
+                        let mut got = vec![0f32; job.span() * n];
+                        k.accumulate(&job, &mut got);
+                        assert!(
+                            same_bits(&got, &want),
+                            "{:?} rows {start}..{end} n={n} mirror={mirror} folded={}",
+                            k.backend(),
+                            lay.folded
+                        );
+                    }
                 }
             }
         }
     }
+}
+
+#[test]
+fn plain_i8_plans_run_on_half_tables_with_the_same_bits() {
+    // `gemm::execution_plan`: an i8 plan without mirror runs as its mirror plan on folded
+    // indices when that gives the same bits. The scalar kernel runs the plain plan (the
+    // oracle); the AVX-512 kernel the mirror plan.
+    let Some(avx) = simd_kernels()
+        .into_iter()
+        .find(|k| k.backend() == Backend::Avx512)
+    else {
+        return;
+    };
+    // (format, group, depth, zero points, lowest code used, label space expected)
+    let cases = [
+        (Format::Int4, 128usize, 2usize, false, 1u8, true),
+        (Format::Int4, 32, 2, false, 1, true),
+        (Format::Int4, 64, 2, true, 0, false),
+        (Format::Int3, 64, 2, false, 1, true),
+        (Format::Int2, 64, 4, false, 1, true),
+        (Format::Int2, 30, 4, false, 1, true), // last tuple of depth 2
+        (Format::Int2, 60, 3, false, 1, true),
+        (Format::Fp4, 32, 2, false, 0, false),
+        (Format::Uint4, 128, 2, true, 0, false),
+        (Format::Ternary, 60, 3, false, 0, false),
+    ];
+    for (i, &(f, g, d, zeros, lowest, labeled)) in cases.iter().enumerate() {
+        let cb = Codebook::new(f).unwrap();
+        let (m, k) = (200usize, 4 * g);
+        let pw = weights_from(&cb, m, k, g, zeros, 40 + i as u64, lowest);
+        for n in [1usize, 5] {
+            let x = activations(k, n, 80 + n as u64);
+            let base = GemmOptions {
+                depth: Depth::Fixed(d),
+                precision: TablePrecision::I8,
+                backend: Backend::Scalar,
+                mirror: false,
+            };
+            let want = gemm(&pw, &x, n, &base).unwrap();
+            let opts = GemmOptions {
+                backend: Backend::Avx512,
+                ..base
+            };
+            let plan = make_plan(&pw, n, &opts).unwrap();
+            let (run, kern) =
+                maleki_msgemm::gemm::execution_plan(&pw, &plan, Backend::Avx512).unwrap();
+            assert!(
+                run.mirror.is_some() && kern.wants_folded(&run) && std::ptr::addr_eq(kern, avx),
+                "{f:?} g={g} d={d}: expected the folded mirror plan"
+            );
+            assert_eq!(run.labels.is_some(), labeled, "{f:?} g={g} d={d}");
+            let got = gemm(&pw, &x, n, &opts).unwrap();
+            assert!(same_bits(&got, &want), "{f:?} g={g} d={d} n={n}");
+        }
+    }
+    // Weights that use int4's -8 have no label space: the codebook mirror would need a shift
+    // (other table values), so the plain plan runs.
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let pw = weights_from(&cb, 64, 256, 128, false, 9, 0);
+    let opts = GemmOptions {
+        depth: Depth::Fixed(2),
+        precision: TablePrecision::I8,
+        backend: Backend::Avx512,
+        mirror: false,
+    };
+    let plan = make_plan(&pw, 1, &opts).unwrap();
+    let (run, _) = maleki_msgemm::gemm::execution_plan(&pw, &plan, Backend::Avx512).unwrap();
+    assert!(run.mirror.is_none());
+    // Asked for explicitly, the mirror of those weights is the shifted codebook mirror; of
+    // weights without -8, label space.
+    let mplan = make_plan(
+        &pw,
+        1,
+        &GemmOptions {
+            mirror: true,
+            ..opts
+        },
+    )
+    .unwrap();
+    assert!(mplan.labels.is_none() && mplan.shift == -0.5);
+    let pw1 = weights_from(&cb, 64, 256, 128, false, 9, 1);
+    let mplan = make_plan(
+        &pw1,
+        1,
+        &GemmOptions {
+            mirror: true,
+            ..opts
+        },
+    )
+    .unwrap();
+    assert!(mplan.labels.is_some() && mplan.shift == 0.0 && !mplan.zero_term);
 }

@@ -32,7 +32,7 @@ use rayon::prelude::*;
 
 use crate::format::Involution;
 use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
-use crate::layout::{IndexData, ROW_BLOCK};
+use crate::layout::{IndexData, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, BlockOut, TableData, TableSet};
 
@@ -79,7 +79,18 @@ impl LutKernel for Avx512 {
             }
     }
 
+    fn wants_folded(&self, plan: &Plan) -> bool {
+        plan.precision == TablePrecision::I8
+            && plan
+                .mirror
+                .is_some_and(|m| TileLayout::can_fold(plan.levels, plan.depth(), &m))
+    }
+
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
+        assert!(
+            !job.layout.folded || job.plan.precision == TablePrecision::I8,
+            "folded layouts are read by the i8 kernel only"
+        );
         let IndexData::U8(ix) = &job.layout.data else {
             unreachable!("supports() admits byte indices only")
         };
@@ -109,6 +120,9 @@ impl LutKernel for Avx512 {
 const MIR_NONE: u8 = 0;
 const MIR_XOR: u8 = 1;
 const MIR_REV: u8 = 2;
+/// Mirror-folded indices ([`TileLayout::fold`]): entry `T[idx & 0x7f]`, negated when the
+/// top bit is set.
+const MIR_FOLD: u8 = 3;
 
 /// Per-tuple mirror constants: threshold `h = used_entries(r)` and the constant of the index
 /// map (`xor` mask for sign-bit mirrors, `V^r - 1` for reversals), for the regular depth and
@@ -215,6 +229,12 @@ unsafe fn lut_mirror<const NZ: usize, const MIR: u8>(
     unsafe {
         if MIR == MIR_NONE {
             return lut::<NZ>(t, idx);
+        }
+        if MIR == MIR_FOLD {
+            // `vpermb` / `vpermi2b` read the low 6 / 7 bits; the prefix (<= 128 entries)
+            // leaves bit 6 clear for one-register tables.
+            let e = lut::<NZ>(t, idx);
+            return _mm512_mask_sub_epi8(e, _mm512_movepi8_mask(idx), _mm512_setzero_si512(), e);
         }
         let m = _mm512_cmpge_epu8_mask(idx, h);
         let idx2 = if MIR == MIR_XOR {
@@ -492,6 +512,56 @@ unsafe fn pair256(
     }
 }
 
+/// [`pair256`] for mirror-folded indices and 128-entry tables: one `vpermi2b` per tuple
+/// (the low 7 bits), then the entries of lanes whose index has the top bit set negated
+/// (`vpsubb` from zero under the `vpmovb2m` mask): 12 vector operations per pair instead of 16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn pair128_folded(
+    ta: &[__m512i; 4],
+    tb: &[__m512i; 4],
+    mult: __m512i,
+    p: *const u8,
+    acc: &mut [__m512i; 2],
+) {
+    // SAFETY: `p` points at 128 readable index bytes (two tuples of one row block); the
+    // callers run with AVX-512 BW + VBMI enabled.
+    unsafe {
+        std::arch::asm!(
+            "vmovdqu64 {x0}, zmmword ptr [{p}]",
+            "vmovdqu64 {x1}, zmmword ptr [{p} + 64]",
+            "vpmovb2m {k0}, {x0}",
+            "vpmovb2m {k1}, {x1}",
+            "vpermi2b {x0}, {a0}, {a1}",
+            "vpermi2b {x1}, {b0}, {b1}",
+            "vpsubb {x0} {{{k0}}}, {z}, {x0}",
+            "vpsubb {x1} {{{k1}}}, {z}, {x1}",
+            "vpunpcklbw {y0}, {x0}, {x1}",
+            "vpunpckhbw {y1}, {x0}, {x1}",
+            "vpmaddubsw {y0}, {m}, {y0}",
+            "vpmaddubsw {y1}, {m}, {y1}",
+            "vpaddw {c0}, {c0}, {y0}",
+            "vpaddw {c1}, {c1}, {y1}",
+            p = in(reg) p,
+            a0 = in(zmm_reg) ta[0],
+            a1 = in(zmm_reg) ta[1],
+            b0 = in(zmm_reg) tb[0],
+            b1 = in(zmm_reg) tb[1],
+            z = in(zmm_reg) _mm512_setzero_si512(),
+            m = in(zmm_reg) mult,
+            c0 = inout(zmm_reg) acc[0],
+            c1 = inout(zmm_reg) acc[1],
+            x0 = out(zmm_reg) _,
+            x1 = out(zmm_reg) _,
+            y0 = out(zmm_reg) _,
+            y1 = out(zmm_reg) _,
+            k0 = out(kreg) _,
+            k1 = out(kreg) _,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+}
+
 /// One group of `R` row blocks against one column's tables: the exact integer sums of every
 /// row (int16 over each `I8_CHUNK` of tuples, widened to int32), then the epilogue into `y`
 /// (`epi`). Each table load feeds `R` lookups. A group of one chunk goes from the int16
@@ -541,7 +611,7 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
             let mut acc = [[zero; 2]; R];
             // Full pairs that do not contain the last tuple of the group (whose mirror
             // constants may differ); the rest after.
-            let full_end = if MIR == MIR_NONE || end < per_group {
+            let full_end = if MIR == MIR_NONE || MIR == MIR_FOLD || end < per_group {
                 end
             } else {
                 last
@@ -562,6 +632,8 @@ unsafe fn i8_tile<const NZ: usize, const MIR: u8, const R: usize>(
                 for r in 0..R {
                     if NZ == 4 && MIR == MIR_NONE {
                         pair256(&ta, &tb, mul, rows[r].add(64 * t), &mut acc[r]);
+                    } else if NZ == 2 && MIR == MIR_FOLD {
+                        pair128_folded(&ta, &tb, mul, rows[r].add(64 * t), &mut acc[r]);
                     } else {
                         let e0 = lookup::<NZ, MIR>(&ta, rows[r].add(64 * t), &mv, 0);
                         let e1 = lookup::<NZ, MIR>(&tb, rows[r].add(64 * t + 64), &mv, 0);
@@ -768,6 +840,15 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
     let plan = job.plan;
     let nz = zmm_count(plan.slot);
     let mp = MirParams::new(plan);
+    if job.layout.folded {
+        // SAFETY: as below; a folded layout has tables of at most 128 entries.
+        return unsafe {
+            match nz {
+                1 => run_i8_t::<1, MIR_FOLD>(job, ix, tab, y, &mp),
+                _ => run_i8_t::<2, MIR_FOLD>(job, ix, tab, y, &mp),
+            }
+        };
+    }
     unsafe { dispatch_nz_mir!(nz, mp.kind, run_i8_t, job, ix, tab, y, &mp) }
 }
 
@@ -1323,11 +1404,11 @@ fn tuple_maxabs(plan: &Plan, xg: &[f32], out: &mut [f32]) -> bool {
                 }
             })
     };
+    // With mirror too the extremes run over every code: the largest entry of the stored half
+    // and its mirror is the largest of the whole table (`|T[mirror(i)]| = |T[i]|`), and
+    // `plan.i8_used` restricts whole-table entries.
     let all = ext(plan.levels);
-    let half = match plan.mirror {
-        Some(_) => ext(plan.levels.div_ceil(2)),
-        None => all,
-    };
+    let half = all;
     let tp = plan.tuples;
     // Full-depth tuples 16 at a time (the products' max / min give the same `|hi|`, `|lo|` as
     // the per-sign choice below: equal values differ at most in the sign of zero).
@@ -1435,15 +1516,17 @@ fn pack_i8(q: [__m512i; 4]) -> __m512i {
     _mm512_permutexvar_epi32(order, _mm512_packs_epi16(a, b))
 }
 
-/// One full 256-entry `i8` table of `V` levels and depth `R` (`V^R = 256`, V = 16, 4 or 2)
-/// into `dst`, entries times `rv` rounded: the left-to-right sums of `table::build_f32_table`.
+/// The first `64 Q` entries (`Q = 4`: a full 256-entry table; `Q = 2`: the 128 stored
+/// entries of a mirror table) of an `i8` table of `V` levels and depth `R` (`V^R = 256`, V =
+/// 16, 4 or 2) into `dst`, entries times `rv` rounded: the left-to-right sums of
+/// `table::build_f32_table`.
 /// The first `W = log_V 16` digits vary inside a 16-entry chunk (`vpermps` picks their
 /// products, one vector for every chunk); each further digit is constant over a chunk and is
 /// added as a broadcast memory operand (see `add_broadcast`). With `V` and `R` constants the
 /// chunk loops unroll into straight-line code.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn table256<const V: usize, const R: usize>(
+unsafe fn table256<const V: usize, const R: usize, const Q: usize>(
     vals: __m512,
     xs: &[f32],
     digits: &[u32],
@@ -1474,7 +1557,7 @@ unsafe fn table256<const V: usize, const R: usize>(
     for (j, p) in prods.iter().enumerate().take(w).skip(1) {
         inner = _mm512_add_ps(inner, _mm512_permutexvar_ps(dig(j), *p));
     }
-    for quad in 0..4 {
+    for quad in 0..Q {
         let e = |c: usize| {
             // Chunk q: digit j >= w of entry 16q is bits (j - w) * log2 V.. of q.
             let q = 4 * quad + c;
@@ -1605,22 +1688,32 @@ unsafe fn build_block_i8(
         // entries of codes absent from the weights are unspecified).
         let rv = _mm512_set1_ps(rm);
         unsafe {
-            if used == 256 {
-                // Full 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) in straight-line
-                // code (see `table256`); the other shapes through `table_entries`.
+            if used == 256 || (used == 128 && plan.levels.pow(r as u32) == 256) {
+                // Full 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) and their
+                // 128-entry mirror halves in straight-line code (see `table256`); the other
+                // shapes through `table_entries`.
                 let xs = &xg[k0..k0 + r];
                 let dlen = plan.slot.div_ceil(64) * 64;
+                macro_rules! t256 {
+                    ($v:literal, $r:literal) => {
+                        if used == 256 {
+                            table256::<$v, $r, 4>(vals, xs, digits, dlen, rv, dst)
+                        } else {
+                            table256::<$v, $r, 2>(vals, xs, digits, dlen, rv, dst)
+                        }
+                    };
+                }
                 let done = match (plan.levels, r) {
                     (16, 2) => {
-                        table256::<16, 2>(vals, xs, digits, dlen, rv, dst);
+                        t256!(16, 2);
                         true
                     }
                     (4, 4) => {
-                        table256::<4, 4>(vals, xs, digits, dlen, rv, dst);
+                        t256!(4, 4);
                         true
                     }
                     (2, 8) => {
-                        table256::<2, 8>(vals, xs, digits, dlen, rv, dst);
+                        t256!(2, 8);
                         true
                     }
                     _ => false,

@@ -108,7 +108,8 @@ impl Zeros<'_> {
 /// operation order of `KERNELS.md`.
 pub struct RowJob<'a> {
     pub plan: &'a Plan,
-    /// Indices `[g][rb][t][64]` for `plan.tuples.depth`.
+    /// Indices `[g][rb][t][64]` for `plan.tuples.depth` (mirror-folded when the kernel asked
+    /// for it, see [`LutKernel::wants_folded`]).
     pub layout: &'a TileLayout,
     /// Scales tiled `[g][rb][64]`.
     pub scales: &'a [f32],
@@ -151,6 +152,13 @@ pub trait LutKernel: Sync {
     /// `y[n * span + m - row_blocks.start*64]`); only the columns `job.tables.cols` and rows
     /// `< plan.m` are touched. Called only when `available()` and `supports(plan)` are true.
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]);
+
+    /// True when the kernel wants the mirror-folded layout ([`TileLayout::fold`]) for this
+    /// plan; the driver then hands it `PackedWeights::folded_layout` instead of `layout`. A
+    /// kernel must still accept the plain layout (it reads `job.layout.folded`).
+    fn wants_folded(&self, _plan: &Plan) -> bool {
+        false
+    }
 
     /// Builds `set` (allocated with [`TableSet::zeroed`]) from `xt` (X transposed and
     /// permuted, `(N, K)` row-major), bitwise identical to [`crate::table::build_scalar`].
