@@ -36,6 +36,7 @@ from ._api import (
     model_ratio,
     msgemm,
     op_counts,
+    plan_info,
     quantize,
 )
 
@@ -52,5 +53,6 @@ __all__ = [
     "model_ratio",
     "available_backends",
     "backend_supports",
+    "plan_info",
     "codebook",
 ]

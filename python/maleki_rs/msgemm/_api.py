@@ -645,7 +645,7 @@ def msgemm(
         grid). Even with ``mirror=False``, an ``i8`` call runs on half tables whenever that gives
         the same bits (those int weights, fp4, ternary, weights with zero points) and the
         kernel reads mirror-folded indices (AVX-512: one ``vpermi2b`` and a masked negation per
-        64 lookups instead of two and a blend, and half the table build); ``plan_info`` reports
+        64 lookups instead of two and a blend, and half the table build); :func:`plan_info` reports
         it as ``half_tables``.
 
     Returns
@@ -869,3 +869,19 @@ def backend_supports(pw: PackedWeights, backend: str, *, n: int = 1, depth: int 
     d = None if depth == "auto" else check_int(depth, "depth", min=1, max=pw.max_depth)
     return bool(_m.backend_supports(pw._raw, check_int(n, "n", min=1), d, table, backend,
                                     check_bool(mirror, "mirror")))
+
+
+def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table: str | None = None,
+              backend: str = "auto", mirror: bool = False) -> dict[str, Any]:
+    """How :func:`msgemm` would run a call with these options on ``n`` columns.
+
+    Returns a dict: ``depth``, ``backend`` (the kernel), ``table``, ``levels``,
+    ``tuples_per_group``, ``last_depth``, ``table_entries`` (per table, as planned),
+    ``zero_term``, ``mirror`` (as asked), ``int_exp`` (``i16``), and what runs: ``half_tables``
+    (mirror tables, asked for or chosen because they give the same bits), ``folded_indices``
+    (the kernel reads mirror-folded indices) and ``label_space`` (int tables over
+    sign-magnitude labels, see :func:`msgemm`'s ``mirror``).
+    """
+    pw = _check_pw(pw)
+    d, tbl, bk, _, mir = _check_opts(pw, depth, table, backend, None, mirror, False)
+    return dict(_m.plan_info(pw._raw, check_int(n, "n", min=1), d, tbl, bk, mir))

@@ -41,7 +41,7 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     w = rng.standard_normal((m, k), dtype=np.float32)
     pw = mg.quantize(w, fmt, group_size)
     x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
-    info = mg._m.plan_info(pw._raw, n, None if depth == "auto" else int(depth), table, "auto", False)
+    info = mg.plan_info(pw, n=n, depth=depth, table=table)
     d = int(info["depth"])
     pw.prepare(d)
     out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={table}, depth={d}, "

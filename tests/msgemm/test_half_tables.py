@@ -1,0 +1,100 @@
+"""Half tables (mirror symmetry) chosen by the library and asked for by the user.
+
+Oracle: the plain plan's result computed by the scalar kernel (which never folds), bit for bit,
+and the float64 dequantized product."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maleki_rs import msgemm as mg
+
+from .conftest import BACKENDS
+
+# (format, group size, quantize kwargs): weights whose i8 tables the library may halve.
+CASES = [
+    ("int4", 128, {}),
+    ("int4", 32, {}),
+    ("int3", 64, {}),
+    ("int2", 64, {}),
+    ("fp4", 32, {}),
+    ("uint4", 128, {"symmetric": False}),
+    ("ternary", 60, {}),
+]
+
+
+def _weights(fmt: str, g: int, kw: dict, m: int = 200, seed: int = 0) -> mg.PackedWeights:
+    rng = np.random.default_rng(seed)
+    return mg.quantize(rng.standard_normal((m, 4 * g)), fmt, g, **kw)
+
+
+@pytest.mark.parametrize("fmt,g,kw", CASES)
+@pytest.mark.parametrize("n", [1, 5])
+def test_default_call_gives_the_scalar_plain_bits(fmt, g, kw, n):
+    pw = _weights(fmt, g, kw)
+    x = np.random.default_rng(n).standard_normal((pw.shape[1], n)).astype(np.float32)
+    info = mg.plan_info(pw, n=n)
+    d = info["depth"]  # the default call's (an "auto" depth may differ between backends)
+    want = mg.msgemm(pw, x, depth=d, backend="scalar")
+    assert not mg.plan_info(pw, n=n, depth=d, backend="scalar")["half_tables"]
+    for bk in BACKENDS:
+        if bk in ("reference", "scalar") or not mg.backend_supports(pw, bk, n=n, depth=d):
+            continue
+        np.testing.assert_array_equal(mg.msgemm(pw, x, depth=d, backend=bk), want, err_msg=bk)
+    np.testing.assert_array_equal(mg.msgemm(pw, x), want)
+    if "avx512" in BACKENDS and not (fmt == "ternary" and d == 5):
+        # The AVX-512 kernel reads folded indices for these plans.
+        assert info["half_tables"] and info["folded_indices"], info
+        assert info["label_space"] == fmt.startswith("int"), info
+        assert not info["mirror"]
+
+
+@pytest.mark.parametrize("table", ["i8", "f32"])
+def test_label_space_mirror_equals_the_plain_plan(table):
+    # Symmetric int4 never uses -8: mirror=True builds the same table values over
+    # sign-magnitude labels, so it gives the plain bits on every backend.
+    pw = _weights("int4", 64, {}, m=130, seed=5)
+    assert pw.codes.min() >= 1
+    x = np.random.default_rng(6).standard_normal(pw.shape[1]).astype(np.float32)
+    for bk in BACKENDS:
+        if bk == "reference" and table != "f32":
+            continue
+        if not mg.backend_supports(pw, bk, depth=2, table=table, mirror=True):
+            continue
+        plain = mg.msgemm(pw, x, depth=2, backend=bk, table=table)
+        info = mg.plan_info(pw, depth=2, backend=bk, table=table, mirror=True)
+        assert info["label_space"] and not info["zero_term"] and info["table_entries"] == 128, info
+        np.testing.assert_array_equal(mg.msgemm(pw, x, depth=2, backend=bk, table=table, mirror=True),
+                                      plain, err_msg=bk)
+
+
+def test_weights_using_the_spare_code_keep_the_shifted_mirror():
+    # Codes 0 (-8) present: no label space; the shifted mirror still computes Wd @ x (f32
+    # tables: within float32 rounding of the float64 product).
+    rng = np.random.default_rng(7)
+    codes = rng.integers(0, 16, size=(70, 128), dtype=np.uint8)
+    codes[0, 0] = 0
+    pw = mg.PackedWeights.from_arrays(codes, rng.uniform(0.1, 1.0, (70, 4)).astype(np.float32))
+    info = mg.plan_info(pw, mirror=True)
+    assert not info["label_space"] and info["zero_term"], info
+    x = rng.standard_normal(128).astype(np.float32)
+    ref = pw.dequantize() @ x.astype(np.float64)
+    for bk in BACKENDS:
+        if not mg.backend_supports(pw, bk, table="f32", mirror=True):
+            continue
+        y = mg.msgemm(pw, x, backend=bk, table="f32", mirror=True)
+        bound = 1e-5 * (np.abs(pw.dequantize()) @ np.abs(x)).max()
+        np.testing.assert_allclose(y, ref, rtol=0, atol=bound, err_msg=bk)
+    # Without mirror the plain plan runs (the shifted mirror's tables hold other values).
+    assert not mg.plan_info(pw)["half_tables"]
+
+
+def test_plan_info_validates():
+    pw = _weights("int4", 32, {}, m=64)
+    with pytest.raises(ValueError, match="n"):
+        mg.plan_info(pw, n=0)
+    with pytest.raises(ValueError, match="table"):
+        mg.plan_info(pw, table="i4")
+    with pytest.raises(ValueError, match="mirror"):
+        mg.plan_info(mg.quantize(np.ones((64, 32)), "nf4", 32), mirror=True)
