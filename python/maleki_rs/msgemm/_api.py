@@ -60,8 +60,11 @@ def _check_finite32(arr: np.ndarray, name: str) -> None:
 
 
 def _as_f32(arr: np.ndarray, name: str) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        out = np.require(arr, np.float32, "CA")  # C order, aligned, native byte order
+    if arr.dtype == np.float32 and arr.flags.c_contiguous and arr.flags.aligned and arr.dtype.isnative:
+        out = arr  # the common case, without np.require's and np.errstate's ~1.5 us per call
+    else:
+        with np.errstate(over="ignore"):
+            out = np.require(arr, np.float32, "CA")  # C order, aligned, native byte order
     _check_finite32(out, name)
     return out
 
