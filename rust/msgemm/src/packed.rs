@@ -430,20 +430,23 @@ impl PackedWeights {
         );
     }
 
+    /// A fresh tile layout of `depth`, indices from codes or (given) their labels.
+    fn build_layout(&self, depth: usize, labels: Option<&[u8]>) -> TileLayout {
+        TileLayout::build(
+            &self.codes(),
+            self.m,
+            self.k,
+            self.group_size,
+            self.codebook.levels(),
+            depth,
+            labels,
+        )
+    }
+
     /// The tile layout for `depth` (built on first use, then cached).
     pub fn layout(&self, depth: usize) -> Result<&TileLayout> {
         self.codebook.check_depth(depth)?;
-        Ok(self.layouts[depth].get_or_init(|| {
-            TileLayout::build(
-                &self.codes(),
-                self.m,
-                self.k,
-                self.group_size,
-                self.codebook.levels(),
-                depth,
-                None,
-            )
-        }))
+        Ok(self.layouts[depth].get_or_init(|| self.build_layout(depth, None)))
     }
 
     /// The tile layout a kernel reads for `plan` (built on first use, then cached): the
@@ -457,17 +460,7 @@ impl PackedWeights {
             return self.layout(depth);
         }
         self.codebook.check_depth(depth)?;
-        let build = || {
-            TileLayout::build(
-                &self.codes(),
-                self.m,
-                self.k,
-                self.group_size,
-                self.codebook.levels(),
-                depth,
-                plan.labels.as_deref(),
-            )
-        };
+        let build = || self.build_layout(depth, plan.labels.as_deref());
         let (lay, labeled) = if folded {
             let mirror = plan
                 .mirror
