@@ -100,8 +100,8 @@ fn bench_tables(c: &mut Criterion) {
             b.iter(|| {
                 let mut set = TableSet::zeroed(&p, 0..p.groups, 0..1);
                 pool::install(|| {
-                    if !k.build_tables(&p, &xt, &mut set) {
-                        maleki_rs::msgemm::table::build_scalar(&p, &xt, &mut set);
+                    if !k.build_tables(&p, &xt, &mut set, true) {
+                        maleki_rs::msgemm::table::build_scalar(&p, &xt, &mut set, true);
                     }
                 });
                 black_box(set.tscale[0])

@@ -228,3 +228,33 @@ def test_threads_argument_survives_fork(pw):
 
 def _child_call(pw, x):
     return mg.msgemm(pw, x, threads=2)
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_default_gemv_survives_fork(pw, threads):
+    # A GEMV on 1-2 threads runs on the calling thread and one pool worker. In the child (pw
+    # arrives pickled) the first call builds its caches on a pool rebuilt there, the next
+    # ones run on the caller and that pool.
+    import multiprocessing as mp
+    import sys
+
+    if sys.platform != "linux":
+        pytest.skip("fork start method is Linux-only here")
+    before = maleki_rs.get_num_threads()
+    maleki_rs.set_num_threads(threads)
+    try:
+        x = np.linspace(-1, 1, 512, dtype=np.float32)
+        want = mg.msgemm(pw, x, backend="scalar")
+        np.testing.assert_array_equal(mg.msgemm(pw, x), want)
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as p:
+            got = p.apply_async(_child_default_calls, (pw, x)).get(timeout=60)
+        for g in got:
+            np.testing.assert_array_equal(g, want)
+    finally:
+        maleki_rs.set_num_threads(before)
+
+
+def _child_default_calls(pw, x):
+    return [mg.msgemm(pw, x) for _ in range(3)]

@@ -46,6 +46,20 @@ fn run_on<T: Send>(
     }
 }
 
+/// Runs a `gemm` core call with the GIL released: from this thread on the library pool (the
+/// core hands the work to the pool itself, except a GEMV on 1-2 threads, which it runs here
+/// and on at most one worker: `gemm::gemv_here`), or on a pool of `threads` threads.
+fn run_gemm<T: Send>(
+    py: Python<'_>,
+    threads: Option<usize>,
+    job: impl FnOnce() -> CoreResult<T> + Send,
+) -> PyResult<T> {
+    match threads {
+        None => py.detach(job).map_err(to_pyerr),
+        Some(_) => run_on(py, threads, job),
+    }
+}
+
 fn codebook_of(format: &str, codebook: Option<Vec<f32>>) -> CoreResult<Codebook> {
     let f = Format::from_name(format)?;
     Codebook::for_format(f, codebook.as_deref())
@@ -531,11 +545,11 @@ fn gemm<'py>(
             let ys = o
                 .as_slice_mut()
                 .map_err(|_| PyValueError::new_err("out: array must be C-contiguous"))?;
-            run_on(py, threads, || run(ys))?;
+            run_gemm(py, threads, || run(ys))?;
             Ok(None)
         }
         None => {
-            let y = run_on(py, threads, || {
+            let y = run_gemm(py, threads, || {
                 let mut y = vec![0f32; m * n];
                 run(&mut y)?;
                 Ok(y)

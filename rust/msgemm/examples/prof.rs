@@ -1,8 +1,9 @@
 //! Profiling harness: table build and accumulate timed apart (min of many repeats).
 //! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS`.
-//! Environment: `M` rows and `K` inputs (default 4096), `G` group size; `TOTAL_ONLY=1` only the whole call, from this thread
+//! Environment: `M` rows and `K` inputs (default 4096), `G` group size, `D` depth; `TOTAL_ONLY=1` only the whole call, from this thread
 //! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets;
-//! `MIRROR=1` half tables by the codebook's mirror symmetry.
+//! `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
+//! on this thread. Whole calls are made from this thread, as the Python binding makes them.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, RowJob};
@@ -59,6 +60,11 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(g);
+    // `D` overrides the depth.
+    let d: usize = std::env::var("D")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(d);
     let w = gaussian(m * k, 1);
     let qo = QuantizeOptions {
         group_size: Some(g),
@@ -81,14 +87,12 @@ fn main() {
             mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
         let warm = tmin(reps, || {
-            pool::install(|| gemm_into(&pw, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap());
+            gemm_into(&pw, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap();
         });
         let cold = tmin(reps / sets + 3, || {
-            pool::install(|| {
-                for p in &pws {
-                    gemm_into(p, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap();
-                }
-            })
+            for p in &pws {
+                gemm_into(p, &x, 1, XLayout::KbyN, &opts, &mut y).unwrap();
+            }
         }) / sets as f64;
         println!("{fmt} threads={threads} warm {warm:.3} ms cold {cold:.3} ms");
         return;
@@ -103,10 +107,10 @@ fn main() {
             mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
         let r = if n > 4 { reps / 10 + 3 } else { reps };
+        // From this thread, as the Python binding calls it (a GEMV on 1-2 threads then runs
+        // here and on at most one worker).
         let total = tmin(r, || {
-            pool::install(|| {
-                gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
-            })
+            gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
         });
         if std::env::var("TOTAL_ONLY").is_ok() {
             // The same calls from inside the pool (no hand-off from this thread to a worker).
@@ -123,10 +127,23 @@ fn main() {
         let (p, kern) = maleki_msgemm::gemm::execution_plan(&pw, &p, Backend::Auto).unwrap();
         let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned();
         let mut set = TableSet::zeroed(&p, 0..p.groups, 0..n);
+        if std::env::var("BUILD_ONLY").is_ok() {
+            // Only the table build, on this thread (for a sampling profiler).
+            let b = tmin(reps, || {
+                if !kern.build_tables(&p, &xt, &mut set, false) {
+                    maleki_msgemm::table::build_scalar(&p, &xt, &mut set, false);
+                }
+            });
+            println!(
+                "{fmt} n={n} build {b:.4} ms, {:.0} ns per group",
+                b * 1e6 / (p.groups * n) as f64
+            );
+            continue;
+        }
         let build = tmin(r, || {
             pool::install(|| {
-                if !kern.build_tables(&p, &xt, &mut set) {
-                    maleki_msgemm::table::build_scalar(&p, &xt, &mut set);
+                if !kern.build_tables(&p, &xt, &mut set, true) {
+                    maleki_msgemm::table::build_scalar(&p, &xt, &mut set, true);
                 }
             })
         });

@@ -493,6 +493,37 @@ impl PackedWeights {
         Ok(lay)
     }
 
+    /// Whether [`used_codes`](Self::used_codes) (which [`crate::gemm::plan`] reads) is
+    /// computed already.
+    pub fn used_codes_ready(&self) -> bool {
+        self.used_codes.get().is_some()
+    }
+
+    /// Whether everything a run of `plan` reads from these weights (the tile layout of
+    /// [`layout_for`](Self::layout_for), tiled scales and zero points) is built already: then
+    /// reading them does no work (their builds run on the pool, so a caller off the pool runs
+    /// them there first).
+    pub fn ready_for(&self, plan: &Plan, folded: bool) -> bool {
+        let depth = plan.depth();
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        let layout = if folded {
+            &self.folded_layouts[depth]
+        } else if plan.labels.is_some() {
+            &self.labeled_layouts[depth]
+        } else {
+            &self.layouts[depth]
+        };
+        let zeros = !plan.zero_term
+            || if plan.shift == 0.0 {
+                self.tiled_zeros.get().is_some()
+            } else {
+                self.zeros.is_none() || self.tiled_mirror_zeros.get().is_some()
+            };
+        layout.get().is_some() && self.tiled_scales.get().is_some() && zeros
+    }
+
     /// Scales tiled `[g][row_block][64]`.
     pub fn tiled_scales(&self) -> &[f32] {
         self.tiled_scales

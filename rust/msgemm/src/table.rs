@@ -535,55 +535,79 @@ pub enum BlockOut<'a> {
     I8(&'a mut [i8], &'a mut [u8]),
 }
 
-/// Builds the tables of `groups x cols` with the scalar build, in parallel over `(g, n)`
-/// blocks (each block is independent, so the result does not depend on the thread count).
+/// `f(i, block, mults)` for the `(g, n)` blocks of a table set in order (`data` in blocks of
+/// `blen`, with `mult` the multipliers in blocks of `mlen` for `i8` sets), collected: on the
+/// current pool (`parallel`, at least `min_len` blocks per task) or on the calling thread
+/// without rayon (a GEMV half run by the caller, see `gemm`). Blocks are independent, so the
+/// result is the same either way.
+pub(crate) fn map_blocks<T: Send, R: Send>(
+    data: &mut [T],
+    blen: usize,
+    mult: Option<(&mut [u8], usize)>,
+    parallel: bool,
+    min_len: usize,
+    f: impl Fn(usize, &mut [T], &mut [u8]) -> R + Sync + Send,
+) -> Vec<R> {
+    match (mult, parallel) {
+        (None, true) => data
+            .par_chunks_mut(blen)
+            .with_min_len(min_len)
+            .enumerate()
+            .map(|(i, d)| f(i, d, &mut []))
+            .collect(),
+        (None, false) => data
+            .chunks_mut(blen)
+            .enumerate()
+            .map(|(i, d)| f(i, d, &mut []))
+            .collect(),
+        (Some((m, mlen)), true) => data
+            .par_chunks_mut(blen)
+            .zip(m.par_chunks_mut(mlen))
+            .with_min_len(min_len)
+            .enumerate()
+            .map(|(i, (d, m))| f(i, d, m))
+            .collect(),
+        (Some((m, mlen)), false) => data
+            .chunks_mut(blen)
+            .zip(m.chunks_mut(mlen))
+            .enumerate()
+            .map(|(i, (d, m))| f(i, d, m))
+            .collect(),
+    }
+}
+
+/// Builds the tables of `groups x cols` with the scalar build, over `(g, n)` blocks on the
+/// current pool (`parallel`) or on the calling thread (each block is independent, so the
+/// result does not depend on the thread count).
 ///
 /// `xt` is X transposed and permuted: `(N, K)` row-major, row n = column n of X.
-pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet) {
+pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
     let g_size = plan.group_size;
     let k = plan.k;
     let cols = set.cols.clone();
     let groups = set.groups.clone();
     let nc = cols.len();
     let blen = set.block_len();
+    let xg = |i: usize| {
+        let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+        &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
+    };
+    let per_group = plan.tuples.per_group;
     let meta: Vec<(f32, f32)> = match &mut set.data {
-        TableData::F32(d) => d
-            .par_chunks_mut(blen)
-            .enumerate()
-            .map(|(i, out)| {
-                let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-                build_block(
-                    plan,
-                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
-                    BlockOut::F32(out),
-                )
-            })
-            .collect(),
-        TableData::I16(d) => d
-            .par_chunks_mut(blen)
-            .enumerate()
-            .map(|(i, out)| {
-                let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-                build_block(
-                    plan,
-                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
-                    BlockOut::I16(out),
-                )
-            })
-            .collect(),
-        TableData::I8(d) => d
-            .par_chunks_mut(blen)
-            .zip(set.mult.par_chunks_mut(plan.tuples.per_group))
-            .enumerate()
-            .map(|(i, (out, mult))| {
-                let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-                build_block(
-                    plan,
-                    &xt[n * k + g * g_size..n * k + (g + 1) * g_size],
-                    BlockOut::I8(out, mult),
-                )
-            })
-            .collect(),
+        TableData::F32(d) => map_blocks(d, blen, None, parallel, 1, |i, out, _| {
+            build_block(plan, xg(i), BlockOut::F32(out))
+        }),
+        TableData::I16(d) => map_blocks(d, blen, None, parallel, 1, |i, out, _| {
+            build_block(plan, xg(i), BlockOut::I16(out))
+        }),
+        TableData::I8(d) => map_blocks(
+            d,
+            blen,
+            Some((&mut set.mult, per_group)),
+            parallel,
+            1,
+            |i, out, mult| build_block(plan, xg(i), BlockOut::I8(out, mult)),
+        ),
     };
     for (i, (tsc, zs)) in meta.into_iter().enumerate() {
         set.tscale[i] = tsc;

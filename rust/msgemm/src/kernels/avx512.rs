@@ -28,13 +28,11 @@
 
 use std::arch::x86_64::*;
 
-use rayon::prelude::*;
-
 use crate::format::Involution;
 use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
 use crate::layout::{IndexData, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{self, BlockOut, TableData, TableSet};
+use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
 
 /// The AVX-512 kernel.
 pub struct Avx512;
@@ -104,11 +102,11 @@ impl LutKernel for Avx512 {
         }
     }
 
-    fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet) -> bool {
+    fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) -> bool {
         if plan.levels > 16 || plan.precision == TablePrecision::I16 || !cpu_ok() {
             return false;
         }
-        build(plan, xt, set);
+        build(plan, xt, set, parallel);
         true
     }
 }
@@ -1214,7 +1212,7 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
 /// microseconds of work; one task each cost about as much again in scheduling).
 const MIN_BLOCKS_PER_TASK: usize = 4;
 
-fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
+fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
     let g_size = plan.group_size;
     let k = plan.k;
     let cols = set.cols.clone();
@@ -1227,21 +1225,23 @@ fn build(plan: &Plan, xt: &[f32], set: &mut TableSet) {
         let (g, n) = (groups.start + i / nc, cols.start + i % nc);
         &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
     };
+    let per_group = plan.tuples.per_group;
     let meta: Vec<(f32, f32)> = match &mut set.data {
-        TableData::F32(d) => d
-            .par_chunks_mut(blen)
-            .enumerate()
-            .with_min_len(MIN_BLOCKS_PER_TASK)
-            // SAFETY: `build_tables` checked the CPU features.
-            .map(|(i, out)| unsafe { build_block_f32(plan, xg(i), out, digits) })
-            .collect(),
-        TableData::I8(d) => d
-            .par_chunks_mut(blen)
-            .zip(set.mult.par_chunks_mut(plan.tuples.per_group))
-            .enumerate()
-            .with_min_len(MIN_BLOCKS_PER_TASK)
-            .map(|(i, (out, mult))| unsafe { build_block_i8(plan, xg(i), out, mult, digits) })
-            .collect(),
+        TableData::F32(d) => {
+            map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                // SAFETY: `build_tables` checked the CPU features.
+                unsafe { build_block_f32(plan, xg(i), out, digits) }
+            })
+        }
+        TableData::I8(d) => map_blocks(
+            d,
+            blen,
+            Some((&mut set.mult, per_group)),
+            parallel,
+            MIN_BLOCKS_PER_TASK,
+            // SAFETY: as above.
+            |i, out, mult| unsafe { build_block_i8(plan, xg(i), out, mult, digits) },
+        ),
         TableData::I16(_) => unreachable!("no SIMD build for i16 tables"),
     };
     for (i, (tsc, zs)) in meta.into_iter().enumerate() {

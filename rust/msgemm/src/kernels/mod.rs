@@ -161,9 +161,16 @@ pub trait LutKernel: Sync {
     }
 
     /// Builds `set` (allocated with [`TableSet::zeroed`]) from `xt` (X transposed and
-    /// permuted, `(N, K)` row-major), bitwise identical to [`crate::table::build_scalar`].
+    /// permuted, `(N, K)` row-major), bitwise identical to [`crate::table::build_scalar`]: on
+    /// the current pool when `parallel`, else on the calling thread without rayon.
     /// Returns false when this kernel has no table build for the plan (the scalar build runs).
-    fn build_tables(&self, _plan: &Plan, _xt: &[f32], _set: &mut TableSet) -> bool {
+    fn build_tables(
+        &self,
+        _plan: &Plan,
+        _xt: &[f32],
+        _set: &mut TableSet,
+        _parallel: bool,
+    ) -> bool {
         false
     }
 }
