@@ -98,3 +98,23 @@ def test_plan_info_validates():
         mg.plan_info(pw, table="i4")
     with pytest.raises(ValueError, match="mirror"):
         mg.plan_info(mg.quantize(np.ones((64, 32)), "nf4", 32), mirror=True)
+
+
+@pytest.mark.parametrize("fmt,g,m", [("int4", 128, 64), ("fp4", 32, 256), ("int2", 64, 128), ("ternary", 128, 64)])
+def test_auto_depth_is_the_kernels_measured_one_or_the_model(fmt, g, m):
+    rng = np.random.default_rng(3)
+    pw = mg.quantize(rng.standard_normal((m, 256)), fmt, g)
+    # The scalar kernel has no measured preference: the operation-count model decides.
+    assert mg.plan_info(pw, n=1, backend="scalar")["depth"] == mg.best_depth(m, fmt, max_depth=MAX_BYTE_DEPTH[fmt])
+    auto = mg.plan_info(pw, n=1)
+    if auto["backend"] == "avx512" and fmt in ("int4", "fp4", "int2"):
+        # 256-entry tables built in straight-line code: fastest at every M (BENCHMARKS.md).
+        assert auto["depth"] == {"int4": 2, "fp4": 2, "int2": 4}[fmt]
+    else:
+        assert auto["depth"] == mg.best_depth(m, fmt, max_depth=MAX_BYTE_DEPTH[fmt])
+    x = rng.standard_normal(256).astype(np.float32)
+    np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, depth=auto["depth"]))
+
+
+# The deepest depth with byte indices (V^d <= 256), the candidates of depth="auto".
+MAX_BYTE_DEPTH = {"int4": 2, "fp4": 2, "int2": 4, "ternary": 5}

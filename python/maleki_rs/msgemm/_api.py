@@ -627,9 +627,12 @@ def msgemm(
         Activations; any memory order (a Fortran-order ``x`` is read without a copy).
         Computed in float32.
     depth : int or "auto"
-        Inputs per table index ``d``: tables have ``V^d`` entries. ``"auto"`` takes the
-        operation-count model's best depth (``argmax_d d / (1 + A_d(V)/M)``) among the depths
-        with byte indices the backend implements. Deeper tables (int4 ``d=3``: 4096 entries,
+        Inputs per table index ``d``: tables have ``V^d`` entries. ``"auto"``: the depth the
+        SIMD kernel is measured fastest at for the codebook (AVX-512 ``i8`` tables: 2 for
+        16-level formats, 4 for int2, at every M: it builds a 256-entry table for about the
+        cost of a 16-entry one), else the operation-count model's best depth
+        (``argmax_d d / (1 + A_d(V)/M)``, :func:`best_depth`) among the depths with byte
+        indices the backend implements. Deeper tables (int4 ``d=3``: 4096 entries,
         the paper's headline setting) on request. ``d`` need not divide the group size: the
         last tuple of a group is then shorter.
     table : {"i8", "i16", "f32"}, optional
@@ -829,6 +832,10 @@ def op_counts(
 
 def best_depth(M: int, V: int | str, *, max_depth: int | None = None, mirror: bool = False) -> int:
     """The table depth that minimizes table adds + lookups: ``argmax_d d / (1 + A_d(V)/M)``.
+
+    The paper's operation-count model (section 2.5). ``msgemm(depth="auto")`` uses it unless
+    the SIMD kernel is measured fastest at a depth of its own for the codebook (see
+    :func:`msgemm`; :func:`plan_info` tells the depth a call resolves to).
 
     Parameters
     ----------

@@ -28,8 +28,10 @@ use crate::table::{self, TableSet};
 /// Table depth of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {
-    /// `argmax_d R(d)` of the operation-count model among the depths with byte indices
-    /// (`V^d <= 256`) that the chosen backend implements.
+    /// The depth the chosen SIMD kernel is measured fastest at for this codebook and
+    /// precision ([`LutKernel::preferred_depth`]: AVX-512 `i8` tables of 16- and 4-level
+    /// codebooks), else `argmax_d R(d)` of the operation-count model among the depths with
+    /// byte indices (`V^d <= 256`) that the chosen backend implements.
     Auto,
     Fixed(usize),
 }
@@ -179,6 +181,26 @@ pub fn resolve_depth(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result
                 if !fast.is_empty() {
                     candidates = fast;
                 }
+            }
+            // A SIMD kernel that is measured fastest at one depth for this codebook and
+            // precision gets it (see `LutKernel::preferred_depth`): the model counts every table
+            // entry as an add, while these kernels build a 256-entry table for about the cost
+            // of a 16-entry one.
+            let preferred = kernels::registered()
+                .into_iter()
+                .filter(|k| {
+                    k.backend() != Backend::Scalar
+                        && k.available()
+                        && (opts.backend == Backend::Auto || opts.backend == k.backend())
+                })
+                .find_map(|k| {
+                    let d = k.preferred_depth(cb.levels(), opts.precision)?;
+                    let fits = candidates.contains(&d)
+                        && plan_for(pw, n, d, opts).is_ok_and(|p| k.supports(&p));
+                    fits.then_some(d)
+                });
+            if let Some(d) = preferred {
+                return Ok(d);
             }
             let (m, v) = (pw.m() as u64, cb.levels() as u64);
             let mut best: Option<(usize, f64)> = None;

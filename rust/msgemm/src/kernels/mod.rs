@@ -13,7 +13,7 @@ use std::ops::Range;
 use maleki_common::{Error, Result};
 
 use crate::layout::TileLayout;
-use crate::plan::Plan;
+use crate::plan::{Plan, TablePrecision};
 use crate::table::TableSet;
 
 #[cfg(target_arch = "x86_64")]
@@ -158,6 +158,13 @@ pub trait LutKernel: Sync {
     /// kernel must still accept the plain layout (it reads `job.layout.folded`).
     fn wants_folded(&self, _plan: &Plan) -> bool {
         false
+    }
+
+    /// The depth at which this kernel is fastest for every shape, for codebooks of `levels`
+    /// levels in `precision` tables (measured), or `None`: then `depth="auto"` ranks the depths
+    /// by the operation-count model ([`crate::count::model_ratio`]).
+    fn preferred_depth(&self, _levels: usize, _precision: TablePrecision) -> Option<usize> {
+        None
     }
 
     /// Builds `set` (allocated with [`TableSet::zeroed`]) from `xt` (X transposed and
