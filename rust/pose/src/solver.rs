@@ -1,5 +1,6 @@
 //! The total-least-squares estimator: Horn initialisation, then Gauss-Newton on SO(3)×R³
-//! with the full gradient of the profile likelihood.
+//! with the full gradient of the profile likelihood (Newton steps after [`NEWTON_AFTER`]
+//! iterations, for scans whose large residuals make Gauss-Newton slow).
 //!
 //! Cost (nuisance true points eliminated in closed form, exact for Gaussian noise):
 //!
@@ -32,6 +33,19 @@ use crate::math::{sym3_inverse_spd, sym3_mul};
 /// Geometry whose equilibrated normal matrix has a reciprocal condition number below this is
 /// reported as degenerate (collinear or coincident points: a rotation is unobservable).
 pub const RCOND_DEGENERATE: f64 = 1e-12;
+
+/// Gauss-Newton iterations after which the solver takes Newton steps (Hessian from central
+/// differences of the exact gradient) when the Hessian is positive definite. `F` is the
+/// Hessian only where the residuals are small: with few, very noisy points (S5 at N = 3) it
+/// is far from it and Gauss-Newton converges linearly at a slow rate (13% of such scans
+/// were still unconverged after 100 iterations); Newton converges quadratically. Scans that
+/// converge within this many iterations are not affected.
+pub const NEWTON_AFTER: usize = 10;
+
+/// Central-difference step of the Newton Hessian: in radians for the rotation, in units of the
+/// scene radius for the translation (`cbrt(eps)`-sized: truncation and rounding errors
+/// balanced, about 1e-10 relative).
+const FD_STEP: f64 = 6e-6;
 
 /// How the iteration starts.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -457,6 +471,38 @@ fn gn_step(f: &Matrix6<f64>, g: &Vector6<f64>, lambda: f64) -> Option<Vector6<f6
     Chol6::new(&fd).map(|ch| -ch.solve(g))
 }
 
+/// The Newton step `−H⁻¹ g` at `(a, t)`, `H` the symmetrized central-difference Jacobian of
+/// the exact gradient in the solver's coordinates (12 gradient evaluations, no normal matrix),
+/// or `None` when `H` is not positive definite (away from a minimum). Off the stationary point
+/// `H` differs from the Hessian of the left-perturbed cost by terms proportional to `g`
+/// (perturbations do not commute on SO(3)), which vanish at the solution: the convergence
+/// stays quadratic.
+fn newton_step(
+    prep: &Prepared,
+    a: &Matrix3<f64>,
+    t: &Vector3<f64>,
+    g: &Vector6<f64>,
+    rho: f64,
+    scratch: &mut Eval,
+) -> Result<Option<Vector6<f64>>> {
+    let mut h = Matrix6::zeros();
+    for j in 0..6 {
+        let step = if j < 3 { FD_STEP } else { FD_STEP * rho };
+        let mut column = Vector6::zeros();
+        for sign in [1.0, -1.0] {
+            let mut d = Vector6::zeros();
+            d[j] = sign * step;
+            let a2 = exp_so3(&d.fixed_rows::<3>(0).into_owned()) * a;
+            let t2 = t + d.fixed_rows::<3>(3);
+            evaluate_into(prep, &a2, &t2, false, scratch)?;
+            column += scratch.gradient * sign;
+        }
+        h.set_column(j, &(column / (2.0 * step)));
+    }
+    let h = (h + h.transpose()) * 0.5;
+    Ok(Chol6::new(&h).map(|ch| -ch.solve(g)))
+}
+
 fn degenerate() -> Error {
     Error::Degenerate(
         "the normal matrix is singular: the points are collinear or coincident, so a rotation is not observable".into(),
@@ -533,9 +579,18 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     let mut halvings = 0;
     let mut lambda = 0.0;
     let mut accepted = 0usize;
+    let mut scratch = Eval::default();
     while iterations < opts.max_iter {
         iterations += 1;
-        let delta = gn_step(&ev[c].normal, &ev[c].gradient, lambda).ok_or_else(degenerate)?;
+        let newton = if iterations > NEWTON_AFTER && lambda == 0.0 {
+            newton_step(prep, &a, &t, &ev[c].gradient, rho, &mut scratch)?
+        } else {
+            None
+        };
+        let delta = match newton {
+            Some(d) => d,
+            None => gn_step(&ev[c].normal, &ev[c].gradient, lambda).ok_or_else(degenerate)?,
+        };
         if lambda == 0.0 && scaled_norm(&delta) < opts.tol {
             a = exp_so3(&delta.fixed_rows::<3>(0).into_owned()) * a;
             t += delta.fixed_rows::<3>(3);
