@@ -258,3 +258,17 @@ def test_default_gemv_survives_fork(pw, threads):
 
 def _child_default_calls(pw, x):
     return [mg.msgemm(pw, x) for _ in range(3)]
+
+
+def test_concurrent_gemvs_from_python_threads_give_the_same_bits(pw):
+    # One GEMV at a time runs on its calling thread, the others go to the pool: every call
+    # gives the bits of a lone call.
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(512).astype(np.float32) for _ in range(6)]
+    want = [mg.msgemm(pw, x) for x in xs]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda i: mg.msgemm(pw, xs[i % 6]), range(120)))
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g, want[i % 6])

@@ -75,9 +75,10 @@ def _checked_by_core(x32: np.ndarray, f: Any, *args: Any) -> Any:
     try:
         return f(*args)
     except ValueError as e:
-        if "non-finite" in str(e):
-            _check_finite32(x32, "x")
-        raise
+        if "non-finite" not in str(e) or np.isfinite(x32).all():
+            raise
+    bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x32))[0])
+    raise ValueError(f"x: contains a non-finite value (NaN, inf, or beyond float32) at index {bad}")
 
 
 def _as_f32(arr: np.ndarray, name: str) -> np.ndarray:

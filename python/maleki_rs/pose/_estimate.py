@@ -228,9 +228,10 @@ def estimate_pose(
     body/reference cross-correlation included. The true points are eliminated exactly, which
     leaves ``J(A, t) = ½ Σ eᵢᵀ Sᵢ(A)⁻¹ eᵢ`` with ``eᵢ = b̃ᵢ − A r̃ᵢ − t`` and
     ``Sᵢ(A) = R_bb − A R_brᵀ − R_br Aᵀ + A R_rr Aᵀ``; it is minimised by Gauss-Newton on
-    SO(3)×R³ from a weighted Horn/Kabsch start, switching to Newton steps (Hessian from
-    central differences of the exact gradient) after 10 iterations where the residuals are
-    too large for Gauss-Newton to converge fast (few, very noisy points). ("TLS" is *total* least squares here, not the
+    SO(3)×R³ from a weighted Horn/Kabsch start. A scan still unconverged after 10 iterations
+    (large residuals: few, very noisy points, where Gauss-Newton converges slowly) takes
+    Newton steps (Hessian from central differences of the exact gradient) wherever that
+    Hessian is positive definite. ("TLS" is *total* least squares here, not the
     *truncated* least squares of TEASER++; outliers are not handled, but ``chi2`` and the
     per-point residuals allow χ² gating.)
 
@@ -262,8 +263,7 @@ def estimate_pose(
     max_iter : int
         Iteration limit (default 100).
     tol : float
-        Convergence when the step ``[δθ; δt/ρ]`` (Gauss-Newton, or Newton after 10 iterations)
-        has norm below ``tol`` (radians;
+        Convergence when the Gauss-Newton step ``[δθ; δt/ρ]`` has norm below ``tol`` (radians;
         ``ρ`` the RMS radius of the body points). Default ``1e-10``.
     compute_covariance : bool
         Return ``Cov([θ; δt])`` (default True; NaN otherwise).

@@ -170,15 +170,25 @@ pub fn on_a_pool() -> bool {
 /// vCPUs, two 50 us halves: 51 us (median) back to back and ~100 us after 200 us idle, against
 /// 57-62 us and ~180 us with `install` + `join`.
 ///
-/// `a` runs off the pool: it must not use rayon (its iterators would start rayon's global
-/// pool). Panics of either closure propagate after both have finished.
+/// To be called off every pool (`!on_a_pool()`; from a worker of the library pool `b` would
+/// wait in the caller's own queue). `a` runs off the pool: it must not use rayon (its
+/// iterators would start rayon's global pool). Panics of either closure propagate after both
+/// have finished.
 pub fn join_here<RA, RB: Send>(a: impl FnOnce() -> RA, b: impl FnOnce() -> RB + Send) -> (RA, RB) {
+    debug_assert!(!on_a_pool(), "join_here is for callers off the pools");
+    /// Sets the flag when dropped: at the end of `b`, or while a panic of `b` unwinds.
+    struct SetOnDrop<'a>(&'a AtomicBool);
+    impl Drop for SetOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
     let done = AtomicBool::new(false);
     let mut rb: Option<RB> = None;
     let ra = pool().in_place_scope(|s| {
         s.spawn(|_| {
+            let _done = SetOnDrop(&done);
             rb = Some(b());
-            done.store(true, Ordering::Release);
         });
         let ra = a();
         // Past the spin the scope's own wait (a sleep until the worker wakes us) takes over;

@@ -49,14 +49,17 @@ fn run_on<T: Send>(
 /// Runs a `gemm` core call with the GIL released: from this thread on the library pool (the
 /// core hands the work to the pool itself, except a GEMV on 1-2 threads, which it runs here
 /// and on at most one worker: `gemm::gemv_here`), or on a pool of `threads` threads.
+/// From a worker of some rayon pool, on the library pool.
 fn run_gemm<T: Send>(
     py: Python<'_>,
     threads: Option<usize>,
     job: impl FnOnce() -> CoreResult<T> + Send,
 ) -> PyResult<T> {
     match threads {
-        None => py.detach(job).map_err(to_pyerr),
-        Some(_) => run_on(py, threads, job),
+        // Called from a worker of another rayon pool (a polars UDF, say), the core would run
+        // on that pool: hand it to ours instead.
+        None if !maleki_common::pool::on_a_pool() => py.detach(job).map_err(to_pyerr),
+        _ => run_on(py, threads, job),
     }
 }
 
@@ -611,17 +614,21 @@ fn plan_info<'py>(
     mirror: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
-    let plan = core_gemm::plan(&pw.inner, n, &opts).map_err(to_pyerr)?;
-    // What runs: the kernel, and the plan it executes (a mirror plan on folded indices where
-    // that gives the same bits, see `gemm::execution_plan`).
-    let (kernel, run) = match opts.backend {
-        Backend::Reference => ("reference", None),
-        b => {
-            let (run, k) = core_gemm::execution_plan(&pw.inner, &plan, b).map_err(to_pyerr)?;
-            let folded = k.wants_folded(&run);
-            (k.backend().name(), Some((run, folded)))
-        }
-    };
+    // On the pool: a plan of fresh weights first finds the codes they use (in parallel).
+    let w = Arc::clone(&pw.inner);
+    let (plan, kernel, run) = run_quick(py, || {
+        let plan = core_gemm::plan(&w, n, &opts)?;
+        // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
+        // where that gives the same bits, see `gemm::execution_plan`).
+        Ok(match opts.backend {
+            Backend::Reference => (plan, "reference", None),
+            b => {
+                let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
+                let folded = k.wants_folded(&run);
+                (plan, k.backend().name(), Some((run, folded)))
+            }
+        })
+    })?;
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
     d.set_item("backend", kernel)?;
@@ -706,6 +713,7 @@ fn available_backends() -> Vec<&'static str> {
 #[pyfunction]
 #[pyo3(signature = (pw, n, depth, table, backend, mirror))]
 fn backend_supports(
+    py: Python<'_>,
     pw: &Packed,
     n: usize,
     depth: Option<usize>,
@@ -714,8 +722,10 @@ fn backend_supports(
     mirror: bool,
 ) -> PyResult<bool> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
-    // The plan of the named backend: under depth="auto" the depth is that backend's choice.
-    let Ok(plan) = core_gemm::plan(&pw.inner, n, &opts) else {
+    // The plan of the named backend: under depth="auto" the depth is that backend's choice
+    // (on the pool: a plan of fresh weights first finds the codes they use, in parallel).
+    let w = Arc::clone(&pw.inner);
+    let Ok(plan) = run_quick(py, || core_gemm::plan(&w, n, &opts)) else {
         return Ok(false);
     };
     Ok(match opts.backend {

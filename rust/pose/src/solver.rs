@@ -473,7 +473,8 @@ fn gn_step(f: &Matrix6<f64>, g: &Vector6<f64>, lambda: f64) -> Option<Vector6<f6
 
 /// The Newton step `−H⁻¹ g` at `(a, t)`, `H` the symmetrized central-difference Jacobian of
 /// the exact gradient in the solver's coordinates (12 gradient evaluations, no normal matrix),
-/// or `None` when `H` is not positive definite (away from a minimum). Off the stationary point
+/// or `None` when `H` is not positive definite (away from a minimum) or a probe point cannot
+/// be evaluated. Off the stationary point
 /// `H` differs from the Hessian of the left-perturbed cost by terms proportional to `g`
 /// (perturbations do not commute on SO(3)), which vanish at the solution: the convergence
 /// stays quadratic.
@@ -484,7 +485,7 @@ fn newton_step(
     g: &Vector6<f64>,
     rho: f64,
     scratch: &mut Eval,
-) -> Result<Option<Vector6<f64>>> {
+) -> Option<Vector6<f64>> {
     let mut h = Matrix6::zeros();
     for j in 0..6 {
         let step = if j < 3 { FD_STEP } else { FD_STEP * rho };
@@ -494,13 +495,18 @@ fn newton_step(
             d[j] = sign * step;
             let a2 = exp_so3(&d.fixed_rows::<3>(0).into_owned()) * a;
             let t2 = t + d.fixed_rows::<3>(3);
-            evaluate_into(prep, &a2, &t2, false, scratch)?;
+            // A probe point is never a candidate pose: one that cannot be evaluated (some
+            // `S_i` not positive definite) only means no Newton step here.
+            evaluate_into(prep, &a2, &t2, false, scratch).ok()?;
             column += scratch.gradient * sign;
         }
         h.set_column(j, &(column / (2.0 * step)));
     }
     let h = (h + h.transpose()) * 0.5;
-    Ok(Chol6::new(&h).map(|ch| -ch.solve(g)))
+    if !h.iter().all(|v| v.is_finite()) {
+        return None;
+    }
+    Chol6::new(&h).map(|ch| -ch.solve(g))
 }
 
 fn degenerate() -> Error {
@@ -582,21 +588,20 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     let mut scratch = Eval::default();
     while iterations < opts.max_iter {
         iterations += 1;
-        let newton = if iterations > NEWTON_AFTER && lambda == 0.0 {
-            newton_step(prep, &a, &t, &ev[c].gradient, rho, &mut scratch)?
-        } else {
-            None
-        };
-        let delta = match newton {
-            Some(d) => d,
-            None => gn_step(&ev[c].normal, &ev[c].gradient, lambda).ok_or_else(degenerate)?,
-        };
-        if lambda == 0.0 && scaled_norm(&delta) < opts.tol {
-            a = exp_so3(&delta.fixed_rows::<3>(0).into_owned()) * a;
-            t += delta.fixed_rows::<3>(3);
+        let gn = gn_step(&ev[c].normal, &ev[c].gradient, lambda).ok_or_else(degenerate)?;
+        // Convergence is judged on the Gauss-Newton step (`F` is exact, the Newton Hessian a
+        // difference quotient); past NEWTON_AFTER the update itself is the Newton step.
+        if lambda == 0.0 && scaled_norm(&gn) < opts.tol {
+            a = exp_so3(&gn.fixed_rows::<3>(0).into_owned()) * a;
+            t += gn.fixed_rows::<3>(3);
             converged = true;
             break;
         }
+        let delta = if iterations > NEWTON_AFTER && lambda == 0.0 {
+            newton_step(prep, &a, &t, &ev[c].gradient, rho, &mut scratch).unwrap_or(gn)
+        } else {
+            gn
+        };
         let step = delta * shrink;
         let trial_a = exp_so3(&step.fixed_rows::<3>(0).into_owned()) * a;
         let trial_t = t + step.fixed_rows::<3>(3);
