@@ -14,8 +14,12 @@ import pytest
 from maleki_rs import pose
 
 CHILD = r"""
+import signal
 import numpy as np
 from maleki_rs import pose
+# A shell that starts us in the background without job control hands down SIGINT ignored,
+# and Python then keeps it ignored: install the usual handler (the test is about ours).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 rng = np.random.default_rng(0)
 B, N = 400_000, 20
 r = rng.uniform(-10, 10, (N, 3))
