@@ -230,8 +230,8 @@ def estimate_pose(
     ``Sᵢ(A) = R_bb − A R_brᵀ − R_br Aᵀ + A R_rr Aᵀ``; it is minimised by Gauss-Newton on
     SO(3)×R³ from a weighted Horn/Kabsch start. A scan still unconverged after 10 iterations
     (large residuals: few, very noisy points, where Gauss-Newton converges slowly) takes
-    Newton steps (Hessian from central differences of the exact gradient) wherever that
-    Hessian is positive definite. ("TLS" is *total* least squares here, not the
+    Newton steps (Hessian from central differences of the exact gradient; where it is not
+    positive definite, its negative curvature is flipped: saddle-free Newton). ("TLS" is *total* least squares here, not the
     *truncated* least squares of TEASER++; outliers are not handled, but ``chi2`` and the
     per-point residuals allow χ² gating.)
 

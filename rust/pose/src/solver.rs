@@ -35,7 +35,7 @@ use crate::math::{sym3_inverse_spd, sym3_mul};
 pub const RCOND_DEGENERATE: f64 = 1e-12;
 
 /// Gauss-Newton iterations after which the solver takes Newton steps (Hessian from central
-/// differences of the exact gradient) when the Hessian is positive definite. `F` is the
+/// differences of the exact gradient; saddle-free where it is not positive definite). `F` is the
 /// Hessian only where the residuals are small: with few, very noisy points (S5 at N = 3) it
 /// is far from it and Gauss-Newton converges linearly at a slow rate (13% of such scans
 /// were still unconverged after 100 iterations); Newton converges quadratically. Scans that
@@ -473,8 +473,8 @@ fn gn_step(f: &Matrix6<f64>, g: &Vector6<f64>, lambda: f64) -> Option<Vector6<f6
 
 /// The Newton step `−H⁻¹ g` at `(a, t)`, `H` the symmetrized central-difference Jacobian of
 /// the exact gradient in the solver's coordinates (12 gradient evaluations, no normal matrix),
-/// or `None` when `H` is not positive definite (away from a minimum) or a probe point cannot
-/// be evaluated. Off the stationary point
+/// with negative curvature flipped where `H` is not positive definite (saddle-free Newton), or
+/// `None` when a probe point cannot be evaluated. Off the stationary point
 /// `H` differs from the Hessian of the left-perturbed cost by terms proportional to `g`
 /// (perturbations do not commute on SO(3)), which vanish at the solution: the convergence
 /// stays quadratic.
@@ -506,7 +506,25 @@ fn newton_step(
     if !h.iter().all(|v| v.is_finite()) {
         return None;
     }
-    Chol6::new(&h).map(|ch| -ch.solve(g))
+    if let Some(ch) = Chol6::new(&h) {
+        return Some(-ch.solve(g));
+    }
+    // Not positive definite (a saddle region, or a flat valley): the saddle-free step
+    // `−|H|⁻¹ g`, negative curvature turned into positive, so the step still descends and
+    // moves away from saddles. Eigenvalues are floored at 1e-8 of the largest. (Plain
+    // Gauss-Newton there left 0.2% of S5 N = 3 scans unconverged after 1000 iterations.)
+    let e = h.symmetric_eigen();
+    let top = e.eigenvalues.iter().fold(0f64, |m, v| m.max(v.abs()));
+    if !(top > 0.0) {
+        return None;
+    }
+    let mut d = Vector6::zeros();
+    let gq = e.eigenvectors.transpose() * g;
+    for k in 0..6 {
+        let l = e.eigenvalues[k].abs().max(1e-8 * top);
+        d[k] = -gq[k] / l;
+    }
+    Some(e.eigenvectors * d)
 }
 
 fn degenerate() -> Error {
