@@ -91,8 +91,14 @@ pub fn compact(p: &Premise, nmicros: usize, starts: &[i64]) -> Vec<i64> {
 
 /// Times per-device job orders as soon as possible (`seq[d]` lists job ids `j * n + g`; a
 /// multi-device job appears in the list of each of its devices). None when the orders
-/// contradict each other or the precedences (a deadlock) or miss a job.
-pub(crate) fn time_orders(p: &Premise, nmicros: usize, seq: &[Vec<usize>]) -> Option<Vec<i64>> {
+/// contradict each other or the precedences (a deadlock) or miss a job, or when `stop()`
+/// (asked every 65536 jobs: a stop request during a completion of 10^6 micro-batches) says so.
+pub(crate) fn time_orders(
+    p: &Premise,
+    nmicros: usize,
+    seq: &[Vec<usize>],
+    stop: &dyn Fn() -> bool,
+) -> Option<Vec<i64>> {
     let n = p.nblocks();
     let nj = n * nmicros;
     let mut indeg = vec![0usize; nj];
@@ -120,6 +126,9 @@ pub(crate) fn time_orders(p: &Premise, nmicros: usize, seq: &[Vec<usize>]) -> Op
     let mut start = vec![0i64; nj];
     let mut done = 0;
     while let Some(k) = ready.pop() {
+        if done & 0xffff == 0 && stop() {
+            return None;
+        }
         done += 1;
         let (j, g) = (k / n, k % n);
         let end = start[k] + p.span(g);
@@ -212,8 +221,11 @@ pub fn complete(
     ramp: Option<&RampOptions>,
     progress: &dyn Progress,
 ) -> Result<Completion> {
+    // Each step takes about a second at N = 10^6: a stop request is honoured between them.
+    progress.check()?;
     let unrolled = t.unroll(nmicros);
     let compacted = compact(p, nmicros, &unrolled);
+    progress.check()?;
     let mut best = Completion {
         makespan: makespan(p, &compacted),
         starts: compacted,
@@ -380,7 +392,7 @@ fn transplant(
         v.extend(s[first_cool..].iter().map(|&x| remap(x)));
         seq.push(v);
     }
-    time_orders(p, nmicros, &seq)
+    time_orders(p, nmicros, &seq, &|| false)
 }
 
 /// Completion without a ramp search and without progress (tests, quick callers).
@@ -392,4 +404,35 @@ pub fn complete_quick(
     conv: MemoryConvention,
 ) -> Completion {
     complete(p, t, nmicros, memory, conv, None, &NoProgress).expect("compaction cannot fail")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::premises::{builtin, Options};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn time_orders_gives_up_when_asked_and_not_otherwise() {
+        // The compacted schedule's own device orders, timed again: the same starts (ASAP on
+        // those orders), unless `stop` says to give up.
+        let p = builtin("mshape", 4, &Options::default()).unwrap();
+        let nm = 40_000;
+        // A serial order that respects the precedences (micro-batch, then topological rank).
+        let (n, rank) = (p.nblocks(), p.topo_rank());
+        let serial: Vec<i64> = (0..n * nm)
+            .map(|k| ((k / n) * n + rank[k % n]) as i64)
+            .collect();
+        let starts = compact(&p, nm, &serial);
+        let seq = device_sequences(&p, nm, &starts);
+        let asked = AtomicUsize::new(0);
+        let again = time_orders(&p, nm, &seq, &|| {
+            asked.fetch_add(1, Ordering::Relaxed);
+            false
+        })
+        .expect("valid orders");
+        assert_eq!(compact(&p, nm, &again), compact(&p, nm, &starts));
+        assert!(asked.load(Ordering::Relaxed) >= p.nblocks() * nm / 65536);
+        assert!(time_orders(&p, nm, &seq, &|| true).is_none());
+    }
 }

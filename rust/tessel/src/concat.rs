@@ -158,6 +158,19 @@ pub fn assemble(
     ramps: &Ramps,
     nmicros: usize,
 ) -> Option<Vec<i64>> {
+    assemble_until(p, t, split, ramps, nmicros, &|| false)
+}
+
+/// [`assemble`], giving up (None) when `stop()` says so (asked per device and every 65536
+/// jobs timed: one assembly of 10^6 micro-batches takes seconds).
+fn assemble_until(
+    p: &Premise,
+    t: &Template,
+    split: &Split,
+    ramps: &Ramps,
+    nmicros: usize,
+    stop: &dyn Fn() -> bool,
+) -> Option<Vec<i64>> {
     let n = p.nblocks();
     let k = split.window_micros();
     if nmicros < k {
@@ -171,6 +184,9 @@ pub fn assemble(
     let (ws, cs) = (&ramps.warmup.starts, &ramps.cooldown.starts);
     let mut seq = Vec::with_capacity(p.ndevs());
     for d in 0..p.ndevs() {
+        if stop() {
+            return None;
+        }
         let on = p.blocks_on(d);
         let mut v: Vec<usize> = on
             .iter()
@@ -191,7 +207,7 @@ pub fn assemble(
         v.extend(cool.iter().map(|&x| x + shift * n));
         seq.push(v);
     }
-    time_orders(p, nmicros, &seq)
+    time_orders(p, nmicros, &seq, stop)
 }
 
 /// Limits of [`best`].
@@ -300,12 +316,20 @@ pub fn best(
         .collect();
     ranked.sort_unstable();
     ranked.truncate(opts.assemble.max(1));
+    // Assembling and checking one takes about a second at N = 10^6: stop requests are
+    // honoured before each.
+    progress.check()?;
     let built: Vec<Option<Concatenation>> = ranked
         .par_iter()
         .map(|&(concatenated, q)| {
+            progress.check().ok()?;
             let (i, s, id) = &pairs[q];
             let r = solved[*id].as_ref()?;
-            let starts = assemble(p, &templates[*i], s, r, nmicros)?;
+            let stop = || progress.check().is_err();
+            let starts = assemble_until(p, &templates[*i], s, r, nmicros, &stop)?;
+            if stop() {
+                return None;
+            }
             check(p, nmicros, &starts, memory, conv, true).ok()?;
             let n = p.nblocks();
             let makespan = (0..starts.len())
@@ -321,5 +345,6 @@ pub fn best(
             })
         })
         .collect();
+    progress.check()?;
     Ok(built.into_iter().flatten().min_by_key(|c| c.makespan))
 }

@@ -405,6 +405,7 @@ pub fn search(
             }
         }
     }
+    progress.check()?;
     let mut makespan_optimal = false;
     if k == 1
         && n * opts.nmicros <= opts.exact_jobs
@@ -435,6 +436,7 @@ pub fn search(
             Err(e) => return Err(e),
         }
     }
+    progress.check()?;
     if let Err(msg) = crate::check::check(
         premise,
         opts.nmicros,
