@@ -118,3 +118,21 @@ def test_auto_depth_is_the_kernels_measured_one_or_the_model(fmt, g, m):
 
 # The deepest depth with byte indices (V^d <= 256), the candidates of depth="auto".
 MAX_BYTE_DEPTH = {"int4": 2, "fp4": 2, "int2": 4, "ternary": 5}
+
+
+@pytest.mark.parametrize("fmt,g", [("int4", 128), ("uint4", 64), ("ternary", 60), ("fp8_e4m3", 32)])
+def test_prepare_builds_ahead_and_changes_no_result(fmt, g):
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((70, 4 * g))
+    kw = {"symmetric": False} if fmt == "uint4" else {}
+    cold, warm = mg.quantize(w, fmt, g, **kw), mg.quantize(w, fmt, g, **kw)
+    assert warm.prepare() is warm
+    x = rng.standard_normal(4 * g).astype(np.float32)
+    np.testing.assert_array_equal(mg.msgemm(warm, x), mg.msgemm(cold, x))
+    if fmt == "int4":
+        # A depth no i8 kernel runs (4096-entry tables) still prepares its layout.
+        warm.prepare(3)
+        np.testing.assert_array_equal(mg.msgemm(warm, x, depth=3, table="f32"),
+                                      mg.msgemm(cold, x, depth=3, table="f32"))
+    with pytest.raises(ValueError):
+        warm.prepare(0)

@@ -305,8 +305,10 @@ class PackedWeights:
         return w if dt == np.float64 else w.astype(dt)
 
     def prepare(self, depth: int | None = None) -> PackedWeights:
-        """Builds the kernel tile layout of ``depth`` (default: natural) ahead of the first call."""
-        d = self.natural_depth if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
+        """Builds what a default ``msgemm`` call reads (kernel tile layout of ``depth``, tiled
+        scales and zero points, the codes used) ahead of the first call. ``depth`` defaults to
+        the depth a default GEMV resolves to (:func:`plan_info`). Returns ``self``."""
+        d = None if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
         self._raw.prepare(d)
         return self
 

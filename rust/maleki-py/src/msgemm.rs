@@ -420,29 +420,25 @@ impl Packed {
             Ok(())
         })
     }
-    /// Builds (and caches) the tile layout that a default call (`table='i8'`, backend auto)
-    /// of `depth` reads, and the tiled scales, ahead of the first call.
-    fn prepare(&self, py: Python<'_>, depth: usize) -> PyResult<()> {
+    /// Builds (and caches) what a default call (`table='i8'`, backend auto) of `depth` (None:
+    /// the depth such a GEMV resolves to) reads: the codes used, the tile layout, the tiled
+    /// scales and zero points; then even the first GEMV runs on the calling thread.
+    #[pyo3(signature = (depth=None))]
+    fn prepare(&self, py: Python<'_>, depth: Option<usize>) -> PyResult<()> {
         let pw = Arc::clone(&self.inner);
         run_quick(py, || {
             let opts = GemmOptions {
-                depth: Depth::Fixed(depth),
+                depth: depth.map_or(Depth::Auto, Depth::Fixed),
                 precision: TablePrecision::I8,
                 backend: Backend::Auto,
                 mirror: false,
             };
-            match core_gemm::plan(&pw, 1, &opts) {
-                Ok(plan) => {
-                    let (run, kernel) = core_gemm::execution_plan(&pw, &plan, Backend::Auto)?;
-                    pw.layout_for(&run, kernel.wants_folded(&run))?;
-                }
-                Err(_) => {
-                    pw.layout(depth)?;
-                }
+            match (core_gemm::prepare(&pw, &opts), depth) {
+                (Ok(_), _) => Ok(()),
+                // A depth no i8 kernel runs (e.g. int4 d=3): its layout still serves f32 calls.
+                (Err(_), Some(d)) => pw.layout(d).map(|_| ()),
+                (Err(e), None) => Err(e),
             }
-            pw.tiled_scales();
-            pw.tiled_zeros();
-            Ok(())
         })
     }
 }

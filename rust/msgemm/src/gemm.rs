@@ -736,6 +736,29 @@ pub fn gemm_into_layout(
     pool::install(|| gemm_on_pool(pw, x, n, layout, y_layout, opts, y))
 }
 
+/// Builds everything a GEMV with `opts` reads from `pw` (the codes used, the tile layout of the
+/// plan it runs, tiled scales and zero points), so that even the first such call qualifies for
+/// [`gemv_here`]. Runs on the current pool (off every pool: on the library pool). Returns the
+/// plan of the call.
+pub fn prepare(pw: &PackedWeights, opts: &GemmOptions) -> Result<Plan> {
+    let build = || {
+        let plan = plan(pw, 1, opts)?;
+        if opts.backend != Backend::Reference {
+            let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
+            pw.layout_for(&run, kernel.wants_folded(&run))?;
+            job_zeros(pw, &run);
+        }
+        pw.tiled_scales();
+        pw.tiled_zeros();
+        Ok(plan)
+    };
+    if pool::on_a_pool() {
+        build()
+    } else {
+        pool::install(build)
+    }
+}
+
 /// How many GEMVs run on their callers now: [`gemv_here`] runs one at a time (with several
 /// calling threads the others go to the pool), so the library keeps to about its thread
 /// count: the pool's threads and one caller.
@@ -978,6 +1001,25 @@ mod tests {
                     // The first call off the pool may build caches (on the pool); the next
                     // one runs here.
                     let first = gemm(pw, &x, 1, &opts).unwrap();
+                    // Fresh weights, prepared: their first call qualifies already.
+                    let fresh = pw.clone();
+                    let mut y0 = vec![0f32; m];
+                    assert!(gemv_here(&fresh, &x, XLayout::KbyN, &opts, &mut y0)
+                        .unwrap()
+                        .is_none());
+                    prepare(&fresh, &opts).unwrap();
+                    let one_slice = *name == "one group" && threads == 2;
+                    let ready = one_slice
+                        || (0..1000).any(|_| {
+                            gemv_here(&fresh, &x, XLayout::KbyN, &opts, &mut y0)
+                                .unwrap()
+                                .is_some()
+                                || {
+                                    std::thread::sleep(std::time::Duration::from_millis(1));
+                                    false
+                                }
+                        });
+                    assert!(ready, "{name}: prepare() left a cache unbuilt");
                     let what = format!("{name} {precision:?} {depth:?} threads={threads}");
                     assert_eq!(bits(&first), bits(&want), "{what}");
                     if *name == "one group" && threads == 2 {
