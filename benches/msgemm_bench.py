@@ -121,7 +121,11 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     while after each call, and on 2 vCPUs a pool spinning next to another one's run distorts
     both. A pause before each block lets the previous pool park (OpenBLAS's threads busy-wait
     for about 2^28 cycles, some 70-100 ms, after each call: with a 50 ms pause our GEMV right
-    after numpy's measured 0.31 ms instead of 0.22 ms).
+    after numpy's measured 0.31 ms instead of 0.22 ms). After the pause each function runs
+    untimed for at least 30 ms: on this VM the first dozen calls after an idle pause are slow
+    for any code (a 4096 x 4096 int4 GEMV on one thread, no pool involved: 0.7-1.1 ms, then
+    0.2-0.45 ms, against 0.12-0.23 ms in a steady loop), which spinning thread pools (ONNX
+    Runtime's) hide and sleeping ones (ours) do not.
     """
     import statistics
     import time
@@ -130,7 +134,10 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     for _ in range(rounds):
         for k, f in fns.items():
             time.sleep(0.25)
+            t_warm = time.perf_counter()
             f()
+            while time.perf_counter() - t_warm < 0.03:
+                f()
             for _ in range(repeat):
                 t0 = time.perf_counter()
                 for _ in range(number):
