@@ -82,9 +82,10 @@ impl LutKernel for Avx512 {
     /// folded `vpermi2b` per 64 rows. The table build costs about the same per tuple at every
     /// depth up to there, so fewer, larger tables win also where the operation-count model
     /// (which counts every table entry as an add) prefers smaller ones. Measured (Zen 4, 2
-    /// threads, K = 4096, whole GEMV): int4 / fp4 / uint4 / nf4 at M = 64 and 256 depth 2
-    /// faster than the model's depth 1 by 1.1-1.8x; int2 at M = 64 to 1024 depth 4 faster than
-    /// the model's 2 or 3 by 1.2-1.9x. Other codebooks (ternary, int3) build their tables in
+    /// threads, K = 4096, whole GEMV): depth 2 faster than the model's depth 1 for int4 at
+    /// M = 64-1024 by 1.3-2.0x and for fp4 / uint4 / nf4 at M = 64 and 256 by 1.1-1.8x; int2
+    /// depth 4 faster than the model's 2 or 3 at M = 64-512 by 1.1-1.9x (and the model's own
+    /// choice from M = 1024). Other codebooks (ternary, int3) build their tables in
     /// the general path, whose cost grows with the entries: the model ranks their depths.
     fn preferred_depth(&self, levels: usize, precision: TablePrecision) -> Option<usize> {
         match (levels, precision) {
