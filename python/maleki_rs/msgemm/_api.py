@@ -53,10 +53,18 @@ def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
     return arr
 
 
+def _non_finite(arr: np.ndarray, name: str) -> ValueError | None:
+    """The error naming the first NaN / inf of ``arr`` (its index in ``arr``), or None."""
+    if np.isfinite(arr).all():
+        return None
+    bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+    return ValueError(f"{name}: contains a non-finite value (NaN, inf, or beyond float32) at index {bad}")
+
+
 def _check_finite32(arr: np.ndarray, name: str) -> None:
-    if not np.isfinite(arr).all():
-        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-        raise ValueError(f"{name}: contains a non-finite value (NaN, inf, or beyond float32) at index {bad}")
+    err = _non_finite(arr, name)
+    if err is not None:
+        raise err
 
 
 def _to_f32(arr: np.ndarray) -> np.ndarray:
@@ -75,10 +83,10 @@ def _checked_by_core(x32: np.ndarray, f: Any, *args: Any) -> Any:
     try:
         return f(*args)
     except ValueError as e:
-        if "non-finite" not in str(e) or np.isfinite(x32).all():
+        err = _non_finite(x32, "x") if "non-finite" in str(e) else None
+        if err is None:
             raise
-    bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x32))[0])
-    raise ValueError(f"x: contains a non-finite value (NaN, inf, or beyond float32) at index {bad}")
+    raise err from None
 
 
 def _as_f32(arr: np.ndarray, name: str) -> np.ndarray:
