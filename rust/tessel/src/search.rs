@@ -2,7 +2,9 @@
 //!
 //! 1. Exact repetend construction over `P* ..= P* + delta_p` ([`crate::repetend`]); when it
 //!    finds nothing within its budget, or the premise is large (more than 40 blocks or 16
-//!    devices), iterative modulo scheduling ([`crate::ims`]) provides the template.
+//!    devices), iterative modulo scheduling ([`crate::ims`]) provides the template, and when
+//!    that breaks the memory caps, one micro-batch scheduled alone by the exact solver,
+//!    repeated at the smallest valid period (`alone_template`).
 //! 2. Candidate templates, per period: the shortest, the first found, and up to
 //!    `enumerate` more of length at most the shortest + P. They are ranked by the compacted
 //!    makespan of a short instance extrapolated to N, and the best `complete_top` are
@@ -123,6 +125,48 @@ pub struct SearchResult {
     pub nodes: u64,
     /// Seconds.
     pub search_time: f64,
+}
+
+/// The last-resort template of [`search`]: one micro-batch of `kp` scheduled alone within the
+/// caps by the exact solver (its shortest schedule, or the best one its budget finds), repeated
+/// at the smallest period, from the lower bound up to that schedule's makespan, at which the
+/// template is valid. At the makespan micro-batches do not overlap at all, which is valid
+/// whenever one micro-batch fits and leaves its devices' memory as it found it; shorter
+/// periods overlap them as far as the shape allows.
+///
+/// Why: modulo scheduling ignores memory until it checks the result, and tight caps can rule
+/// out every template it builds near the lower bound (two pipelines sharing devices with one
+/// activation of room each, `xshape` at `memory = 1`: the repetend search's periods
+/// `P* ..= P* + delta_p` hold none either).
+fn alone_template(
+    kp: &Premise,
+    opts: &SearchOptions,
+    within: &dyn Fn(&Template) -> bool,
+    deadline: Option<Instant>,
+    progress: &dyn Progress,
+) -> Result<Option<Template>> {
+    let eo = ExactOptions {
+        node_budget: 2_000_000,
+        deadline,
+        ..Default::default()
+    };
+    let r = match exact::solve(kp, 1, &opts.memory, opts.convention, None, &eo, progress) {
+        Ok(Some(r)) => r,
+        Ok(None) | Err(Error::Infeasible(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let lo = kp.period_lower_bound().max(1);
+    let hi = r.makespan.max(lo);
+    // At most ~4096 periods are tried (spans may be large numbers); the makespan always is.
+    let step = ((hi - lo) / 4096).max(1);
+    let valid = |p: i64| {
+        let t = Template::new(p, r.starts.clone());
+        (within(&t) && t.check(kp, &opts.memory, opts.convention).is_ok()).then(|| t.normalised())
+    };
+    Ok((lo..hi)
+        .step_by(step as usize)
+        .find_map(&valid)
+        .or_else(|| valid(hi)))
 }
 
 /// The premise replicated `k` times with copy `i` of every block before copy `i + 1`.
@@ -286,15 +330,30 @@ pub fn search(
         crate::repetend::check_memory_caps(&kp, &opts.memory)?;
         let hi = kp.blocks().iter().map(|b| b.span).sum::<i64>()
             + kp.edges().iter().map(|e| e.lag).sum::<i64>();
-        match ims(&kp, &opts.memory, opts.convention, kp.period_lower_bound(), hi.max(1)) {
-            Some(t) if ropts.within_period.iter().all(|&(h, r)| t.starts[h] < t.starts[r] + t.period) => {
-                templates.push(t)
-            }
-            _ => {
+        let within = |t: &Template| {
+            ropts
+                .within_period
+                .iter()
+                .all(|&(h, r)| t.starts[h] < t.starts[r] + t.period)
+        };
+        let t = match ims(
+            &kp,
+            &opts.memory,
+            opts.convention,
+            kp.period_lower_bound(),
+            hi.max(1),
+        ) {
+            Some(t) if within(&t) => Some(t),
+            _ => alone_template(&kp, opts, &within, deadline, progress)?,
+        };
+        match t {
+            Some(t) => templates.push(t),
+            None => {
                 return Err(Error::Infeasible(
-                    "no periodic schedule found within the memory caps (the repetend search ran out of budget \
-                     and modulo scheduling failed); this does not prove that no schedule exists: \
-                     tessel.exact() searches every schedule of small instances"
+                    "no periodic schedule found within the memory caps (the repetend search ran out of budget, \
+                     and neither modulo scheduling nor one micro-batch scheduled alone gave a template); this \
+                     does not prove that no schedule exists: tessel.exact() searches every schedule of small \
+                     instances"
                         .into(),
                 ))
             }
