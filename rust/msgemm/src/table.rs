@@ -335,17 +335,15 @@ fn chunk_fits(q: &[f32], mf: f32) -> bool {
     q.iter().map(|&v| ceil_127(v * mf)).sum::<u32>() <= I8_BUDGET
 }
 
-/// The largest `M` in `1..=I8_MULT_MAX` with `feasible(M)` (1 when none is), for feasible
-/// values that form a prefix: from a start that the bound `m_p < q_p M / 127 + 1` guarantees
-/// (with a margin for the float arithmetic) it steps up to the first infeasible value, or down
-/// to a feasible one; any start gives the same answer. `q`: the tuples' `q_p`.
-#[inline]
-pub(crate) fn search_multiplier(q: &[f32], feasible: impl Fn(u32) -> bool) -> u32 {
-    let m0 = q
-        .chunks(I8_CHUNK)
-        .map(|c| {
-            let sq = c.iter().sum::<f32>();
-            let room = (I8_BUDGET as usize).saturating_sub(c.len()) as f32;
+/// Where [`search_multiplier`] starts: the bound `m_p < q_p M / 127 + 1` makes
+/// `floor((258 - n_c) 127 / s_c)` feasible for a chunk of `n_c` tuples whose `q_p` sum to
+/// `s_c` (with a margin for the float arithmetic); the smallest over the chunks, in
+/// `1..=I8_MULT_MAX`. `chunks` yields `(s_c, n_c)`; how `s_c` is summed does not matter (the
+/// search corrects a start that is off).
+pub(crate) fn start_multiplier(chunks: impl Iterator<Item = (f32, usize)>) -> u32 {
+    chunks
+        .map(|(sq, len)| {
+            let room = (I8_BUDGET as usize).saturating_sub(len) as f32;
             if sq > 0.0 {
                 (room * 127.0 / sq * (1.0 - 1.0 / 65536.0)).floor()
             } else {
@@ -353,7 +351,14 @@ pub(crate) fn search_multiplier(q: &[f32], feasible: impl Fn(u32) -> bool) -> u3
             }
         })
         .fold(f32::INFINITY, f32::min)
-        .clamp(1.0, I8_MULT_MAX as f32) as u32;
+        .clamp(1.0, I8_MULT_MAX as f32) as u32
+}
+
+/// The largest `M` in `1..=I8_MULT_MAX` with `feasible(M)` (1 when none is), for feasible
+/// values that form a prefix: from `m0` (best [`start_multiplier`]) it steps up to the first
+/// infeasible value, or down to a feasible one; any start gives the same answer.
+#[inline]
+pub(crate) fn search_multiplier(m0: u32, feasible: impl Fn(u32) -> bool) -> u32 {
     let mut mm = m0;
     if feasible(mm) {
         while mm < I8_MULT_MAX && feasible(mm + 1) {
@@ -408,7 +413,8 @@ pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
         let mf = mm as f32;
         (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| chunk_fits(c, mf))
     };
-    let mm = search_multiplier(q, feasible);
+    let m0 = start_multiplier(q.chunks(I8_CHUNK).map(|c| (c.iter().sum(), c.len())));
+    let mm = search_multiplier(m0, feasible);
     let mf = mm as f32;
     let rcp_m = rcp * mf;
     for (m, r) in mult.iter_mut().zip(rm.iter_mut()) {
