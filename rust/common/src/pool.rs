@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -160,56 +160,138 @@ pub fn on_a_pool() -> bool {
     rayon::current_thread_index().is_some()
 }
 
-/// Runs `a` on the calling thread while `b` runs on the library pool; returns both results.
+/// Runs `a` on the calling thread while `b` runs on the library pool, or on the calling
+/// thread after `a` when no worker has started it by then; returns both results.
 ///
 /// For short jobs (a GEMV: about 100 us) called from outside the pool. [`install`] puts the
 /// caller to sleep and a worker runs the job (then [`rayon::join`] wakes a second one), and on a
 /// VM each wake-up of a sleeping thread costs tens of microseconds. Here the caller works
 /// instead, and waits for `b` by spinning (up to [`SPIN_WAIT`], yielding after
-/// [`SPIN_PURE`]), so the worker finishing `b` sets a flag rather than waking it. Measured on 2
-/// vCPUs, two 50 us halves: 51 us (median) back to back and ~100 us after 200 us idle, against
-/// 57-62 us and ~180 us with `install` + `join`.
+/// [`SPIN_PURE`], then parking until the worker unparks it), so the worker finishing `b` sets a
+/// flag rather than waking it. Measured on 2 vCPUs, two 50 us halves: 51 us (median) back to
+/// back and ~100 us after 200 us idle, against 57-62 us and ~180 us with `install` + `join`.
+///
+/// `b` is offered to the pool, not handed over: whichever thread claims it first runs it. When
+/// the pool's threads are busy or slow to wake (another process on the other core, a worker
+/// descheduled), the caller runs `b` itself after `a` instead of waiting for one, so the call
+/// never takes much longer than `a` and `b` back to back.
 ///
 /// To be called off every pool (`!on_a_pool()`; from a worker of the library pool `b` would
-/// wait in the caller's own queue). `a` runs off the pool: it must not use rayon (its
-/// iterators would start rayon's global pool). Panics of either closure propagate after both
-/// have finished.
-pub fn join_here<RA, RB: Send>(a: impl FnOnce() -> RA, b: impl FnOnce() -> RB + Send) -> (RA, RB) {
+/// wait in the caller's own queue). Neither closure may use rayon (on the calling thread its
+/// iterators would start rayon's global pool). A panic of either propagates once no thread
+/// runs `b` any more (a panic of `a` before a worker claimed `b`: `b` does not run).
+pub fn join_here<RA, RB, A, B>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA,
+    B: FnOnce() -> RB + Send,
+    RB: Send,
+{
     debug_assert!(!on_a_pool(), "join_here is for callers off the pools");
-    /// Sets the flag when dropped: at the end of `b`, or while a panic of `b` unwinds.
-    struct SetOnDrop<'a>(&'a AtomicBool);
-    impl Drop for SetOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Release);
-        }
+    // `b` and its result (or panic) live on this stack frame; the pool's job reaches them
+    // through a type-erased pointer, only after winning the claim, and this frame does not
+    // end before that job has finished with them (`Offer::settle`).
+    type Outcome<RB> = Option<std::thread::Result<RB>>;
+    let mut slot: (Option<B>, Outcome<RB>) = (Some(b), None);
+    /// Runs the `b` in `slot` and stores its outcome; `p` is `&mut slot`.
+    unsafe fn run<B: FnOnce() -> RB, RB>(p: *mut ()) {
+        // SAFETY: the caller of `run` won the claim, so it alone touches the slot now.
+        let slot = unsafe { &mut *(p as *mut (Option<B>, Option<std::thread::Result<RB>>)) };
+        let b = slot.0.take().expect("claimed once");
+        slot.1 = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(b)));
     }
-    let done = AtomicBool::new(false);
-    let mut rb: Option<RB> = None;
-    let ra = pool().in_place_scope(|s| {
-        s.spawn(|_| {
-            let _done = SetOnDrop(&done);
-            rb = Some(b());
-        });
+    let offer = Arc::new(Offer {
+        claim: AtomicU8::new(OPEN),
+        done: AtomicBool::new(false),
+        caller: std::thread::current(),
+        slot: &mut slot as *mut _ as *mut (),
+        run: run::<B, RB>,
+    });
+    let job = Arc::clone(&offer);
+    pool().spawn(move || {
+        if job
+            .claim
+            .compare_exchange(OPEN, WORKER, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: the claim was won; the caller waits for `done` before its frame ends.
+            unsafe { (job.run)(job.slot) };
+            job.done.store(true, Ordering::Release);
+            job.caller.unpark();
+        }
+    });
+    let ra = {
+        // Settles the offer if `a` panics: `b` then never runs, or has ended.
+        let guard = Settle(&offer);
         let ra = a();
-        // Past the spin the scope's own wait (a sleep until the worker wakes us) takes over;
-        // after `done`, the worker's remaining step (counting the job finished) takes
-        // nanoseconds, so that wait rarely sleeps.
+        std::mem::forget(guard);
+        ra
+    };
+    if offer.settle() {
+        // Nobody had claimed `b`: run it here.
+        // SAFETY: the claim was won by this thread.
+        unsafe { (offer.run)(offer.slot) };
+    }
+    match slot.1.take().expect("b ran") {
+        Ok(rb) => (ra, rb),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+const OPEN: u8 = 0;
+const WORKER: u8 = 1;
+const CALLER: u8 = 2;
+
+/// The offer of [`join_here`]'s `b` to the pool.
+struct Offer {
+    /// `OPEN`, then `WORKER` or `CALLER`: who runs `b`.
+    claim: AtomicU8,
+    /// Set by the worker when `b` has run (its outcome is in the slot).
+    done: AtomicBool,
+    caller: std::thread::Thread,
+    slot: *mut (),
+    run: unsafe fn(*mut ()),
+}
+
+// SAFETY: `slot` is dereferenced only by the thread that wins `claim`, and the caller's frame
+// that it points into outlives the worker's use of it (`Offer::settle`).
+unsafe impl Send for Offer {}
+unsafe impl Sync for Offer {}
+
+impl Offer {
+    /// Claims `b` for the caller (true: it must run it now), or waits until the worker that
+    /// claimed it has run it: spinning, then yielding, then parking.
+    fn settle(&self) -> bool {
+        if self
+            .claim
+            .compare_exchange(OPEN, CALLER, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return true;
+        }
         let start = Instant::now();
-        while !done.load(Ordering::Acquire) {
+        while !self.done.load(Ordering::Acquire) {
             let waited = start.elapsed();
             if waited > SPIN_WAIT {
-                break;
-            }
-            if waited > SPIN_PURE {
+                std::thread::park_timeout(Duration::from_millis(1));
+            } else if waited > SPIN_PURE {
                 // Let a thread that shares this core (the worker, if the OS put it here) run.
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
         }
-        ra
-    });
-    (ra, rb.expect("the scope waits for its spawned job"))
+        false
+    }
+}
+
+/// Settles an [`Offer`] when dropped (an unwinding `a`): the worker must be done with the
+/// caller's frame before it goes.
+struct Settle<'a>(&'a Offer);
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        self.0.settle();
+    }
 }
 
 /// How long [`join_here`] spins for the pool's half before sleeping.
@@ -273,22 +355,31 @@ mod tests {
     #[test]
     fn join_here_runs_a_here_and_b_on_the_pool() {
         let me = std::thread::current().id();
+        // `a` long enough for a worker to claim `b`.
         let (a, b) = join_here(
-            || (std::thread::current().id(), on_a_pool()),
+            || {
+                std::thread::sleep(Duration::from_millis(50));
+                (std::thread::current().id(), on_a_pool())
+            },
             || {
                 let name = std::thread::current().name().unwrap_or("").to_string();
-                (name, on_a_pool(), (0..1000u64).into_par_iter().sum::<u64>())
+                (name, on_a_pool())
             },
         );
         assert_eq!(a, (me, false));
         assert!(b.0.starts_with("maleki-rs"), "{}", b.0);
         assert!(b.1);
-        assert_eq!(b.2, 499_500);
-        // A slow `b` (past the spin) is still waited for.
+        // A slow `b` (past the spin, so the caller parks) is still waited for.
+        let started = AtomicBool::new(false);
         let (_, slow) = join_here(
-            || (),
             || {
-                std::thread::sleep(SPIN_WAIT * 2);
+                while !started.load(Ordering::SeqCst) {
+                    std::hint::spin_loop();
+                }
+            },
+            || {
+                started.store(true, Ordering::SeqCst);
+                std::thread::sleep(SPIN_WAIT * 3);
                 7
             },
         );
@@ -296,12 +387,47 @@ mod tests {
     }
 
     #[test]
-    fn join_here_propagates_panics_after_both_finish() {
-        let finished = AtomicBool::new(false);
+    fn join_here_runs_b_on_the_caller_when_the_pool_is_busy() {
+        // Every worker of the pool blocked: the caller claims `b` after `a` and runs it.
+        let p = pool();
+        let release = Arc::new(AtomicBool::new(false));
+        let blocked = Arc::new(AtomicUsize::new(0));
+        let n = p.current_num_threads();
+        for _ in 0..n {
+            let (release, blocked) = (Arc::clone(&release), Arc::clone(&blocked));
+            p.spawn(move || {
+                blocked.fetch_add(1, Ordering::SeqCst);
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+        }
+        while blocked.load(Ordering::SeqCst) < n {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let me = std::thread::current().id();
+        let t = Instant::now();
+        let (a, b) = join_here(|| 1, || (std::thread::current().id(), 2));
+        let took = t.elapsed();
+        release.store(true, Ordering::SeqCst);
+        assert_eq!((a, b), (1, (me, 2)));
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    }
+
+    #[test]
+    fn join_here_propagates_panics_once_b_is_settled() {
+        // `a` panics while a worker runs `b`: the panic leaves after `b` has ended.
+        let (started, finished) = (AtomicBool::new(false), AtomicBool::new(false));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             join_here(
-                || panic!("in a"),
                 || {
+                    while !started.load(Ordering::SeqCst) {
+                        std::hint::spin_loop();
+                    }
+                    panic!("in a")
+                },
+                || {
+                    started.store(true, Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(5));
                     finished.store(true, Ordering::SeqCst);
                 },
@@ -312,7 +438,18 @@ mod tests {
             finished.load(Ordering::SeqCst),
             "b ran to its end before the panic left"
         );
+        // A panic of `b` propagates, wherever `b` ran.
         let r = std::panic::catch_unwind(|| join_here(|| 1, || -> u8 { panic!("in b") }));
+        assert!(r.is_err());
+        let r = std::panic::catch_unwind(|| {
+            join_here(
+                || std::thread::sleep(Duration::from_millis(20)),
+                || -> u8 { panic!("in b") },
+            )
+        });
+        assert!(r.is_err());
+        // An immediate panic of `a`: `b` runs or not, and the frame is left safely.
+        let r = std::panic::catch_unwind(|| join_here(|| -> u8 { panic!("in a") }, || 2));
         assert!(r.is_err());
     }
 

@@ -789,7 +789,8 @@ impl Drop for CallerSlot {
 /// worker splits the work with a second, and a third when it wakes the caller; on a VM each
 /// costs tens of microseconds, comparable to a whole 4096 x 4096 int4 GEMV (~120 us). So on a
 /// pool of 2 threads the calling thread runs the first K slice itself and one worker the
-/// second ([`pool::join_here`]: the worker is woken once and the caller spins for it), and on
+/// second ([`pool::join_here`]: the worker is woken once and the caller spins for it; when no
+/// worker has started the second slice by the time the first is done, the caller runs it), and on
 /// 1 thread the caller runs both; a single group (one slice) is built on the caller and, on 2
 /// threads, its row blocks are split in two halves the same way (through the pool that cost
 /// 20-35 us more per call: int4 64x128 from Python 34 -> 7 us, 4096x128 38 -> 19 us). It
