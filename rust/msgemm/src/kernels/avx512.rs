@@ -1284,9 +1284,18 @@ fn digit_vectors(plan: &Plan) -> Vec<u32> {
     let d = plan.depth();
     let len = plan.slot.div_ceil(64) * 64;
     let mut out = vec![0u32; d * len];
-    for j in 0..d {
-        for i in 0..len {
-            out[j * len + i] = (i as u32 / v.pow(j as u32)) % v;
+    // Counters instead of `(i / V^j) % V`: the two integer divisions per entry were most of
+    // the time of a build call outside the blocks (~2 us per call).
+    for (j, row) in out.chunks_exact_mut(len).enumerate() {
+        let p = v.pow(j as u32);
+        let (mut digit, mut run) = (0u32, 0u32);
+        for o in row {
+            *o = digit;
+            run += 1;
+            if run == p {
+                run = 0;
+                digit = if digit + 1 == v { 0 } else { digit + 1 };
+            }
         }
     }
     out
