@@ -200,7 +200,10 @@ def search(
     Raises
     ------
     maleki_rs.exceptions.InfeasibleError
-        No schedule fits the memory caps (a ``ValueError``).
+        No schedule fits the memory caps, or none was found within the budgets (the message
+        says which; a ``ValueError``). Where the repetend search finds no template near the
+        period lower bound and modulo scheduling breaks the caps, one micro-batch scheduled
+        alone (by the exact solver), repeated at the smallest valid period, is the template.
     """
     p = _check_premise(premise)
     nm = check_int(nmicros, "nmicros", min=1, max=1 << 20)
