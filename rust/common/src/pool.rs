@@ -274,7 +274,7 @@ impl Offer {
             // The clock is read every 64 spins (a `clock_gettime` per spin was ~2% of a
             // 256 x 4096 GEMV's samples, on a core that may share its pipeline with the worker).
             spins = spins.wrapping_add(1);
-            if spins % 64 != 0 {
+            if !spins.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }
