@@ -762,7 +762,11 @@ fn batch_here(
     y: &mut [f32],
 ) -> Result<bool> {
     let (m, k) = (pw.m(), pw.k());
-    // The whole batch's checks first, so that errors name positions in `x` as the pool path's do.
+    if !caller_may_run(pw, opts) {
+        return Ok(false);
+    }
+    // The whole batch's checks first, so that errors name positions in `x` as the pool path's
+    // do; the result is checked once at the end (every column written first, as there).
     check_inputs(pw, x, n, layout, Some(y.len()))?;
     let mut xc = vec![0f32; k];
     let mut yc = vec![0f32; m];
@@ -780,7 +784,7 @@ fn batch_here(
             YLayout::NbyM => &mut y[c * m..(c + 1) * m],
             YLayout::MbyN => &mut yc,
         };
-        if gemv_here(pw, col, XLayout::KbyN, opts, out)?.is_none() {
+        if gemv_here_unchecked(pw, col, XLayout::KbyN, opts, out)?.is_none() {
             return Ok(false);
         }
         if y_layout == YLayout::MbyN {
@@ -789,6 +793,7 @@ fn batch_here(
             }
         }
     }
+    check_result(y)?;
     Ok(true)
 }
 
@@ -860,8 +865,31 @@ fn gemv_here(
     opts: &GemmOptions,
     y: &mut [f32],
 ) -> Result<Option<Plan>> {
+    let plan = gemv_here_unchecked(pw, x, x_layout, opts, y)?;
+    if plan.is_some() {
+        check_result(y)?;
+    }
+    Ok(plan)
+}
+
+/// Whether [`gemv_here`] may take a call on this pool with these options and weights at all
+/// (it may still decline one: caches of another depth, the caller slot taken, ...).
+fn caller_may_run(pw: &PackedWeights, opts: &GemmOptions) -> bool {
+    pool::pool().current_num_threads() <= 2
+        && opts.backend != Backend::Reference
+        && pw.used_codes_ready()
+}
+
+/// [`gemv_here`] without the final check of `y` (for overflow).
+fn gemv_here_unchecked(
+    pw: &PackedWeights,
+    x: &[f32],
+    x_layout: XLayout,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Option<Plan>> {
     let threads = pool::pool().current_num_threads();
-    if threads > 2 || opts.backend == Backend::Reference || !pw.used_codes_ready() {
+    if !caller_may_run(pw, opts) {
         return Ok(None);
     }
     check_inputs(pw, x, 1, x_layout, Some(y.len()))?;
@@ -945,7 +973,6 @@ fn gemv_here(
         }
         keep_set(set);
     }
-    check_result(y)?;
     Ok(Some(plan))
 }
 

@@ -145,9 +145,12 @@ fn alone_template(
     deadline: Option<Instant>,
     progress: &dyn Progress,
 ) -> Result<Option<Template>> {
+    // A fallback: within the user's node budget (at most 2 million nodes) and a modest
+    // dominance memo, whatever the premise's size.
     let eo = ExactOptions {
-        node_budget: 2_000_000,
+        node_budget: opts.node_budget.clamp(1, 2_000_000),
         deadline,
+        memo_limit: 1 << 18,
         ..Default::default()
     };
     let r = match exact::solve(kp, 1, &opts.memory, opts.convention, None, &eo, progress) {
@@ -157,16 +160,23 @@ fn alone_template(
     };
     let lo = kp.period_lower_bound().max(1);
     let hi = r.makespan.max(lo);
-    // At most ~4096 periods are tried (spans may be large numbers); the makespan always is.
-    let step = ((hi - lo) / 4096).max(1);
+    // At most 4096 periods below the makespan are tried (spans may be large numbers), while
+    // time is left; the makespan always is.
+    let step = ((hi - lo) as u64).div_ceil(4096).max(1) as usize;
     let valid = |p: i64| {
         let t = Template::new(p, r.starts.clone());
         (within(&t) && t.check(kp, &opts.memory, opts.convention).is_ok()).then(|| t.normalised())
     };
-    Ok((lo..hi)
-        .step_by(step as usize)
-        .find_map(&valid)
-        .or_else(|| valid(hi)))
+    for p in (lo..hi).step_by(step) {
+        progress.check()?;
+        if deadline.is_some_and(|dl| Instant::now() >= dl) {
+            break;
+        }
+        if let Some(t) = valid(p) {
+            return Ok(Some(t));
+        }
+    }
+    Ok(valid(hi))
 }
 
 /// The premise replicated `k` times with copy `i` of every block before copy `i + 1`.
@@ -350,10 +360,10 @@ pub fn search(
             Some(t) => templates.push(t),
             None => {
                 return Err(Error::Infeasible(
-                    "no periodic schedule found within the memory caps (the repetend search ran out of budget, \
-                     and neither modulo scheduling nor one micro-batch scheduled alone gave a template); this \
-                     does not prove that no schedule exists: tessel.exact() searches every schedule of small \
-                     instances"
+                    "no periodic schedule found within the memory caps (the repetend search ran out of budget \
+                     or time, and neither modulo scheduling nor one micro-batch scheduled alone by the exact \
+                     solver, within the node budget and time limit, gave a template); this does not prove \
+                     that no schedule exists: tessel.exact() searches every schedule of small instances"
                         .into(),
                 ))
             }
