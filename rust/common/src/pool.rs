@@ -174,7 +174,8 @@ pub fn on_a_pool() -> bool {
 /// `b` is offered to the pool, not handed over: whichever thread claims it first runs it. When
 /// the pool's threads are busy or slow to wake (another process on the other core, a worker
 /// descheduled), the caller runs `b` itself after `a` instead of waiting for one, so the call
-/// never takes much longer than `a` and `b` back to back.
+/// never takes much longer than `a` and `b` back to back. (With [`MAX_OFFERS_QUEUED`] offers
+/// already waiting for a worker, the caller runs both without offering.)
 ///
 /// To be called off every pool (`!on_a_pool()`; from a worker of the library pool `b` would
 /// wait in the caller's own queue). Neither closure may use rayon (on the calling thread its
@@ -187,6 +188,13 @@ where
     RB: Send,
 {
     debug_assert!(!on_a_pool(), "join_here is for callers off the pools");
+    if OFFERS_QUEUED.load(Ordering::Relaxed) >= MAX_OFFERS_QUEUED {
+        // The pool has not even started the last offers (its threads are busy with a long
+        // job): do not queue more, run both here.
+        let ra = a();
+        let rb = b();
+        return (ra, rb);
+    }
     // `b` and its result (or panic) live on this stack frame; the pool's job reaches them
     // through a type-erased pointer, only after winning the claim, and this frame does not
     // end before that job has finished with them (`Offer::settle`).
@@ -207,7 +215,9 @@ where
         run: run::<B, RB>,
     });
     let job = Arc::clone(&offer);
+    OFFERS_QUEUED.fetch_add(1, Ordering::Relaxed);
     pool().spawn(move || {
+        OFFERS_QUEUED.fetch_sub(1, Ordering::Relaxed);
         if job
             .claim
             .compare_exchange(OPEN, WORKER, Ordering::AcqRel, Ordering::Acquire)
@@ -236,6 +246,14 @@ where
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+/// Offers of [`join_here`] queued on the pool and not yet started by a worker (claimed by
+/// their callers meanwhile or not).
+static OFFERS_QUEUED: AtomicUsize = AtomicUsize::new(0);
+/// Past this many, [`join_here`] queues no more: each holds a small allocation until a worker
+/// gets to it, which a pool busy with a long job (a search on another Python thread) may not do
+/// for a long time while calls keep coming.
+const MAX_OFFERS_QUEUED: usize = 64;
 
 const OPEN: u8 = 0;
 const WORKER: u8 = 1;
@@ -417,9 +435,15 @@ mod tests {
         let t = Instant::now();
         let (a, b) = join_here(|| 1, || (std::thread::current().id(), 2));
         let took = t.elapsed();
+        // Many more calls while the pool stays blocked: the queue of offers stays bounded.
+        for i in 0..200u32 {
+            assert_eq!(join_here(|| i, || i + 1), (i, i + 1));
+        }
+        let queued = OFFERS_QUEUED.load(Ordering::SeqCst);
         release.store(true, Ordering::SeqCst);
         assert_eq!((a, b), (1, (me, 2)));
         assert!(took < Duration::from_secs(1), "{took:?}");
+        assert!(queued <= MAX_OFFERS_QUEUED + 8, "{queued} offers queued");
     }
 
     #[test]
