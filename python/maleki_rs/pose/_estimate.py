@@ -231,9 +231,9 @@ def estimate_pose(
     SO(3)×R³ from a weighted Horn/Kabsch start. A scan still unconverged after 10 iterations
     (large residuals: few, very noisy points, where Gauss-Newton converges slowly) takes
     Newton steps (Hessian from central differences of the exact gradient; where it is not
-    positive definite, its negative curvature is flipped: saddle-free Newton). ("TLS" is *total* least squares here, not the
-    *truncated* least squares of TEASER++; outliers are not handled, but ``chi2`` and the
-    per-point residuals allow χ² gating.)
+    positive definite, its negative curvature is flipped: saddle-free Newton). ("TLS" is
+    *total* least squares here, not the *truncated* least squares of TEASER++; outliers are
+    not handled, but ``chi2`` and the per-point residuals allow χ² gating.)
 
     Parameters
     ----------

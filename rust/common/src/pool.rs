@@ -174,8 +174,8 @@ pub fn on_a_pool() -> bool {
 /// `b` is offered to the pool, not handed over: whichever thread claims it first runs it. When
 /// the pool's threads are busy or slow to wake (another process on the other core, a worker
 /// descheduled), the caller runs `b` itself after `a` instead of waiting for one, so the call
-/// never takes much longer than `a` and `b` back to back. (With 64 offers
-/// already waiting for a worker, the caller runs both without offering.)
+/// never takes much longer than `a` and `b` back to back. (With 64 offers already waiting for
+/// a worker, the caller runs both without offering.)
 ///
 /// To be called off every pool (`!on_a_pool()`; from a worker of the library pool `b` would
 /// wait in the caller's own queue). Neither closure may use rayon (on the calling thread its

@@ -762,7 +762,7 @@ fn batch_here(
     y: &mut [f32],
 ) -> Result<bool> {
     let (m, k) = (pw.m(), pw.k());
-    if !caller_may_run(pw, opts) {
+    if !caller_may_run(pool::pool().current_num_threads(), pw, opts) {
         return Ok(false);
     }
     // The whole batch's checks first, so that errors name positions in `x` as the pool path's
@@ -850,14 +850,15 @@ impl Drop for CallerSlot {
 /// worker splits the work with a second, and a third when it wakes the caller; on a VM each
 /// costs tens of microseconds, comparable to a whole 4096 x 4096 int4 GEMV (~120 us). So on a
 /// pool of 2 threads the calling thread runs the first K slice itself and one worker the
-/// second ([`pool::join_here`]: the worker is woken once and the caller spins for it; when no
-/// worker has started the second slice by the time the first is done, the caller runs it), and on
-/// 1 thread the caller runs both; a single group (one slice) is built on the caller and, on 2
+/// second ([`pool::join_here`]: the worker is woken once and the caller spins for it; when
+/// no worker has started the second slice by the time the first is done, the caller runs
+/// it), and on 1 thread the caller runs both; a single group (one slice) is built on the caller and, on 2
 /// threads, its row blocks are split in two halves the same way (through the pool that cost
 /// 20-35 us more per call: int4 64x128 from Python 34 -> 7 us, 4096x128 38 -> 19 us). It
-/// qualifies when each slice takes one table pass, everything it reads from the weights is built (a first call builds it, on the pool), and
-/// no other GEMV runs on its caller ([`CALLERS_RUNNING`]). The slices, their tables and
-/// their order are those of [`run_plan`], so the bits are the same.
+/// qualifies when each slice takes one table pass, everything it reads from the weights is
+/// built (a first call builds it, on the pool), and no other GEMV runs on its caller
+/// ([`CALLERS_RUNNING`]). The slices, their tables and their order are those of
+/// [`run_plan`], so the bits are the same.
 fn gemv_here(
     pw: &PackedWeights,
     x: &[f32],
@@ -874,10 +875,8 @@ fn gemv_here(
 
 /// Whether [`gemv_here`] may take a call on this pool with these options and weights at all
 /// (it may still decline one: caches of another depth, the caller slot taken, ...).
-fn caller_may_run(pw: &PackedWeights, opts: &GemmOptions) -> bool {
-    pool::pool().current_num_threads() <= 2
-        && opts.backend != Backend::Reference
-        && pw.used_codes_ready()
+fn caller_may_run(threads: usize, pw: &PackedWeights, opts: &GemmOptions) -> bool {
+    threads <= 2 && opts.backend != Backend::Reference && pw.used_codes_ready()
 }
 
 /// [`gemv_here`] without the final check of `y` (for overflow).
@@ -889,7 +888,7 @@ fn gemv_here_unchecked(
     y: &mut [f32],
 ) -> Result<Option<Plan>> {
     let threads = pool::pool().current_num_threads();
-    if !caller_may_run(pw, opts) {
+    if !caller_may_run(threads, pw, opts) {
         return Ok(None);
     }
     check_inputs(pw, x, 1, x_layout, Some(y.len()))?;
@@ -1050,8 +1049,9 @@ mod tests {
 
     #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
-        // N = 2 (<= CALLER_BATCH_MAX) called off the pool runs a GEMV per column (`batch_here`): the pool's bits, in
-        // every layout, on 1 and 2 threads, with the weights prepared (else the pool runs it).
+        // N = 2 (<= CALLER_BATCH_MAX) called off the pool runs a GEMV per column
+        // (`batch_here`): the pool's bits, in every layout, on 1 and 2 threads, with the
+        // weights prepared (else the pool runs it).
         let (m, k) = (200, 640);
         let w: Vec<f32> = (0..m * k)
             .map(|i| ((i * 7919 + 13) % 1000) as f32 / 250.0 - 2.0)

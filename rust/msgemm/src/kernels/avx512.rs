@@ -1412,11 +1412,6 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
     )
 }
 
-/// `max |T|` of every tuple's f32 table of one group (into `out`), in closed form (`ext`:
-/// [`code_extremes`]):
-/// `fl(a + b)` and `fl(v * x)` are monotonic, so the largest (smallest) entry of a tuple is
-/// the left-to-right sum of the largest (smallest) products of each digit. False when a value
-/// is not finite (the scalar build then handles the block, including its NaN conventions).
 /// `(largest, smallest)` value of the codes that can be looked up (`plan.i8_used`; all codes
 /// when `None`), for [`tuple_maxabs`]. With mirror too the extremes run over every code: the
 /// largest entry of the stored half and its mirror is the largest of the whole table
@@ -1431,9 +1426,14 @@ fn code_extremes(plan: &Plan) -> (f32, f32) {
         })
 }
 
+/// `max |T|` of every tuple's f32 table of one group (into `out`), in closed form (`ext`:
+/// [`code_extremes`]): `fl(a + b)` and `fl(v * x)` are monotonic, so the largest (smallest)
+/// entry of a tuple is the left-to-right sum of the largest (smallest) products of each digit.
+/// False when a value is not finite (the scalar build then handles the block, including its
+/// NaN conventions).
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bool {
-    let (all, half) = (ext, ext);
+    let (vmax, vmin) = ext;
     let tp = plan.tuples;
     // Full-depth tuples 16 at a time (the products' max / min give the same `|hi|`, `|lo|` as
     // the per-sign choice below: equal values differ at most in the sign of zero).
@@ -1458,7 +1458,6 @@ fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bo
             let (mut hi, mut lo) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for j in 0..tp.depth {
                 let x = digit_lanes(xg, t0, tp.depth, j, base);
-                let (vmax, vmin) = if j + 1 == tp.depth { half } else { all };
                 let p1 = _mm512_mul_ps(_mm512_set1_ps(vmax), x);
                 let p2 = _mm512_mul_ps(_mm512_set1_ps(vmin), x);
                 let (pmax, pmin) = (_mm512_max_ps(p1, p2), _mm512_min_ps(p1, p2));
@@ -1489,7 +1488,6 @@ fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bo
         let (mut hi, mut lo) = (0f32, 0f32);
         for j in 0..r {
             let x = xg[k0 + j];
-            let (vmax, vmin) = if j + 1 == r { half } else { all };
             let (pmax, pmin) = if x >= 0.0 {
                 (vmax * x, vmin * x)
             } else {
@@ -1764,9 +1762,11 @@ unsafe fn build_block_i8(
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     let vals = codebook_vector(plan);
-    // The full-depth tuples of 256-entry tables (and their mirror halves) in one loop per
-    // table shape, without the per-tuple shape tests of the general loop below (~14% of the
-    // int4 build): tuples `0..first` here, the rest there.
+    // The full-depth tuples of 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) and of
+    // their 128-entry mirror halves in straight-line code (`table256`), one loop per table
+    // shape without per-tuple shape tests (~14% of the int4 build when they were per tuple):
+    // tuples `0..first` here; the other shapes, and a shorter last tuple, through
+    // `table_entries` below.
     let full = if tp.last_depth == tp.depth {
         tp.per_group
     } else {
@@ -1817,40 +1817,6 @@ unsafe fn build_block_i8(
         // entries of codes absent from the weights are unspecified).
         let rv = _mm512_set1_ps(rm);
         unsafe {
-            if used == 256 || (used == 128 && plan.levels.pow(r as u32) == 256) {
-                // Full 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) and their
-                // 128-entry mirror halves in straight-line code (see `table256`); the other
-                // shapes through `table_entries`.
-                let xs = &xg[k0..k0 + r];
-                let dlen = plan.slot.div_ceil(64) * 64;
-                macro_rules! t256 {
-                    ($v:literal, $r:literal) => {
-                        if used == 256 {
-                            table256::<$v, $r, 4>(vals, xs, digits, dlen, rv, dst)
-                        } else {
-                            table256::<$v, $r, 2>(vals, xs, digits, dlen, rv, dst)
-                        }
-                    };
-                }
-                let done = match (plan.levels, r) {
-                    (16, 2) => {
-                        t256!(16, 2);
-                        true
-                    }
-                    (4, 4) => {
-                        t256!(4, 4);
-                        true
-                    }
-                    (2, 8) => {
-                        t256!(2, 8);
-                        true
-                    }
-                    _ => false,
-                };
-                if done {
-                    continue;
-                }
-            }
             // Four chunks of 16 rounded entries packed to 64 bytes per store.
             let mut q4 = [_mm512_setzero_si512(); 4];
             table_entries(plan, vals, digits, &xg[k0..k0 + r], |q, e| {
