@@ -272,3 +272,18 @@ def test_concurrent_gemvs_from_python_threads_give_the_same_bits(pw):
         got = list(ex.map(lambda i: mg.msgemm(pw, xs[i % 6]), range(120)))
     for i, g in enumerate(got):
         np.testing.assert_array_equal(g, want[i % 6])
+
+
+def test_default_options_fast_path_matches_checked_defaults():
+    # msgemm / linear skip the option checks when every option is its default; the values
+    # they use must be what the checks return, and explicit defaults must give the same bits.
+    from maleki_rs.msgemm import _api
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(256).astype(np.float32)
+    for fmt in ("int4", "uint4", "int2", "fp4", "nf4"):
+        pw = mg.quantize(rng.standard_normal((40, 256)).astype(np.float32), format=fmt, group_size=64)
+        assert _api._check_opts(pw, "auto", None, "auto", None, False, False) == _api._DEFAULTS
+        y = mg.msgemm(pw, x)
+        np.testing.assert_array_equal(y, mg.msgemm(pw, x, depth="auto", table="i8", backend="auto", mirror=False))
+        np.testing.assert_array_equal(mg.linear(x[None], pw)[0], y)

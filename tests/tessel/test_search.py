@@ -154,6 +154,24 @@ def test_infeasible_memory_raises_infeasible_error():
         tessel.exact(p, 3, 0)
 
 
+def test_memory_forced_by_precedence_is_infeasible_before_any_search():
+    # kshape at memory 1: the fused forward M_f allocates on every device while each stage's
+    # own forward (its ancestor) still holds its activation, so one micro-batch needs 2 units.
+    # search, exact and the repetend construction say so at once (they used to spend their
+    # whole time limit and then report that nothing was found, without proof).
+    p = tessel.premise("kshape", 4)
+    for run in (
+        lambda: tessel.search(p, memory=1, nmicros=8, time_limit=None),
+        lambda: tessel.exact(p, 1, 1),
+    ):
+        with pytest.raises(InfeasibleError, match="holds at least 2 on device 0 when block 4"):
+            run()
+    # With one more unit the schedule exists: tessel.exact proves the optimum of N = 1, the
+    # critical path F0 -> F1 -> M_f -> M_b -> B1 -> B0.
+    s = tessel.exact(p, 1, 2)
+    assert s.proved_optimal and s.makespan == 1 + 1 + 1 + 1 + 3 + 3
+
+
 def test_user_graph_and_periodic_k():
     # Two towers into a fusion block over both devices (a small K shape), with a lag.
     p = tessel.Premise.from_blocks(

@@ -586,6 +586,16 @@ def _check_pw(pw: Any) -> PackedWeights:
     return pw
 
 
+#: What :func:`_check_opts` returns for the default options.
+_DEFAULTS: tuple[int | None, str, str, int | None, bool] = (None, "i8", "auto", None, False)
+
+
+def _defaults(depth: Any, table: Any, backend: Any, threads: Any, mirror: Any) -> bool:
+    """True when the options are the defaults of :func:`msgemm` / :func:`linear`."""
+    return (table is None and threads is None and mirror is False and isinstance(depth, str) and depth == "auto"
+            and isinstance(backend, str) and backend == "auto")
+
+
 def _check_opts(pw: PackedWeights, depth: Any, table: Any, backend: Any, threads: Any, mirror: Any,
                 count: bool) -> tuple[int | None, str, str, int | None, bool]:
     if isinstance(depth, str):
@@ -688,8 +698,11 @@ def msgemm(
         (``out`` when given.) With ``count=True``: ``(y, counts)``.
     """
     pw = _check_pw(pw)
-    count = check_bool(count, "count")
-    d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, count)
+    if _defaults(depth, table, backend, threads, mirror) and count is False:
+        d, tbl, bk, t, mir = _DEFAULTS  # already valid: 0.6 us less per call (a 64 x 256 GEMV: ~6 us)
+    else:
+        count = check_bool(count, "count")
+        d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, count)
     m, k = pw.shape
     arr = _float_array(x, "x", (1, 2))
     if arr.shape[0] != k:
@@ -752,7 +765,10 @@ def linear(
     ndarray, shape (..., M), float32
     """
     pw = _check_pw(pw)
-    d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, False)
+    if _defaults(depth, table, backend, threads, mirror):
+        d, tbl, bk, t, mir = _DEFAULTS
+    else:
+        d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, False)
     m, k = pw.shape
     arr = _float_array(x, "x", tuple(range(1, 33)))
     if arr.shape[-1] != k:

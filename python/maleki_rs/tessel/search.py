@@ -201,7 +201,9 @@ def search(
     ------
     maleki_rs.exceptions.InfeasibleError
         No schedule fits the memory caps, or none was found within the budgets (the message
-        says which; a ``ValueError``). Where the repetend search finds no template near the
+        says which; a ``ValueError``). Caps below what one micro-batch must hold (an
+        allocating block's ancestors on a device still holding their memory when it starts)
+        are reported before any search. Where the repetend search finds no template near the
         period lower bound and modulo scheduling breaks the caps, one micro-batch scheduled
         alone (by the exact solver), repeated at the smallest valid period, is the template.
     """

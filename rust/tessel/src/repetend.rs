@@ -123,7 +123,24 @@ pub struct Repetends {
     pub nodes: u64,
 }
 
-/// Necessary conditions checked before any search: each allocation fits its devices' caps.
+/// Premises with more blocks skip the ancestor test of [`check_memory_caps`] (its ancestor
+/// sets take `n^2` bits).
+const FORCED_MEMORY_MAX_BLOCKS: usize = 4096;
+
+/// Necessary conditions checked before any search, for any number of micro-batches: on each
+/// device, the memory one micro-batch is forced to hold when one of its allocating blocks
+/// starts fits the cap.
+///
+/// When allocating block `g` takes effect, every ancestor of `g` has taken effect and no
+/// descendant has started (they start after `g` ends); blocks unrelated to `g` may or may
+/// not have. So device `d` holds at least `mu_g + sum(mu of g's ancestors on d) + sum(mu of
+/// the frees on d unrelated to g)` (leaving out the unrelated allocations only lowers the
+/// sum), under either memory convention. Other micro-batches in flight hold `>= 0` each
+/// (a well-formed premise never frees more than it holds, along any order), so no schedule
+/// fits when that exceeds the cap. This catches, in microseconds, caps the searches would
+/// otherwise take their whole budget to give up on (kshape at `memory = 1`: the fused
+/// forward allocates on every device while each stage's own forward still holds its
+/// activation).
 pub fn check_memory_caps(premise: &Premise, memory: &[i64]) -> Result<()> {
     for (g, b) in premise.blocks().iter().enumerate() {
         for &d in &b.devices {
@@ -132,6 +149,56 @@ pub fn check_memory_caps(premise: &Premise, memory: &[i64]) -> Result<()> {
                     "block {} allocates {} on device {d}, above its memory cap {}",
                     premise.describe(g),
                     b.memory,
+                    memory[d]
+                )));
+            }
+        }
+    }
+    let n = premise.nblocks();
+    if n > FORCED_MEMORY_MAX_BLOCKS || premise.blocks().iter().all(|b| b.memory == 0) {
+        return Ok(());
+    }
+    // Ancestor sets (bit h of `anc[g]`: h precedes g), in topological order.
+    let words = n.div_ceil(64);
+    let mut anc = vec![vec![0u64; words]; n];
+    for &g in premise.topo_order() {
+        let mut a = vec![0u64; words];
+        for &(h, _) in premise.preds(g) {
+            a[h / 64] |= 1 << (h % 64);
+            for (w, x) in a.iter_mut().zip(&anc[h]) {
+                *w |= x;
+            }
+        }
+        anc[g] = a;
+    }
+    let has = |set: &[u64], h: usize| set[h / 64] >> (h % 64) & 1 == 1;
+    for (g, b) in premise.blocks().iter().enumerate() {
+        if b.memory <= 0 {
+            continue;
+        }
+        for &d in &b.devices {
+            let mut forced = i128::from(b.memory);
+            for &h in premise.blocks_on(d) {
+                let mu = premise.block(h).memory;
+                if h == g || mu == 0 {
+                    continue;
+                }
+                if has(&anc[g], h) || (mu < 0 && !has(&anc[h], g)) {
+                    forced += i128::from(mu);
+                }
+            }
+            if forced > i128::from(memory[d]) {
+                let held: Vec<String> = premise
+                    .blocks_on(d)
+                    .iter()
+                    .filter(|&&h| has(&anc[g], h) && premise.block(h).memory > 0)
+                    .map(|&h| premise.describe(h))
+                    .collect();
+                return Err(Error::Infeasible(format!(
+                    "no schedule fits the memory caps: one micro-batch holds at least {forced} on device {d} \
+                     when block {} starts (allocated before it by {}), above the cap {}",
+                    premise.describe(g),
+                    if held.is_empty() { "no other block".to_string() } else { held.join(", ") },
                     memory[d]
                 )));
             }

@@ -10,7 +10,7 @@ use maleki_common::NoProgress;
 use maleki_tessel::complete::{compact, complete_quick};
 use maleki_tessel::exact::{solve, ExactOptions};
 use maleki_tessel::premises::{builtin, Options, BUILTIN};
-use maleki_tessel::repetend::{construct, RepetendOptions};
+use maleki_tessel::repetend::{check_memory_caps, construct, RepetendOptions};
 use maleki_tessel::{search, MemoryConvention, Premise, Schedule, SearchOptions, UNLIMITED};
 use std::sync::Arc;
 
@@ -275,6 +275,56 @@ fn lower_bounds_hold() {
             }
         }
     }
+}
+
+/// The forced-memory check never rejects a premise one micro-batch of which fits (brute
+/// force over every schedule of one micro-batch), and it rejects kshape at `memory = 1`
+/// (the fused forward allocates on each device while the stage's own forward still holds its
+/// activation) before any search: `search`, `construct` and `exact` all fail at once.
+#[test]
+fn forced_memory_check_is_sound_and_catches_kshape() {
+    let mut rejected = 0;
+    for seed in 0..400u64 {
+        let d = 1 + (seed % 3) as usize;
+        let p = random_premise(seed, d, 4 + (seed % 4) as usize);
+        for mem in [1, 2] {
+            let caps = vec![mem; d];
+            if check_memory_caps(&p, &caps).is_err() {
+                rejected += 1;
+                assert_eq!(brute_schedule(&p, 1, &caps), None, "seed {seed} mem {mem}");
+            }
+        }
+    }
+    assert!(
+        rejected > 20,
+        "the check rejected only {rejected} random instances"
+    );
+    let p = premise("kshape", 4, true);
+    let caps = vec![1; 4];
+    let msg = |e: maleki_common::Error| match e {
+        maleki_common::Error::Infeasible(m) => m,
+        e => panic!("expected Infeasible, got {e}"),
+    };
+    let m = msg(check_memory_caps(&p, &caps).unwrap_err());
+    assert!(m.contains("holds at least 2 on device 0"), "{m}");
+    assert!(m.contains("\"M_f\""), "{m}");
+    let mut o = SearchOptions::new(caps.clone(), 8);
+    o.time_limit = None;
+    assert!(msg(search(&p, &o, &NoProgress).unwrap_err()).contains("holds at least"));
+    let r = construct(&p, &RepetendOptions::new(caps.clone()), &NoProgress);
+    assert!(msg(r.unwrap_err()).contains("holds at least"));
+    let ex = solve(
+        &p,
+        1,
+        &caps,
+        MemoryConvention::Start,
+        None,
+        &ExactOptions::default(),
+        &NoProgress,
+    );
+    assert!(msg(ex.unwrap_err()).contains("holds at least"));
+    // One more unit of room and every search finds a schedule (the check lets it through).
+    assert!(check_memory_caps(&p, &[2; 4]).is_ok());
 }
 
 /// Random premises: the repetend search agrees with brute-force enumeration of templates,
