@@ -5,6 +5,9 @@ Writes section "msgemm" of BENCHMARKS.md. Anchors:
 - A0: numpy float32 ``Wd @ x`` on weights dequantized beforehand (numpy's best case);
 - A1: our dequantize-then-GEMM: ``pw.dequantize(np.float32) @ x`` (Rust dequantize, numpy
   sgemm), timed per call;
+- A2: our fused dequantize-and-FMA GEMV (AVX-512, 4-bit formats): the weights decoded in
+  registers and multiplied in float32, i.e. everything but the tables' sharing across rows,
+  which isolates what the look-up tables are worth;
 - A3: ONNX Runtime ``com.microsoft.MatMulNBits`` (optional ``bench`` extra), accuracy levels 0
   (float) and 4 (int8 activations), built here with the ``onnx`` helper API from the same
   codes and scales (its output is checked against ours before timing).
@@ -55,6 +58,23 @@ def limit_blas(threads: int):
         return threadpool_limits(limits=threads, user_api="blas")
     except ImportError:
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# A2: our fused dequantize-and-FMA GEMV (4-bit packings)
+# ---------------------------------------------------------------------------------------------
+
+
+def fused_ok(pw: mg.PackedWeights) -> bool:
+    """Whether A2 runs ``pw`` (4-bit codes without an input permutation)."""
+    return pw.format in ("int4", "uint4", "nf4", "fp4") and pw.k_perm is None
+
+
+def fused_gemv(pw: mg.PackedWeights, x: np.ndarray) -> np.ndarray:
+    """``Wd @ x`` by the fused dequantize GEMV (``rust/msgemm/src/fused.rs``): every weight
+    decoded in registers from a 16-entry table of ``s * (v[c] - z)`` per (row, group) and
+    multiplied into float32 accumulators; the table method without the sharing across rows."""
+    return maleki_rs._core.msgemm.fused_gemv(pw._raw, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +219,8 @@ def main() -> None:
         err = float(np.abs(y - y_ref).sum() / np.abs(y_ref).sum())
         sessions = {level: (ort_session(pw, ort_bits, level, th) if ort_bits else None) for level in (0, 4)}
         fns = {"ours": lambda: mg.msgemm(pw, x), "a0": lambda: wd @ x}
+        if fused_ok(pw):
+            fns["a2"] = lambda: fused_gemv(pw, x)
         for level, sess in sessions.items():
             if sess is not None:
                 fns[f"ort{level}"] = lambda s=sess: ort_run(s, x)
@@ -216,6 +238,14 @@ def main() -> None:
             t = tt[f"ort{level}"]
             ort_cells.append(f"{fmt_ms(t)} (rel L1 {o_err:.1e}; ours {t['min'] / t_ours['min']:.2f}x faster)")
             headline[f"{name} ort{level}"] = t["min"]
+        if "a2" in tt:
+            y2 = fused_gemv(pw, x)
+            a2_err = float(np.abs(y2 - y_ref).sum() / np.abs(y_ref).sum())
+            t2 = tt["a2"]
+            a2_cell = f"{fmt_ms(t2)} (rel L1 {a2_err:.1e}; ours {t2['min'] / t_ours['min']:.1f}x faster)"
+            headline[f"{name} a2"] = t2["min"]
+        else:
+            a2_cell = "—"
         per_weight = t_same["min"] / (m * k)
         if name == "int4 g128":
             int4_per_weight = per_weight
@@ -232,6 +262,7 @@ def main() -> None:
                 f"{t_a0['min'] / t_ours['min']:.1f}x",
                 fmt_ms(t_a1),
                 f"{t_a1['min'] / t_ours['min']:.1f}x",
+                a2_cell,
                 ort_cells[0],
                 ort_cells[1],
                 speed_vs_int4,
@@ -250,6 +281,7 @@ def main() -> None:
                 "ours vs A0",
                 "A1 dequant+GEMM ms",
                 "ours vs A1",
+                "A2 fused dequant+FMA ms",
                 "A3 ORT level 0 ms",
                 "A3 ORT level 4 ms",
                 "weights/s vs int4 (same rounds)",
@@ -335,6 +367,9 @@ def main() -> None:
     if "int4 g128 ort4" in headline:
         o = min(headline["int4 g128 ort4"], headline.get("int4 g128 ort0", 1e9))
         goal.append(f"- vs ONNX Runtime's fastest int4 path: {o / headline['int4']:.2f}x (goal >= 1.5x).")
+    if "int4 g128 a2" in headline and "int4" in headline:
+        goal.append(f"- vs A2, our fused dequantize+FMA GEMV (what the tables are worth): "
+                    f"{headline['int4 g128 a2'] / headline['int4']:.1f}x.")
     if "int4 cold" in headline:
         goal.append(f"- cold: {headline['a0 cold'] / headline['int4 cold']:.1f}x numpy A0 cold (goal >= 5x).")
     body = [
@@ -350,7 +385,10 @@ def main() -> None:
         "",
         "Notes: A1 is `pw.dequantize(np.float32) @ x` as a user would write it: a fresh 64 MiB float32 "
         "array per call (its page faults are most of the dequantize time; into an existing buffer with "
-        "`out=` it takes 3-7 ms), then numpy's GEMM, which alone is A0. ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
+        "`out=` it takes 3-7 ms), then numpy's GEMM, which alone is A0. A2 (4-bit formats) decodes every weight in registers (a 16-entry float table of "
+        "`s * (v[c] - z)` per row and group, one `vpermps` and one FMA per 16 weights) and so does "
+        "everything but share the tables across rows; its table setup is float64, as `dequantize`. "
+        "ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
         "or fp4, hence the dashes. Ours uses `i8` tables (rel. L1 errors above); `table='f32'` is the "
         "exact-to-float32 mode. This 2-vCPU VM is shared with other jobs: ours and the anchors are timed "
         "in blocks, in 3-8 rounds; medians vary by up to 2x between runs (bursts of load from other "

@@ -287,3 +287,26 @@ def test_default_options_fast_path_matches_checked_defaults():
         y = mg.msgemm(pw, x)
         np.testing.assert_array_equal(y, mg.msgemm(pw, x, depth="auto", table="i8", backend="auto", mirror=False))
         np.testing.assert_array_equal(mg.linear(x[None], pw)[0], y)
+
+
+def test_fused_dequantize_gemv_anchor():
+    # The benchmark's A2 anchor (a private binding): the float32-dequantized product, within
+    # float32 accumulation error; 4-bit packings only; bad x rejected.
+    fused = maleki_rs._core.msgemm.fused_gemv
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(256).astype(np.float32)
+    for fmt, g in (("int4", 128), ("uint4", 64), ("nf4", 32), ("fp4", 32)):
+        pw = mg.quantize(rng.standard_normal((50, 256)).astype(np.float32), format=fmt, group_size=g)
+        wd = pw.dequantize(np.float32).astype(np.float64)
+        ref = wd @ x.astype(np.float64)
+        tol = 1e-5 * (np.abs(wd) @ np.abs(x.astype(np.float64)))
+        assert np.all(np.abs(fused(pw._raw, x) - ref) <= tol), fmt
+    with pytest.raises(ValueError, match="4-bit codes only"):
+        fused(mg.quantize(np.ones((4, 64), np.float32), format="int2", group_size=32)._raw, x[:64])
+    pw = mg.quantize(np.ones((4, 64), np.float32), format="int4", group_size=32)
+    with pytest.raises(ValueError, match="x"):
+        fused(pw._raw, x[:63])
+    with pytest.raises(ValueError, match="non-finite"):
+        fused(pw._raw, np.full(64, np.nan, np.float32))
+    with pytest.raises(TypeError):
+        fused(pw._raw, np.ones(64, np.float64))

@@ -558,6 +558,24 @@ fn gemm<'py>(
     }
 }
 
+/// The benchmark's anchor A2, `Wd @ x` by the fused dequantize-and-multiply GEMV
+/// (`maleki_msgemm::fused`; 4-bit packings): `x` `(K,)` float32 C-contiguous -> `y` `(M,)`.
+#[pyfunction]
+fn fused_gemv<'py>(
+    py: Python<'py>,
+    pw: &Packed,
+    x: Ro1<'py, f32>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let xs = slice(&x, "x")?;
+    let w = Arc::clone(&pw.inner);
+    let y = run_gemm(py, None, || {
+        let mut y = vec![0f32; w.m()];
+        maleki_msgemm::fused::fused_gemv(&w, xs, &mut y)?;
+        Ok(y)
+    })?;
+    Ok(y.into_pyarray(py))
+}
+
 /// The number of columns of X and its layout: `(N, K)` when `transposed`, else `(K, N)`.
 fn columns_of(x: &Ro2<'_, f32>, transposed: bool) -> (usize, XLayout) {
     if transposed {
@@ -758,6 +776,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Packed>()?;
     m.add_function(wrap_pyfunction!(gemm, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_counted, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_gemv, m)?)?;
     m.add_function(wrap_pyfunction!(plan_info, m)?)?;
     m.add_function(wrap_pyfunction!(op_counts, m)?)?;
     m.add_function(wrap_pyfunction!(best_depth, m)?)?;

@@ -10,11 +10,13 @@
 //! [`packed`] (the weight object), [`layout`] (kernel tile layout), [`plan`] (per-call
 //! settings), [`table`] (phase 1), [`kernels`] (phase 2, runtime dispatch), [`gemm`]
 //! (driver), [`count`] (operation-count model and instrumented reference), [`interop`]
-//! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers).
+//! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers),
+//! [`fused`] (the fused dequantize GEMV the benchmark compares against).
 
 pub mod aligned;
 pub mod count;
 pub mod format;
+pub mod fused;
 pub mod gemm;
 pub mod interop;
 pub mod kernels;
