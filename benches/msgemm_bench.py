@@ -5,7 +5,8 @@ Writes section "msgemm" of BENCHMARKS.md. Anchors:
 - A0: numpy float32 ``Wd @ x`` on weights dequantized beforehand (numpy's best case);
 - A1: our dequantize-then-GEMM: ``pw.dequantize(np.float32) @ x`` (Rust dequantize, numpy
   sgemm), timed per call;
-- A2: our fused dequantize-and-FMA GEMV (AVX-512, 4-bit formats): the weights decoded in
+- A2: our fused dequantize-and-FMA GEMV (4-bit formats; AVX-512 F/BW/DQ when the CPU has it and
+  the group size is a multiple of 32, else a scalar loop): the weights decoded in
   registers and multiplied in float32, i.e. everything but the tables' sharing across rows,
   which isolates what the look-up tables are worth;
 - A3: ONNX Runtime ``com.microsoft.MatMulNBits`` (optional ``bench`` extra), accuracy levels 0
@@ -386,7 +387,8 @@ def main() -> None:
         "Notes: A1 is `pw.dequantize(np.float32) @ x` as a user would write it: a fresh 64 MiB float32 "
         "array per call (its page faults are most of the dequantize time; into an existing buffer with "
         "`out=` it takes 3-7 ms), then numpy's GEMM, which alone is A0. A2 (4-bit formats) decodes every weight in registers (a 16-entry float table of "
-        "`s * (v[c] - z)` per row and group, one `vpermps` and one FMA per 16 weights) and so does "
+        "`s * (v[c] - z)` per row and group, one `vpermps` and one FMA per 16 weights, on AVX-512 "
+        "with group sizes that are multiples of 32; a scalar loop otherwise) and so does "
         "everything but share the tables across rows; its table setup is float64, as `dequantize`. "
         "ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
         "or fp4, hence the dashes. Ours uses `i8` tables (rel. L1 errors above); `table='f32'` is the "
