@@ -137,11 +137,10 @@ const FORCED_MEMORY_MAX_BLOCKS: usize = 4096;
 /// the frees on d unrelated to g)` (leaving out the unrelated allocations only lowers the
 /// sum), under either memory convention. Other micro-batches in flight hold `>= 0` each
 /// (a well-formed premise never frees more than it holds, along any order), so no schedule
-/// fits when that exceeds the cap. This catches, before any search (`O(edges n / 64)` for the
-/// ancestor sets), caps the searches would
-/// otherwise take their whole budget to give up on (kshape at `memory = 1`: the fused
-/// forward allocates on every device while each stage's own forward still holds its
-/// activation).
+/// fits when that exceeds the cap. This catches, before any search (`O(edges n / 64)` for
+/// the ancestor sets), caps the searches would otherwise take their whole budget to give up
+/// on (kshape at `memory = 1`: the fused forward allocates on every device while each
+/// stage's own forward still holds its activation).
 pub fn check_memory_caps(premise: &Premise, memory: &[i64]) -> Result<()> {
     for (g, b) in premise.blocks().iter().enumerate() {
         for &d in &b.devices {
