@@ -1301,6 +1301,42 @@ fn digit_vectors(plan: &Plan) -> Vec<u32> {
     out
 }
 
+/// Entries `16q .. 16q + 16` of a table over its first `nd` digits, summed left to right
+/// (`vpermps` picks each digit's product from `prod`). With `nd` a constant the loop unrolls.
+///
+/// # Safety
+/// AVX-512 F; `digits` holds `nd` rows of `dlen` entries with `16q + 16 <= dlen`, and
+/// `nd <= prod.len()`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn digit_sum(prod: &[__m512], digits: &[u32], dlen: usize, q: usize, nd: usize) -> __m512 {
+    // SAFETY: in bounds by the contract above.
+    let dig = |j: usize| unsafe {
+        _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i)
+    };
+    let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
+    // Index loops on purpose: iterator adaptors over vectors were not inlined here.
+    #[allow(clippy::needless_range_loop)]
+    for j in 1..nd {
+        e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
+    }
+    e
+}
+
+/// Packs four chunks of rounded entries (`q4`, 64 int32) to bytes and stores those of the
+/// 64-entry block at `o` that lie below `used`.
+///
+/// # Safety
+/// AVX-512 BW; `dst` is writable for `used` bytes and `o < used`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn store_block_i8(dst: *mut i8, o: usize, used: usize, q4: [__m512i; 4]) {
+    let n = (used - o).min(64);
+    let m = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+    // SAFETY: the masked store writes bytes `o .. o + n`, inside `used`.
+    unsafe { _mm512_mask_storeu_epi8(dst.add(o), m, pack_i8(q4)) };
+}
+
 /// Calls `emit(q, e)` with the 16 f32 entries `16q .. 16q + 16` of the depth-`r` table of the
 /// activations `xs` (`r = xs.len()`), for every `q < 4 * ceil(used/64)` (whole groups of four
 /// chunks; lanes past `used` are garbage). Every entry is the left-to-right sum
@@ -1330,23 +1366,8 @@ unsafe fn table_entries(
     for j in 1..r {
         prod[j] = _mm512_mul_ps(vals, _mm512_set1_ps(xs[j]));
     }
-    // Entries `16q .. 16q + 16` over the first `nd` digits, left to right (`vpermps` picks
-    // each digit's product).
-    let partial = |q: usize, nd: usize| -> __m512 {
-        // SAFETY: `digits` holds `depth * dlen` entries and `16q + 16 <= dlen`.
-        unsafe {
-            let dig = |j: usize| {
-                _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i)
-            };
-            let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
-            // Index loops on purpose: iterator adaptors over vectors were not inlined here.
-            #[allow(clippy::needless_range_loop)]
-            for j in 1..nd {
-                e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
-            }
-            e
-        }
-    };
+    // SAFETY: `digits` holds `depth * dlen` entries and `16q + 16 <= dlen`.
+    let partial = |q: usize, nd: usize| unsafe { digit_sum(&prod, digits, dlen, q, nd) };
     let lower = plan.levels.pow(r as u32 - 1);
     if lower.is_multiple_of(16) {
         // The last digit is constant over each 16-entry chunk: entry `c * lower + i` =
@@ -1399,29 +1420,14 @@ unsafe fn general_entries<const R: usize>(
     dst: *mut i8,
 ) {
     let prod: [__m512; R] = std::array::from_fn(|j| _mm512_mul_ps(vals, _mm512_set1_ps(xs[j])));
-    let blocks = used.div_ceil(64);
-    for b in 0..blocks {
-        let e = |c: usize| {
-            let q = 4 * b + c;
-            // SAFETY: `16q + 16 <= dlen` (the digit rows are padded to whole 64-entry blocks).
-            let dig = |j: usize| unsafe {
-                _mm512_loadu_si512(digits.as_ptr().add(j * dlen + 16 * q) as *const __m512i)
-            };
-            let mut e = _mm512_permutexvar_ps(dig(0), prod[0]);
-            #[allow(clippy::needless_range_loop)]
-            // iterator adapters compiled to out-of-line `nth` calls
-            for j in 1..R {
-                e = _mm512_add_ps(e, _mm512_permutexvar_ps(dig(j), prod[j]));
-            }
-            // round-to-nearest-even (the MXCSR default), as `round_ties_even`.
-            _mm512_cvtps_epi32(_mm512_mul_ps(e, rv))
-        };
-        let bytes = pack_i8([e(0), e(1), e(2), e(3)]);
-        let o = 64 * b;
-        let n = (used - o).min(64);
-        let m = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-        // SAFETY: the masked store writes bytes `o .. o + n` of the tuple's `used`.
-        unsafe { _mm512_mask_storeu_epi8(dst.add(o), m, bytes) };
+    for b in 0..used.div_ceil(64) {
+        // SAFETY: the digit rows are padded to whole 64-entry blocks (`16q + 16 <= dlen`).
+        let e = |c: usize| unsafe { digit_sum(&prod, digits, dlen, 4 * b + c, R) };
+        // round-to-nearest-even (the MXCSR default), as `round_ties_even`.
+        let r = |c: usize| _mm512_cvtps_epi32(_mm512_mul_ps(e(c), rv));
+        let q4 = [r(0), r(1), r(2), r(3)];
+        // SAFETY: `dst` holds the tuple's `used` bytes.
+        unsafe { store_block_i8(dst, 64 * b, used, q4) };
     }
 }
 
@@ -1902,11 +1908,7 @@ unsafe fn build_block_i8(
                 // round-to-nearest-even (the MXCSR default), as `round_ties_even`.
                 q4[q % 4] = _mm512_cvtps_epi32(_mm512_mul_ps(e, rv));
                 if q % 4 == 3 {
-                    let bytes = pack_i8(q4);
-                    let o = 64 * (q / 4);
-                    let n = (used - o).min(64);
-                    let m = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-                    _mm512_mask_storeu_epi8(dst.add(o), m, bytes);
+                    store_block_i8(dst, 64 * (q / 4), used, q4);
                 }
             })
         };
