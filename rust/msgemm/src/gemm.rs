@@ -1047,18 +1047,24 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// Deterministic non-integer weights `(m, k)` in [-2, 2) and activations `(k, n)`.
+    fn fixture(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let w = (0..m * k)
+            .map(|i| ((i * 7919 + 13) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let x = (0..k * n)
+            .map(|i| ((i * 31 % 97) as f32 - 48.0) / 17.0)
+            .collect();
+        (w, x)
+    }
+
     #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
         // N = 2 (<= CALLER_BATCH_MAX) called off the pool runs a GEMV per column
         // (`batch_here`): the pool's bits, in every layout, on 1 and 2 threads, with the
         // weights prepared (else the pool runs it).
         let (m, k) = (200, 640);
-        let w: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7919 + 13) % 1000) as f32 / 250.0 - 2.0)
-            .collect();
-        let x: Vec<f32> = (0..k * 2)
-            .map(|i| ((i * 31 % 97) as f32 - 48.0) / 17.0)
-            .collect();
+        let (w, x) = fixture(m, k, 2);
         let before = pool::num_threads();
         let mut compared = 0;
         for (f, g) in [(Format::Int4, 128), (Format::Int2, 64), (Format::Int4, 640)] {
@@ -1108,12 +1114,7 @@ mod tests {
         // (Other tests may run meanwhile: the pool size never changes a result.)
         use crate::format::Codebook;
         let (m, k) = (200, 640);
-        let w: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7919 + 13) % 1000) as f32 / 250.0 - 2.0)
-            .collect();
-        let x: Vec<f32> = (0..k)
-            .map(|i| ((i * 31 % 97) as f32 - 48.0) / 17.0)
-            .collect();
+        let (w, x) = fixture(m, k, 1);
         let mut cases: Vec<(&str, PackedWeights)> = Vec::new();
         for (name, f, g) in [
             ("int4", Format::Int4, 128),
