@@ -739,18 +739,23 @@ pub fn gemm_into_layout(
     pool::install(|| gemm_on_pool(pw, x, n, layout, y_layout, opts, y))
 }
 
-/// Batches of at most this many columns called off the pool run as one [`gemv_here`] per
-/// column. The pool path splits the columns between its threads (each task builds full-K
-/// tables and reads all the weights) after waking them. Measured from Python (`linear`, int4
-/// g128, minima of 7 x 20-200 calls, a noisy sitting), pool -> per column: 4096 x 4096 N = 2
+/// Batches of at most this many columns called off the pool run on the caller
+/// ([`batch_here`]). The pool path splits the columns between its threads (each task builds
+/// full-K tables and reads all the weights) after waking them. Measured from Python (`linear`, int4
+/// g128, minima of 7 x 20-200 calls, a noisy sitting, AMD EPYC), pool -> one GEMV per column: 4096 x 4096 N = 2
 /// 0.41 -> 0.33 ms, N = 3 0.63 -> 0.53, N = 4 0.67 -> 0.56; 1024 x 4096 N = 3 / 4 0.30 / 0.39
 /// -> 0.21 / 0.33 ms; 256 x 4096 N = 3 / 4 0.59 / 0.24 -> 0.12 / 0.14 ms. (N = 8 on the pool
-/// was faster: 0.88 against 0.97 ms at 4096 x 4096.)
+/// was faster: 0.88 against 0.97 ms at 4096 x 4096.) Then one GEMV per column -> all columns in
+/// one K-sliced run (`examples/prof`, 2 threads, Intel Xeon, whose GEMV streams its weights at
+/// the bandwidth of the core, so each re-read of them costs a GEMV): 4096 x 4096 N = 2
+/// 0.32-0.33 -> 0.29 ms, N = 3 0.51 -> 0.41, N = 4 0.64-0.68 -> 0.52-0.54.
 const CALLER_BATCH_MAX: usize = 4;
 
-/// A small batch as one [`gemv_here`] per column, or false when a column does not qualify
-/// (then `y` is left for the pool path, which overwrites all of it). A column of a batch
-/// equals the GEMV of that column bit for bit ([`k_slices`]), so the result is the pool's.
+/// A small batch on the caller: all columns in one [`caller_run`] (each thread reads its K
+/// half of the weights once), else (tables of the batch over one set per slice, or K of one
+/// group) one per column; false when a column does not qualify (then `y` is left for the pool
+/// path, which overwrites all of it). A column of a batch equals the GEMV of that column bit
+/// for bit ([`k_slices`]), so the result is the pool's.
 #[allow(clippy::too_many_arguments)]
 fn batch_here(
     pw: &PackedWeights,
@@ -768,23 +773,39 @@ fn batch_here(
     // The whole batch's checks first, so that errors name positions in `x` as the pool path's
     // do; the result is checked once at the end (every column written first, as there).
     check_inputs(pw, x, n, layout, Some(y.len()))?;
-    let mut xc = vec![0f32; k];
-    let mut yc = vec![0f32; m];
-    for c in 0..n {
-        let col: &[f32] = match layout {
-            XLayout::NbyK => &x[c * k..(c + 1) * k],
-            XLayout::KbyN => {
-                for (i, v) in xc.iter_mut().enumerate() {
-                    *v = x[i * n + c];
+    // First all columns at once: each thread reads its half of the weights once.
+    let xt: Cow<'_, [f32]> = match layout {
+        XLayout::NbyK => Cow::Borrowed(x),
+        XLayout::KbyN => Cow::Owned(
+            (0..n)
+                .flat_map(|c| (0..k).map(move |i| x[i * n + c]))
+                .collect(),
+        ),
+    };
+    let span = pw.m().div_ceil(crate::layout::ROW_BLOCK) * crate::layout::ROW_BLOCK;
+    let mut ys = vec![0f32; n * span];
+    if caller_run(pw, &xt, n, opts, &mut ys)?.is_some() {
+        for (c, col) in ys.chunks_exact(span).enumerate() {
+            match y_layout {
+                YLayout::NbyM => y[c * m..(c + 1) * m].copy_from_slice(&col[..m]),
+                YLayout::MbyN => {
+                    for (i, v) in col[..m].iter().enumerate() {
+                        y[i * n + c] = *v;
+                    }
                 }
-                &xc
             }
-        };
+        }
+        check_result(y)?;
+        return Ok(true);
+    }
+    // Else one GEMV per column (the batch's tables do not fit one set per K slice).
+    let mut yc = vec![0f32; m];
+    for (c, col) in xt.chunks_exact(k).enumerate() {
         let out: &mut [f32] = match y_layout {
             YLayout::NbyM => &mut y[c * m..(c + 1) * m],
             YLayout::MbyN => &mut yc,
         };
-        if gemv_here_unchecked(pw, col, XLayout::KbyN, opts, out)?.is_none() {
+        if caller_run(pw, col, 1, opts, out)?.is_none() {
             return Ok(false);
         }
         if y_layout == YLayout::MbyN {
@@ -892,14 +913,35 @@ fn gemv_here_unchecked(
         return Ok(None);
     }
     check_inputs(pw, x, 1, x_layout, Some(y.len()))?;
+    caller_run(pw, x, 1, opts, y)
+}
+
+/// The K-sliced run of [`gemv_here`] for `n` columns at once (inputs checked by the caller):
+/// `xt` holds the columns one after another (`n * K` values, in the weights' input order),
+/// and `y` receives them column-major, `span` floats per column (`span` = the row blocks
+/// times 64 when `n > 1`; `M` is enough for one column). Each slice's tables cover all `n`
+/// columns, so each thread reads its half of the weights once for the whole batch. `None`
+/// (nothing written) when the call does not qualify, e.g. when a slice's tables for `n`
+/// columns exceed one table set.
+fn caller_run(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Option<Plan>> {
+    let threads = pool::pool().current_num_threads();
+    let k = pw.k();
+    // The plan of one column: a column of a batch equals its GEMV bit for bit.
     let plan = plan(pw, 1, opts)?;
     let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
     let folded = kernel.wants_folded(&run);
     let slices = k_slices(&run);
     if !pw.ready_for(&run, folded)
+        || (n > 1 && slices.len() < 2)
         || slices
             .iter()
-            .any(|s| table_chunks(&run, 1, s.clone()).len() != 1)
+            .any(|s| table_chunks(&run, n, s.clone()).len() != 1)
     {
         return Ok(None);
     }
@@ -910,10 +952,14 @@ fn gemv_here_unchecked(
     let (scales, zeros) = (pw.tiled_scales(), job_zeros(pw, &run));
     let xt: Cow<'_, [f32]> = match pw.k_perm() {
         None => Cow::Borrowed(x),
-        Some(perm) => Cow::Owned(perm.iter().map(|&p| x[p as usize]).collect()),
+        Some(perm) => Cow::Owned(
+            x.chunks_exact(k)
+                .flat_map(|col| perm.iter().map(|&p| col[p as usize]))
+                .collect(),
+        ),
     };
     let (run, xt) = (&run, &xt[..]);
-    let set_for = |groups: Range<usize>| build_set(run, kernel, xt, None, (groups, 0..1), false);
+    let set_for = |groups: Range<usize>| build_set(run, kernel, xt, None, (groups, 0..n), false);
     fn job<'a>(
         run: &'a Plan,
         layout: &'a crate::layout::TileLayout,
@@ -1060,50 +1106,88 @@ mod tests {
 
     #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
-        // N = 2 (<= CALLER_BATCH_MAX) called off the pool runs a GEMV per column
-        // (`batch_here`): the pool's bits, in every layout, on 1 and 2 threads, with the
-        // weights prepared (else the pool runs it).
-        let (m, k) = (200, 640);
-        let (w, x) = fixture(m, k, 2);
-        let before = pool::num_threads();
-        let mut compared = 0;
-        for (f, g) in [(Format::Int4, 128), (Format::Int2, 64), (Format::Int4, 640)] {
+        // N = 2..4 (<= CALLER_BATCH_MAX) called off the pool runs on the caller
+        // (`batch_here`): all columns in one K-sliced run, or one GEMV per column when the
+        // batch's tables exceed a set per slice (int4 g128 at K = 4352, N = 4) or K is one
+        // group. Either gives the pool's bits, in every layout, on 1 and 2 threads, for act-order
+        // weights and every table precision too, with the weights prepared (else the pool runs it).
+        let mut cases: Vec<(&str, PackedWeights, usize)> = Vec::new();
+        for (name, f, g, m, k) in [
+            ("int4", Format::Int4, 128, 200, 640),
+            ("int2", Format::Int2, 64, 200, 640),
+            ("one group", Format::Int4, 640, 200, 640),
+            ("tables over budget", Format::Int4, 128, 64, 4352),
+        ] {
             let qo = QuantizeOptions {
                 group_size: Some(g),
                 ..QuantizeOptions::new(f)
             };
-            let pw = quantize(&w, m, k, &qo).unwrap();
-            let opts = GemmOptions::default();
-            prepare(&pw, &opts).unwrap();
-            for threads in [1, 2] {
-                pool::set_num_threads(threads).unwrap();
-                for layout in [XLayout::KbyN, XLayout::NbyK] {
-                    for y_layout in [YLayout::MbyN, YLayout::NbyM] {
-                        let mut want = vec![0f32; m * 2];
-                        pool::install(|| {
-                            gemm_into_layout(&pw, &x, 2, layout, y_layout, &opts, &mut want)
-                        })
-                        .unwrap();
-                        let mut got = vec![f32::NAN; m * 2];
-                        let ran = batch_here(&pw, &x, 2, layout, y_layout, &opts, &mut got);
-                        // Another test's GEMV may hold the one caller slot for a moment.
-                        if ran.unwrap() {
-                            compared += 1;
-                            assert_eq!(
-                                bits(&got),
-                                bits(&want),
-                                "{f:?} g{g} {layout:?} {y_layout:?} t{threads}"
-                            );
+            cases.push((name, quantize(&fixture(m, k, 1).0, m, k, &qo).unwrap(), k));
+        }
+        let base = &cases[0].1;
+        let permuted = PackedWeights::from_codes(
+            crate::format::Codebook::new(Format::Int4).unwrap(),
+            base.m(),
+            base.k(),
+            128,
+            &base.codes(),
+            base.scales().to_vec(),
+            None,
+            Some((0..base.k() as u32).rev().collect()),
+        )
+        .unwrap();
+        cases.push(("k_perm", permuted, base.k()));
+        let before = pool::num_threads();
+        let mut compared = 0;
+        for (name, pw, k) in &cases {
+            let m = pw.m();
+            for (precision, depth) in [
+                (TablePrecision::I8, Depth::Auto),
+                (TablePrecision::I16, Depth::Auto),
+                (TablePrecision::F32, Depth::Fixed(1)),
+            ] {
+                let opts = GemmOptions {
+                    depth,
+                    precision,
+                    ..GemmOptions::default()
+                };
+                prepare(pw, &opts).unwrap();
+                for n in [2, 3, 4] {
+                    let x = fixture(1, *k, n).1;
+                    for threads in [1, 2] {
+                        pool::set_num_threads(threads).unwrap();
+                        for layout in [XLayout::KbyN, XLayout::NbyK] {
+                            for y_layout in [YLayout::MbyN, YLayout::NbyM] {
+                                let case = format!(
+                                    "{name} {precision:?} n{n} {layout:?} {y_layout:?} t{threads}"
+                                );
+                                let mut want = vec![0f32; m * n];
+                                pool::install(|| {
+                                    gemm_into_layout(pw, &x, n, layout, y_layout, &opts, &mut want)
+                                })
+                                .unwrap();
+                                let mut got = vec![f32::NAN; m * n];
+                                let ran = batch_here(pw, &x, n, layout, y_layout, &opts, &mut got);
+                                // Another test's GEMV may hold the one caller slot for a moment.
+                                if ran.unwrap() {
+                                    compared += 1;
+                                    assert_eq!(bits(&got), bits(&want), "{case}");
+                                }
+                                let mut via = vec![f32::NAN; m * n];
+                                gemm_into_layout(pw, &x, n, layout, y_layout, &opts, &mut via)
+                                    .unwrap();
+                                assert_eq!(bits(&via), bits(&want), "{case}");
+                            }
                         }
-                        let mut via = vec![f32::NAN; m * 2];
-                        gemm_into_layout(&pw, &x, 2, layout, y_layout, &opts, &mut via).unwrap();
-                        assert_eq!(bits(&via), bits(&want));
                     }
                 }
             }
         }
         pool::set_num_threads(before).unwrap();
-        assert!(compared > 0, "no batch ran on its caller");
+        assert!(
+            compared > 100,
+            "only {compared} batches ran on their caller"
+        );
     }
 
     #[test]
