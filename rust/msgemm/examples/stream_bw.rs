@@ -28,7 +28,9 @@ unsafe fn read_all(buf: &[u8]) -> i64 {
             }
             i += 512;
         }
-        let s = acc.iter().fold(_mm512_setzero_si512(), |s, a| _mm512_add_epi64(s, *a));
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_si512(), |s, a| _mm512_add_epi64(s, *a));
         _mm512_reduce_add_epi64(s)
     }
 }

@@ -887,7 +887,11 @@ fn gemv_here(
     opts: &GemmOptions,
     y: &mut [f32],
 ) -> Result<Option<Plan>> {
-    let plan = gemv_here_unchecked(pw, x, x_layout, opts, y)?;
+    if !caller_may_run(pool::pool().current_num_threads(), pw, opts) {
+        return Ok(None);
+    }
+    check_inputs(pw, x, 1, x_layout, Some(y.len()))?;
+    let plan = caller_run(pw, x, 1, opts, y)?;
     if plan.is_some() {
         check_result(y)?;
     }
@@ -898,22 +902,6 @@ fn gemv_here(
 /// (it may still decline one: caches of another depth, the caller slot taken, ...).
 fn caller_may_run(threads: usize, pw: &PackedWeights, opts: &GemmOptions) -> bool {
     threads <= 2 && opts.backend != Backend::Reference && pw.used_codes_ready()
-}
-
-/// [`gemv_here`] without the final check of `y` (for overflow).
-fn gemv_here_unchecked(
-    pw: &PackedWeights,
-    x: &[f32],
-    x_layout: XLayout,
-    opts: &GemmOptions,
-    y: &mut [f32],
-) -> Result<Option<Plan>> {
-    let threads = pool::pool().current_num_threads();
-    if !caller_may_run(threads, pw, opts) {
-        return Ok(None);
-    }
-    check_inputs(pw, x, 1, x_layout, Some(y.len()))?;
-    caller_run(pw, x, 1, opts, y)
 }
 
 /// The K-sliced run of [`gemv_here`] for `n` columns at once (inputs checked by the caller):
@@ -1104,62 +1092,92 @@ mod tests {
         (w, x)
     }
 
+    /// Weights of every kind the caller paths treat apart: int4, uint4 (zero points), int2,
+    /// ternary, fp4, one group (K = group size), and act-order int4 (the K order reversed).
+    fn caller_cases(m: usize, k: usize) -> Vec<(&'static str, PackedWeights)> {
+        let w = fixture(m, k, 1).0;
+        let mut cases: Vec<(&str, PackedWeights)> = Vec::new();
+        for (name, f, g) in [
+            ("int4", Format::Int4, 128),
+            ("uint4", Format::Uint4, 64),
+            ("int2", Format::Int2, 64),
+            ("ternary", Format::Ternary, 128),
+            ("fp4", Format::Fp4, 32),
+            ("one group", Format::Int4, k),
+        ] {
+            let qo = QuantizeOptions {
+                group_size: Some(g),
+                symmetric: Some(f != Format::Uint4),
+                ..QuantizeOptions::new(f)
+            };
+            cases.push((name, quantize(&w, m, k, &qo).unwrap()));
+        }
+        let base = &cases[0].1;
+        let permuted = PackedWeights::from_codes(
+            crate::format::Codebook::new(Format::Int4).unwrap(),
+            m,
+            k,
+            128,
+            &base.codes(),
+            base.scales().to_vec(),
+            None,
+            Some((0..k as u32).rev().collect()),
+        )
+        .unwrap();
+        cases.push(("k_perm", permuted));
+        cases
+    }
+
+    /// The table precisions and depths the caller-path tests run.
+    fn caller_options() -> Vec<GemmOptions> {
+        [
+            (TablePrecision::I8, Depth::Auto),
+            (TablePrecision::I8, Depth::Fixed(1)),
+            (TablePrecision::I16, Depth::Auto),
+            (TablePrecision::F32, Depth::Fixed(1)),
+        ]
+        .into_iter()
+        .map(|(precision, depth)| GemmOptions {
+            depth,
+            precision,
+            ..GemmOptions::default()
+        })
+        .collect()
+    }
+
     #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
         // N = 2..4 (<= CALLER_BATCH_MAX) called off the pool runs on the caller
         // (`batch_here`): all columns in one K-sliced run, or one GEMV per column when the
         // batch's tables exceed a set per slice (int4 g128 at K = 4352, N = 4) or K is one
-        // group. Either gives the pool's bits, in every layout, on 1 and 2 threads, for act-order
-        // weights and every table precision too, with the weights prepared (else the pool runs it).
-        let mut cases: Vec<(&str, PackedWeights, usize)> = Vec::new();
-        for (name, f, g, m, k) in [
-            ("int4", Format::Int4, 128, 200, 640),
-            ("int2", Format::Int2, 64, 200, 640),
-            ("one group", Format::Int4, 640, 200, 640),
-            ("tables over budget", Format::Int4, 128, 64, 4352),
-        ] {
-            let qo = QuantizeOptions {
-                group_size: Some(g),
-                ..QuantizeOptions::new(f)
-            };
-            cases.push((name, quantize(&fixture(m, k, 1).0, m, k, &qo).unwrap(), k));
-        }
-        let base = &cases[0].1;
-        let permuted = PackedWeights::from_codes(
-            crate::format::Codebook::new(Format::Int4).unwrap(),
-            base.m(),
-            base.k(),
-            128,
-            &base.codes(),
-            base.scales().to_vec(),
-            None,
-            Some((0..base.k() as u32).rev().collect()),
-        )
-        .unwrap();
-        cases.push(("k_perm", permuted, base.k()));
+        // group. Either gives the pool's bits, in every layout, on 1 and 2 threads, for every
+        // kind of weights of `caller_cases` and every table precision, with the weights
+        // prepared (else the pool runs it).
+        let mut cases = caller_cases(200, 640);
+        let qo = QuantizeOptions {
+            group_size: Some(128),
+            ..QuantizeOptions::new(Format::Int4)
+        };
+        let (m, k) = (64, 4352);
+        cases.push((
+            "tables over budget",
+            quantize(&fixture(m, k, 1).0, m, k, &qo).unwrap(),
+        ));
         let before = pool::num_threads();
         let mut compared = 0;
-        for (name, pw, k) in &cases {
-            let m = pw.m();
-            for (precision, depth) in [
-                (TablePrecision::I8, Depth::Auto),
-                (TablePrecision::I16, Depth::Auto),
-                (TablePrecision::F32, Depth::Fixed(1)),
-            ] {
-                let opts = GemmOptions {
-                    depth,
-                    precision,
-                    ..GemmOptions::default()
-                };
+        for (name, pw) in &cases {
+            let (m, k) = (pw.m(), pw.k());
+            for opts in caller_options() {
                 prepare(pw, &opts).unwrap();
+                let (precision, depth) = (opts.precision, opts.depth);
                 for n in [2, 3, 4] {
-                    let x = fixture(1, *k, n).1;
+                    let x = fixture(1, k, n).1;
                     for threads in [1, 2] {
                         pool::set_num_threads(threads).unwrap();
                         for layout in [XLayout::KbyN, XLayout::NbyK] {
                             for y_layout in [YLayout::MbyN, YLayout::NbyM] {
                                 let case = format!(
-                                    "{name} {precision:?} n{n} {layout:?} {y_layout:?} t{threads}"
+                                    "{name} {precision:?} {depth:?} n{n} {layout:?} {y_layout:?} t{threads}"
                                 );
                                 let mut want = vec![0f32; m * n];
                                 pool::install(|| {
@@ -1196,55 +1214,15 @@ mod tests {
         // a single group: its rows split in two, 200 rows = 4 blocks): the same bits as on
         // the pool, once the first call has built the weights' caches.
         // (Other tests may run meanwhile: the pool size never changes a result.)
-        use crate::format::Codebook;
         let (m, k) = (200, 640);
-        let (w, x) = fixture(m, k, 1);
-        let mut cases: Vec<(&str, PackedWeights)> = Vec::new();
-        for (name, f, g) in [
-            ("int4", Format::Int4, 128),
-            ("uint4", Format::Uint4, 64),
-            ("int2", Format::Int2, 64),
-            ("ternary", Format::Ternary, 128),
-            ("fp4", Format::Fp4, 32),
-            ("one group", Format::Int4, 640),
-        ] {
-            let qo = QuantizeOptions {
-                group_size: Some(g),
-                symmetric: Some(f != Format::Uint4),
-                ..QuantizeOptions::new(f)
-            };
-            cases.push((name, quantize(&w, m, k, &qo).unwrap()));
-        }
-        // Act-order weights (a K permutation).
-        let base = &cases[0].1;
-        let perm: Vec<u32> = (0..k as u32).rev().collect();
-        let permuted = PackedWeights::from_codes(
-            Codebook::new(Format::Int4).unwrap(),
-            m,
-            k,
-            128,
-            &base.codes(),
-            base.scales().to_vec(),
-            None,
-            Some(perm),
-        )
-        .unwrap();
-        cases.push(("k_perm", permuted));
+        let x = fixture(m, k, 1).1;
+        let cases = caller_cases(m, k);
         let before = pool::num_threads();
         for threads in [1, 2] {
             pool::set_num_threads(threads).unwrap();
             for (name, pw) in &cases {
-                for (precision, depth) in [
-                    (TablePrecision::I8, Depth::Auto),
-                    (TablePrecision::I8, Depth::Fixed(1)),
-                    (TablePrecision::I16, Depth::Auto),
-                    (TablePrecision::F32, Depth::Fixed(1)),
-                ] {
-                    let opts = GemmOptions {
-                        depth,
-                        precision,
-                        ..GemmOptions::default()
-                    };
+                for opts in caller_options() {
+                    let (precision, depth) = (opts.precision, opts.depth);
                     let mut want = vec![0f32; m];
                     pool::install(|| gemm_into(pw, &x, 1, XLayout::KbyN, &opts, &mut want))
                         .unwrap();
