@@ -11,7 +11,7 @@ def test_bench_prints_counts_and_speed(capsys):
                      "--group-size", "64", "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     assert "equals the closed form" in out
-    assert "numpy fp32" in out and "GB/s" in out
+    assert "numpy fp32" in out and "GB/s" in out and "read floor" in out
 
 
 def test_bench_returns_figures():
@@ -19,4 +19,7 @@ def test_bench_returns_figures():
     r = _cli.bench(200, 128, 1, "fp4", 32, "f32", "auto", repeat=2, out=lines.append)
     assert r["rel_l1"] < 1e-6
     assert r["counted"]["mac_ratio"] > 0
-    assert len(lines) == 6
+    assert len(lines) == 7
+    # The floor is the packed bytes at numpy's read rate: numpy's time scaled by the byte ratio.
+    pw_bytes, f32_bytes = r["packed_bytes"], 200 * 128 * 4
+    assert abs(r["read_floor_s"] - r["numpy_s"] * pw_bytes / f32_bytes) <= 1e-9 * r["numpy_s"]
