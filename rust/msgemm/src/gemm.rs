@@ -751,11 +751,11 @@ pub fn gemm_into_layout(
 /// 0.32-0.33 -> 0.29 ms, N = 3 0.51 -> 0.41, N = 4 0.64-0.68 -> 0.52-0.54.
 const CALLER_BATCH_MAX: usize = 4;
 
-/// A small batch on the caller: all columns in one [`caller_run`] (each thread reads its K
-/// half of the weights once), else (tables of the batch over one set per slice, or K of one
-/// group) one per column; false when a column does not qualify (then `y` is left for the pool
-/// path, which overwrites all of it). A column of a batch equals the GEMV of that column bit
-/// for bit ([`k_slices`]), so the result is the pool's.
+/// A small batch on the caller: the columns in runs of [`caller_run`] as long as the tables of
+/// a K slice fit one set (each run reads the weights once; single columns when K is one
+/// group); false, with `y` untouched, when a column does not qualify (the pool path then
+/// runs). A column of a batch equals the GEMV of that column bit for bit ([`k_slices`]), so
+/// the result is the pool's.
 #[allow(clippy::too_many_arguments)]
 fn batch_here(
     pw: &PackedWeights,
@@ -773,7 +773,6 @@ fn batch_here(
     // The whole batch's checks first, so that errors name positions in `x` as the pool path's
     // do; the result is checked once at the end (every column written first, as there).
     check_inputs(pw, x, n, layout, Some(y.len()))?;
-    // First all columns at once: each thread reads its half of the weights once.
     let xt: Cow<'_, [f32]> = match layout {
         XLayout::NbyK => Cow::Borrowed(x),
         XLayout::KbyN => Cow::Owned(
@@ -782,35 +781,36 @@ fn batch_here(
                 .collect(),
         ),
     };
+    // The columns in runs of as many as one table set per K slice holds (all of them when
+    // they fit): each run reads the weights once.
     let span = pw.m().div_ceil(crate::layout::ROW_BLOCK) * crate::layout::ROW_BLOCK;
     let mut ys = vec![0f32; n * span];
-    if caller_run(pw, &xt, n, opts, &mut ys)?.is_some() {
-        for (c, col) in ys.chunks_exact(span).enumerate() {
-            match y_layout {
-                YLayout::NbyM => y[c * m..(c + 1) * m].copy_from_slice(&col[..m]),
-                YLayout::MbyN => {
-                    for (i, v) in col[..m].iter().enumerate() {
-                        y[i * n + c] = *v;
-                    }
-                }
+    let mut c0 = 0;
+    while c0 < n {
+        let mut c = n - c0;
+        while caller_run(
+            pw,
+            &xt[c0 * k..(c0 + c) * k],
+            c,
+            opts,
+            &mut ys[c0 * span..(c0 + c) * span],
+        )?
+        .is_none()
+        {
+            if c == 1 {
+                return Ok(false);
             }
+            c -= 1;
         }
-        check_result(y)?;
-        return Ok(true);
+        c0 += c;
     }
-    // Else one GEMV per column (the batch's tables do not fit one set per K slice).
-    let mut yc = vec![0f32; m];
-    for (c, col) in xt.chunks_exact(k).enumerate() {
-        let out: &mut [f32] = match y_layout {
-            YLayout::NbyM => &mut y[c * m..(c + 1) * m],
-            YLayout::MbyN => &mut yc,
-        };
-        if caller_run(pw, col, 1, opts, out)?.is_none() {
-            return Ok(false);
-        }
-        if y_layout == YLayout::MbyN {
-            for (i, v) in yc.iter().enumerate() {
-                y[i * n + c] = *v;
+    for (c, col) in ys.chunks_exact(span).enumerate() {
+        match y_layout {
+            YLayout::NbyM => y[c * m..(c + 1) * m].copy_from_slice(&col[..m]),
+            YLayout::MbyN => {
+                for (i, v) in col[..m].iter().enumerate() {
+                    y[i * n + c] = *v;
+                }
             }
         }
     }
@@ -1148,9 +1148,9 @@ mod tests {
     #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
         // N = 2..4 (<= CALLER_BATCH_MAX) called off the pool runs on the caller
-        // (`batch_here`): all columns in one K-sliced run, or one GEMV per column when the
-        // batch's tables exceed a set per slice (int4 g128 at K = 4352, N = 4) or K is one
-        // group. Either gives the pool's bits, in every layout, on 1 and 2 threads, for every
+        // (`batch_here`): all columns in one K-sliced run, or runs of fewer columns when the
+        // batch's tables exceed a set per slice (int4 g128 at K = 4352, N = 4: 3 + 1), or one
+        // GEMV per column when K is one group. Either gives the pool's bits, in every layout, on 1 and 2 threads, for every
         // kind of weights of `caller_cases` and every table precision, with the weights
         // prepared (else the pool runs it).
         let mut cases = caller_cases(200, 640);
