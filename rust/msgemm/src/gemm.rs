@@ -920,6 +920,12 @@ fn caller_run(
 ) -> Result<Option<Plan>> {
     let threads = pool::pool().current_num_threads();
     let k = pw.k();
+    // The kernels write `y` through raw pointers: its length is checked here, once.
+    let span = pw.m().div_ceil(crate::layout::ROW_BLOCK) * crate::layout::ROW_BLOCK;
+    assert!(
+        x.len() == n * k && y.len() >= if n == 1 { pw.m() } else { n * span },
+        "caller_run: x or y of the wrong length"
+    );
     // The plan of one column: a column of a batch equals its GEMV bit for bit.
     let plan = plan(pw, 1, opts)?;
     let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
