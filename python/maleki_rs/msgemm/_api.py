@@ -180,6 +180,9 @@ class PackedWeights:
         ``dequantize`` and :func:`msgemm` use the original input order).
     nbytes : int
         Bytes of packed codes + scales + zero points.
+    cache_nbytes : int
+        Bytes held on top of ``nbytes`` by caches built on first use (see
+        :meth:`clear_cache`).
     """
 
     __slots__ = ("_raw", "_cache", "__weakref__")
@@ -262,6 +265,24 @@ class PackedWeights:
         return int(self._raw.nbytes)
 
     @property
+    def cache_nbytes(self) -> int:
+        """Bytes held on top of :attr:`nbytes` by caches built on first use: the kernels' tile
+        layouts of the depths and kernels used (a 4-bit format at its natural depth: about as
+        many bytes as its packed codes), tiled scales and zero points, and the read-only arrays
+        that the properties above return. :meth:`clear_cache` releases them."""
+        arrays = sum(v.nbytes for v in self._cache.values() if isinstance(v, np.ndarray))
+        return int(self._raw.cache_bytes) + arrays
+
+    def clear_cache(self) -> PackedWeights:
+        """Releases what :attr:`cache_nbytes` counts, e.g. for weights used once in a while in
+        a process short of memory. Results do not change; the next call rebuilds what it reads,
+        as the first call did (:meth:`prepare` does it ahead of time). Calls running in other
+        threads keep the weights they started with. Returns ``self``."""
+        self._cache.clear()
+        self._raw.clear_cache()
+        return self
+
+    @property
     def mirror(self) -> tuple[str, float] | None:
         """``(involution, shift)`` of the codebook's mirror symmetry, or None."""
         return self._raw.mirror
@@ -339,9 +360,10 @@ class PackedWeights:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         codebook = self.codebook.tolist() if self.format == "codebook" else None
-        return (_restore, (self.format, codebook, self.shape[1], np.asarray(self.packed),
-                           np.asarray(self.scales), None if self.zeros is None else np.asarray(self.zeros),
-                           None if self.k_perm is None else np.asarray(self.k_perm)))
+        # Fresh arrays from the core, not the cached ones: pickling leaves no copy behind.
+        raw = self._raw
+        return (_restore, (self.format, codebook, self.shape[1], raw.packed(), raw.scales(),
+                           raw.zeros(), raw.k_perm()))
 
     # -- constructors ---------------------------------------------------------------------
     @classmethod

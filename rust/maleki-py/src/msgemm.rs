@@ -1,7 +1,7 @@
 //! `maleki_rs._core.msgemm`: bindings of the msGeMM core (private; the public API is the
 //! Python package `maleki_rs.msgemm`, which validates arguments and converts dtypes first).
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use maleki_common::Result as CoreResult;
 use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
@@ -71,14 +71,22 @@ fn codebook_of(format: &str, codebook: Option<Vec<f32>>) -> CoreResult<Codebook>
 /// Packed low-bit weights (the core object behind `maleki_rs.msgemm.PackedWeights`).
 #[pyclass(frozen, module = "maleki_rs._core.msgemm", name = "Packed")]
 pub struct Packed {
-    inner: Arc<PackedWeights>,
+    /// Swapped for a copy without caches by `clear_cache`; a call holds its own `Arc` for
+    /// its whole run, so a swap never pulls the weights from under one.
+    inner: RwLock<Arc<PackedWeights>>,
 }
 
 impl Packed {
     fn wrap(pw: PackedWeights) -> Packed {
         Packed {
-            inner: Arc::new(pw),
+            inner: RwLock::new(Arc::new(pw)),
         }
+    }
+
+    /// The current weights (a poisoned lock still holds valid weights: nothing panics while
+    /// holding it).
+    fn get(&self) -> Arc<PackedWeights> {
+        Arc::clone(&self.inner.read().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -299,8 +307,8 @@ impl Packed {
 
     /// `(B (N, k_blocks, blob) uint8, scales (N*k_blocks,) float32, zero_points uint8 or None)`.
     fn to_matmulnbits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-        let (b, s, z) = interop::to_matmulnbits(&self.inner).map_err(to_pyerr)?;
-        let pw = &self.inner;
+        let pw = self.get();
+        let (b, s, z) = interop::to_matmulnbits(&pw).map_err(to_pyerr)?;
         let kb = pw.groups();
         let blob = pw.row_bytes() / kb;
         let b = numpy::ndarray::Array3::from_shape_vec((pw.m(), kb, blob), b)
@@ -320,44 +328,55 @@ impl Packed {
 
     #[getter]
     fn format(&self) -> &'static str {
-        self.inner.codebook().format().name()
+        self.get().codebook().format().name()
     }
     #[getter]
     fn m(&self) -> usize {
-        self.inner.m()
+        self.get().m()
     }
     #[getter]
     fn k(&self) -> usize {
-        self.inner.k()
+        self.get().k()
     }
     #[getter]
     fn group_size(&self) -> usize {
-        self.inner.group_size()
+        self.get().group_size()
     }
     #[getter]
     fn levels(&self) -> usize {
-        self.inner.codebook().levels()
+        self.get().codebook().levels()
     }
     #[getter]
     fn natural_depth(&self) -> usize {
-        self.inner.natural_depth()
+        self.get().natural_depth()
     }
     #[getter]
     fn max_depth(&self) -> usize {
-        self.inner.codebook().max_depth()
+        self.get().codebook().max_depth()
     }
     #[getter]
     fn nbytes(&self) -> usize {
-        self.inner.nbytes()
+        self.get().nbytes()
+    }
+    /// Bytes of the caches built on first use (tile layouts, tiled scales and zero points).
+    #[getter]
+    fn cache_bytes(&self) -> usize {
+        self.get().cache_bytes()
+    }
+    /// Drops the caches: the weights are swapped for a copy without them (calls running now
+    /// keep the weights they started with); the next call rebuilds what it needs.
+    fn clear_cache(&self, py: Python<'_>) {
+        let fresh = Arc::new(py.detach(|| self.get().as_ref().clone()));
+        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = fresh;
     }
     #[getter]
     fn bits_per_weight(&self) -> f64 {
-        self.inner.codebook().packing().bits_per_code()
+        self.get().codebook().packing().bits_per_code()
     }
     /// `(involution name, shift)` of the codebook's mirror symmetry, or None.
     #[getter]
     fn mirror(&self) -> Option<(&'static str, f32)> {
-        self.inner.codebook().mirror().map(|m| {
+        self.get().codebook().mirror().map(|m| {
             let name = match m.involution {
                 maleki_msgemm::format::Involution::Reverse => "reverse",
                 maleki_msgemm::format::Involution::SignBit => "signbit",
@@ -366,44 +385,36 @@ impl Packed {
         })
     }
     fn codebook<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
-        Array1::from_vec(self.inner.codebook().values().to_vec()).into_pyarray(py)
+        Array1::from_vec(self.get().codebook().values().to_vec()).into_pyarray(py)
     }
     fn packed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
-        to_array2(
-            py,
-            self.inner.packed().to_vec(),
-            self.inner.m(),
-            self.inner.row_bytes(),
-        )
+        let pw = self.get();
+        to_array2(py, pw.packed().to_vec(), pw.m(), pw.row_bytes())
     }
     fn scales<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        to_array2(
-            py,
-            self.inner.scales().to_vec(),
-            self.inner.m(),
-            self.inner.groups(),
-        )
+        let pw = self.get();
+        to_array2(py, pw.scales().to_vec(), pw.m(), pw.groups())
     }
     fn zeros<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
-        self.inner
-            .zeros()
-            .map(|z| to_array2(py, z.to_vec(), self.inner.m(), self.inner.groups()))
+        let pw = self.get();
+        pw.zeros()
+            .map(|z| to_array2(py, z.to_vec(), pw.m(), pw.groups()))
             .transpose()
     }
     fn k_perm<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<u32>>> {
-        self.inner
+        self.get()
             .k_perm()
             .map(|p| Array1::from_vec(p.to_vec()).into_pyarray(py))
     }
     fn codes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
-        let pw = Arc::clone(&self.inner);
+        let pw = self.get();
         let c = run_quick(py, || Ok(pw.codes()))?;
-        to_array2(py, c, self.inner.m(), self.inner.k())
+        to_array2(py, c, pw.m(), pw.k())
     }
     /// Dequantizes into `out` (M, K) float32 C-contiguous: the float64 values rounded once.
     fn dequantize_into_f32(&self, py: Python<'_>, out: Bound<'_, PyArray2<f32>>) -> PyResult<()> {
         let mut out = borrow_out(&out)?;
-        let pw = Arc::clone(&self.inner);
+        let pw = self.get();
         let o = out_slice(&mut out, pw.m(), pw.k())?;
         run_quick(py, || {
             pw.dequantize_f32_into(o);
@@ -413,7 +424,7 @@ impl Packed {
     /// Dequantizes into `out` (M, K) float64 C-contiguous.
     fn dequantize_into_f64(&self, py: Python<'_>, out: Bound<'_, PyArray2<f64>>) -> PyResult<()> {
         let mut out = borrow_out(&out)?;
-        let pw = Arc::clone(&self.inner);
+        let pw = self.get();
         let o = out_slice(&mut out, pw.m(), pw.k())?;
         run_quick(py, || {
             pw.dequantize_into(o);
@@ -425,7 +436,7 @@ impl Packed {
     /// scales and zero points; then even the first GEMV runs on the calling thread.
     #[pyo3(signature = (depth=None))]
     fn prepare(&self, py: Python<'_>, depth: Option<usize>) -> PyResult<()> {
-        let pw = Arc::clone(&self.inner);
+        let pw = self.get();
         run_quick(py, || {
             let opts = GemmOptions {
                 depth: depth.map_or(Depth::Auto, Depth::Fixed),
@@ -519,7 +530,7 @@ fn gemm<'py>(
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     let (n, layout) = columns_of(&x, transposed);
     let xs = slice(&x, "x")?;
-    let w = Arc::clone(&pw.inner);
+    let w = pw.get();
     let m = w.m();
     // Y as (M, N), or transposed (N, M) (a linear layer's (B, M) outputs, without a copy).
     let (y_layout, shape) = if y_transposed {
@@ -567,7 +578,7 @@ fn fused_gemv<'py>(
     x: Ro1<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let xs = slice(&x, "x")?;
-    let w = Arc::clone(&pw.inner);
+    let w = pw.get();
     let y = run_gemm(py, None, || {
         let mut y = vec![0f32; w.m()];
         maleki_msgemm::fused::fused_gemv(&w, xs, &mut y)?;
@@ -600,7 +611,7 @@ fn gemm_counted<'py>(
     let opts = options(depth, table, "reference", mirror).map_err(to_pyerr)?;
     let (n, layout) = columns_of(&x, transposed);
     let xs = slice(&x, "x")?;
-    let w = Arc::clone(&pw.inner);
+    let w = pw.get();
     let (y, c, plan) = run_quick(py, || core_gemm::gemm_counted(&w, xs, n, layout, &opts))?;
     let p = CountParams {
         m: plan.m as u64,
@@ -629,7 +640,7 @@ fn plan_info<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     // On the pool: a plan of fresh weights first finds the codes they use (in parallel).
-    let w = Arc::clone(&pw.inner);
+    let w = pw.get();
     let (plan, kernel, run) = run_quick(py, || {
         let plan = core_gemm::plan(&w, n, &opts)?;
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
@@ -738,7 +749,7 @@ fn backend_supports(
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     // The plan of the named backend: under depth="auto" the depth is that backend's choice
     // (on the pool: a plan of fresh weights first finds the codes they use, in parallel).
-    let w = Arc::clone(&pw.inner);
+    let w = pw.get();
     let Ok(plan) = run_quick(py, || core_gemm::plan(&w, n, &opts)) else {
         return Ok(false);
     };

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
 use crate::format::{Codebook, MAX_DEPTH};
-use crate::layout::{tile_per_group, TileLayout};
+use crate::layout::{tile_per_group, IndexData, TileLayout};
 use crate::plan::Plan;
 
 /// A quantized weight matrix `Wd` of shape `(M, K)`:
@@ -304,6 +304,32 @@ impl PackedWeights {
     /// Bytes of the canonical representation (packed codes + scales + zero points).
     pub fn nbytes(&self) -> usize {
         self.packed.len() + 4 * self.scales.len() + self.zeros.as_ref().map_or(0, |z| 4 * z.len())
+    }
+
+    /// Bytes held by the caches built on first use (the kernels' tile layouts of the depths
+    /// used, tiled scales and zero points), on top of [`PackedWeights::nbytes`]. A clone has
+    /// none: `clone()` is how a caller releases them.
+    pub fn cache_bytes(&self) -> usize {
+        let layout = |l: &TileLayout| match &l.data {
+            IndexData::U8(d) => d.capacity_bytes(),
+            IndexData::U16(d) => d.capacity_bytes(),
+        };
+        let layouts: usize = [&self.layouts, &self.labeled_layouts, &self.folded_layouts]
+            .iter()
+            .flat_map(|set| set.iter())
+            .filter_map(|c| c.get().map(layout))
+            .sum();
+        let floats = [&self.tiled_scales, &self.tiled_mirror_zeros]
+            .iter()
+            .filter_map(|c| c.get().map(|v| v.capacity_bytes()))
+            .sum::<usize>()
+            + self
+                .tiled_zeros
+                .get()
+                .and_then(|z| z.as_ref().map(|v| v.capacity_bytes()))
+                .unwrap_or(0);
+        let used = self.used_codes.get().map_or(0, |u| u.capacity());
+        layouts + floats + used
     }
 
     /// Unpacked codes `(M, K)` row-major, in packed column order.
