@@ -627,6 +627,36 @@ mod tests {
     use crate::format::Format;
 
     #[test]
+    fn cache_bytes_count_what_a_call_builds_and_a_clone_drops() {
+        let (m, k) = (100, 256);
+        let w: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let qo = crate::QuantizeOptions {
+            group_size: Some(128),
+            ..crate::QuantizeOptions::new(Format::Int4)
+        };
+        let pw = crate::quantize(&w, m, k, &qo).unwrap();
+        assert_eq!(pw.cache_bytes(), 0);
+        let x: Vec<f32> = (0..k).map(|i| (i % 13) as f32 - 6.0).collect();
+        let y = crate::gemm(&pw, &x, 1, &crate::GemmOptions::default()).unwrap();
+        // The int4 depth-2 byte layout (rows padded to 64, one byte per pair of inputs) and the
+        // tiled scales (one float per padded row and group), at least.
+        let rows = m.div_ceil(64) * 64;
+        assert!(
+            pw.cache_bytes() >= rows * k / 2 + rows * 2 * 4,
+            "{}",
+            pw.cache_bytes()
+        );
+        let fresh = pw.clone();
+        assert_eq!(fresh.cache_bytes(), 0);
+        assert_eq!(
+            crate::gemm(&fresh, &x, 1, &crate::GemmOptions::default()).unwrap(),
+            y
+        );
+    }
+
+    #[test]
     fn dequantize_applies_scale_zero_and_permutation() {
         let cb = Codebook::new(Format::Uint4).unwrap();
         let codes = vec![1u8, 2, 3, 4, 5, 6, 7, 8];
