@@ -215,9 +215,15 @@ impl Packing {
     pub fn unpack_row(self, bytes: &[u8], out: &mut [u8]) {
         debug_assert_eq!(bytes.len(), self.row_bytes(out.len()));
         match self {
+            // Byte by byte (a division per code kept the compiler from vectorising).
             Packing::Nibble => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = (bytes[i / 2] >> (4 * (i % 2))) & 15;
+                let mut pairs = out.chunks_exact_mut(2);
+                for (o, &b) in (&mut pairs).zip(bytes) {
+                    o[0] = b & 15;
+                    o[1] = b >> 4;
+                }
+                if let [last] = pairs.into_remainder() {
+                    *last = bytes[bytes.len() - 1] & 15;
                 }
             }
             Packing::Int3 => {
@@ -229,8 +235,10 @@ impl Packing {
                 }
             }
             Packing::Crumb => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = (bytes[i / 4] >> (2 * (i % 4))) & 3;
+                for (o, &b) in out.chunks_mut(4).zip(bytes) {
+                    for (j, c) in o.iter_mut().enumerate() {
+                        *c = (b >> (2 * j)) & 3;
+                    }
                 }
             }
             Packing::Trit5 => {

@@ -106,37 +106,39 @@ impl TileLayout {
             }
             idx
         };
-        // One group per task: each fills its own contiguous [rb][t][64] part.
-        let fill = |g: usize, put: &mut dyn FnMut(usize, usize)| {
+        // One group per task: each fills its own contiguous [rb][t][64] part (a generic
+        // writer, inlined: a `dyn` call per index was most of the build).
+        fn fill<T>(
+            out: &mut [T],
+            g: usize,
+            (m, group_size, row_blocks, tuples): (usize, usize, usize, Tuples),
+            index: &impl Fn(usize, usize, usize) -> usize,
+            cast: impl Fn(usize) -> T,
+        ) {
             for rb in 0..row_blocks {
+                let rows = (m - rb * ROW_BLOCK).min(ROW_BLOCK);
                 for t in 0..tuples.per_group {
-                    let k0 = g * group_size + t * depth;
+                    let k0 = g * group_size + t * tuples.depth;
                     let r = tuples.depth_of(t);
                     let base = (rb * tuples.per_group + t) * ROW_BLOCK;
-                    for lane in 0..ROW_BLOCK {
-                        let row = rb * ROW_BLOCK + lane;
-                        if row < m {
-                            put(base + lane, index(row, k0, r));
-                        }
+                    for lane in 0..rows {
+                        out[base + lane] = cast(index(rb * ROW_BLOCK + lane, k0, r));
                     }
                 }
             }
-        };
+        }
+        let shape = (m, group_size, row_blocks, tuples);
         let data = if wide {
             let mut v = AlignedVec::<u16>::zeroed(groups * slot_len);
             v.par_chunks_mut(slot_len.max(1))
                 .enumerate()
-                .for_each(|(g, out)| {
-                    fill(g, &mut |i, idx| out[i] = idx as u16);
-                });
+                .for_each(|(g, out)| fill(out, g, shape, &index, |i| i as u16));
             IndexData::U16(v)
         } else {
             let mut v = AlignedVec::<u8>::zeroed(groups * slot_len);
             v.par_chunks_mut(slot_len.max(1))
                 .enumerate()
-                .for_each(|(g, out)| {
-                    fill(g, &mut |i, idx| out[i] = idx as u8);
-                });
+                .for_each(|(g, out)| fill(out, g, shape, &index, |i| i as u8));
             IndexData::U8(v)
         };
         TileLayout {
@@ -146,6 +148,53 @@ impl TileLayout {
             data,
             folded: false,
             labeled: labels.is_some(),
+        }
+    }
+
+    /// [`TileLayout::build`] for the case where each stored byte is an index: packings whose
+    /// byte holds `depth` codes as `sum_j c_j V^j` (int4 at depth 2, int2 at 4, ternary at 5,
+    /// fp8 at 1), groups a whole number of bytes, no labels. Then the layout is the packed rows
+    /// transposed in blocks of 64 rows, without unpacking a code. `packed` is `(M, row_bytes)`
+    /// row-major.
+    pub fn from_packed_bytes(
+        packed: &[u8],
+        row_bytes: usize,
+        m: usize,
+        k: usize,
+        group_size: usize,
+        depth: usize,
+    ) -> TileLayout {
+        assert!(group_size.is_multiple_of(depth) && k.is_multiple_of(group_size));
+        assert!(row_bytes >= k / depth && packed.len() >= m * row_bytes);
+        let groups = k / group_size;
+        let row_blocks = m.div_ceil(ROW_BLOCK);
+        let tuples = Tuples::new(group_size, depth);
+        let pg = tuples.per_group;
+        let slot_len = row_blocks * pg * ROW_BLOCK;
+        let mut v = AlignedVec::<u8>::zeroed(groups * slot_len);
+        // One group per task; within it, each row's `pg` bytes go to lane `row % 64` of the
+        // row block's `pg` slots (rows past M stay zero, as in `build`).
+        v.par_chunks_mut(slot_len.max(1))
+            .enumerate()
+            .for_each(|(g, out)| {
+                for (rb, block) in out.chunks_mut(pg * ROW_BLOCK).enumerate() {
+                    let rows = (m - rb * ROW_BLOCK).min(ROW_BLOCK);
+                    for lane in 0..rows {
+                        let row = rb * ROW_BLOCK + lane;
+                        let src = &packed[row * row_bytes + g * pg..][..pg];
+                        for (t, &b) in src.iter().enumerate() {
+                            block[t * ROW_BLOCK + lane] = b;
+                        }
+                    }
+                }
+            });
+        TileLayout {
+            tuples,
+            groups,
+            row_blocks,
+            data: IndexData::U8(v),
+            folded: false,
+            labeled: false,
         }
     }
 

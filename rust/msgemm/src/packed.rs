@@ -6,7 +6,7 @@ use maleki_common::{Error, Result};
 use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
-use crate::format::{Codebook, MAX_DEPTH};
+use crate::format::{Codebook, Packing, MAX_DEPTH};
 use crate::layout::{tile_per_group, IndexData, TileLayout};
 use crate::plan::Plan;
 
@@ -458,6 +458,29 @@ impl PackedWeights {
 
     /// A fresh tile layout of `depth`, indices from codes or (given) their labels.
     fn build_layout(&self, depth: usize, labels: Option<&[u8]>) -> TileLayout {
+        // The stored bytes are the indices of the natural depth when a byte holds its codes
+        // in base V (not for int3, whose 6-bit indices straddle bytes, nor for codebooks of
+        // fewer levels than their packing holds): the packed rows transposed, no code unpacked.
+        let levels = self.codebook.levels();
+        let base_v = match self.codebook.packing() {
+            Packing::Nibble => levels == 16,
+            Packing::Crumb => levels == 4,
+            Packing::Trit5 => levels == 3,
+            Packing::Byte => true,
+            Packing::Int3 => false,
+        };
+        let byte_indices =
+            base_v && depth == self.natural_depth() && self.group_size.is_multiple_of(depth);
+        if byte_indices && labels.is_none() {
+            return TileLayout::from_packed_bytes(
+                &self.packed,
+                self.row_bytes(),
+                self.m,
+                self.k,
+                self.group_size,
+                depth,
+            );
+        }
         TileLayout::build(
             &self.codes(),
             self.m,
@@ -625,6 +648,59 @@ impl PackedWeights {
 mod tests {
     use super::*;
     use crate::format::Format;
+
+    #[test]
+    fn layouts_from_packed_bytes_equal_the_general_build() {
+        // Natural-depth layouts are transposed packed bytes where the bytes are indices; the
+        // general build from unpacked codes is the oracle, for every format (those whose bytes
+        // are not indices take the general path: int3, a 5-value codebook in nibbles), odd M
+        // and group sizes that are and are not multiples of the depth.
+        let mut books: Vec<Codebook> = [
+            Format::Int4,
+            Format::Uint4,
+            Format::Int3,
+            Format::Uint3,
+            Format::Int2,
+            Format::Uint2,
+            Format::Ternary,
+            Format::Fp4,
+            Format::Nf4,
+            Format::Fp8E4m3,
+        ]
+        .into_iter()
+        .map(|f| Codebook::new(f).unwrap())
+        .collect();
+        books.push(Codebook::custom(&[-1.0, -0.3, 0.0, 0.4, 1.2]).unwrap());
+        books.push(
+            Codebook::custom(&(0..16).map(|i| i as f32 * 0.5 - 4.0).collect::<Vec<_>>()).unwrap(),
+        );
+        let mut fast = 0;
+        for cb in books {
+            let levels = cb.levels();
+            let d = cb.natural_depth();
+            for (m, g, groups) in [(1, 40, 2), (65, 40, 3), (130, 64, 2), (63, 30, 2)] {
+                let k = g * groups;
+                // (fp8's two NaN codes, `x111_1111`, are not weights.)
+                let codes: Vec<u8> = (0..m * k)
+                    .map(|i| ((i * 7 + i / k) % levels) as u8)
+                    .map(|c| {
+                        if levels == 256 && c & 0x7f == 0x7f {
+                            c - 1
+                        } else {
+                            c
+                        }
+                    })
+                    .collect();
+                let scales = vec![1.0f32; m * groups];
+                let pw = PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, None, None)
+                    .unwrap();
+                let want = TileLayout::build(&codes, m, k, g, levels, d, None);
+                assert_eq!(pw.layout(d).unwrap(), &want, "{:?} m{m} g{g}", cb.format());
+                fast += usize::from(g % d == 0 && cb.packing() != Packing::Int3);
+            }
+        }
+        assert!(fast > 20, "{fast}");
+    }
 
     #[test]
     fn cache_bytes_count_what_a_call_builds_and_a_clone_drops() {
