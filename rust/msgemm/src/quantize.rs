@@ -103,6 +103,9 @@ fn resolve(opts: &QuantizeOptions) -> Result<(Format, Scheme)> {
 struct Levels {
     /// `(value, code)` sorted by value, one code per distinct value (the smaller code).
     sorted: Vec<(f64, u8)>,
+    /// The sorted values padded with +inf to 16, when there are at most 16: the levels below
+    /// `x` are then counted without branches (a binary search mispredicts about every step).
+    small: Option<[f64; 16]>,
 }
 
 impl Levels {
@@ -121,16 +124,22 @@ impl Levels {
         });
         // +0 and -0 (fp formats) are one level: keep the smaller code.
         sorted.dedup_by(|b, a| a.0 == b.0);
-        Levels { sorted }
+        let small = (sorted.len() <= 16)
+            .then(|| std::array::from_fn(|i| sorted.get(i).map_or(f64::INFINITY, |l| l.0)));
+        Levels { sorted, small }
     }
 
     fn max_abs(&self) -> f64 {
         self.sorted.iter().fold(0.0, |m, &(v, _)| m.max(v.abs()))
     }
 
+    #[inline]
     fn nearest(&self, x: f64) -> u8 {
         let s = &self.sorted;
-        let i = s.partition_point(|&(v, _)| v < x);
+        let i = match &self.small {
+            Some(v) => v.iter().map(|&v| usize::from(v < x)).sum(),
+            None => s.partition_point(|&(v, _)| v < x),
+        };
         if i == 0 {
             return s[0].1;
         }
@@ -139,11 +148,12 @@ impl Levels {
         }
         let (lo, hi) = (s[i - 1], s[i]);
         let (dl, dh) = (x - lo.0, hi.0 - x);
-        if dl < dh {
-            lo.1
-        } else if dh < dl {
-            hi.1
-        } else if lo.1 % 2 == 0 {
+        if dl != dh {
+            // Selected by index, not by a branch: which side is nearer is a coin toss on
+            // weights, and a mispredicted branch per weight was most of this function.
+            return [lo.1, hi.1][usize::from(dh < dl)];
+        }
+        if lo.1 % 2 == 0 {
             lo.1
         } else if hi.1 % 2 == 0 {
             hi.1
