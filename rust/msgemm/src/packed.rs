@@ -655,21 +655,11 @@ mod tests {
         // general build from unpacked codes is the oracle, for every format (those whose bytes
         // are not indices take the general path: int3, a 5-value codebook in nibbles), odd M
         // and group sizes that are and are not multiples of the depth.
-        let mut books: Vec<Codebook> = [
-            Format::Int4,
-            Format::Uint4,
-            Format::Int3,
-            Format::Uint3,
-            Format::Int2,
-            Format::Uint2,
-            Format::Ternary,
-            Format::Fp4,
-            Format::Nf4,
-            Format::Fp8E4m3,
-        ]
-        .into_iter()
-        .map(|f| Codebook::new(f).unwrap())
-        .collect();
+        let mut books: Vec<Codebook> = Format::ALL
+            .into_iter()
+            .filter(|&f| f != Format::Codebook)
+            .map(|f| Codebook::new(f).unwrap())
+            .collect();
         books.push(Codebook::custom(&[-1.0, -0.3, 0.0, 0.4, 1.2]).unwrap());
         books.push(
             Codebook::custom(&(0..16).map(|i| i as f32 * 0.5 - 4.0).collect::<Vec<_>>()).unwrap(),
@@ -680,16 +670,10 @@ mod tests {
             let d = cb.natural_depth();
             for (m, g, groups) in [(1, 40, 2), (65, 40, 3), (130, 64, 2), (63, 30, 2)] {
                 let k = g * groups;
-                // (fp8's two NaN codes, `x111_1111`, are not weights.)
+                // (fp8's NaN and infinity codes are not weights.)
                 let codes: Vec<u8> = (0..m * k)
                     .map(|i| ((i * 7 + i / k) % levels) as u8)
-                    .map(|c| {
-                        if levels == 256 && c & 0x7f == 0x7f {
-                            c - 1
-                        } else {
-                            c
-                        }
-                    })
+                    .map(|c| if cb.valid_code(c) { c } else { 0 })
                     .collect();
                 let scales = vec![1.0f32; m * groups];
                 let pw = PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, None, None)
