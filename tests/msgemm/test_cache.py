@@ -1,5 +1,6 @@
 """The caches PackedWeights builds on first use: counted by ``cache_nbytes``, released by
-``clear_cache`` without changing any result, also while other threads are calling."""
+``clear_cache`` without changing any result, also while other threads are calling (which
+once deadlocked: concurrent first calls on the same weights, see ``packed::fill``)."""
 
 from __future__ import annotations
 
@@ -74,21 +75,35 @@ def test_clear_cache_while_other_threads_call():
     stop = threading.Event()
 
     def caller():
-        while not stop.is_set():
-            y = mg.msgemm(pw, x)
-            if y.tobytes() != want:
-                errors.append("result changed")
-                return
+        try:
+            while not stop.is_set():
+                if mg.msgemm(pw, x).tobytes() != want:
+                    errors.append("result changed")
+                    return
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
 
-    threads = [threading.Thread(target=caller) for _ in range(3)]
+    def reader():
+        try:
+            while not stop.is_set():
+                # The arrays the properties cache, read while another thread clears them.
+                if pw.scales.shape != (1000, 8) or pw.cache_nbytes < 0:
+                    errors.append("bad property")
+                    return
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    # Daemon threads joined with a time limit: a hang fails the test instead of the run.
+    threads = [threading.Thread(target=f, daemon=True) for f in (caller, caller, caller, reader)]
     for t in threads:
         t.start()
     try:
-        for _ in range(50):
+        for _ in range(300):
             pw.clear_cache()
     finally:
         stop.set()
         for t in threads:
-            t.join()
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a call hung"
     assert not errors
     assert mg.msgemm(pw, x).tobytes() == want

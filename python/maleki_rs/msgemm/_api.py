@@ -194,12 +194,16 @@ class PackedWeights:
         self._cache: dict[str, Any] = {}
 
     def _cached(self, key: str, make: Any) -> Any:
-        if key not in self._cache:
+        # The local value is returned, not a second look-up: another thread may clear the
+        # cache in between (clear_cache).
+        try:
+            return self._cache[key]
+        except KeyError:
             value = make()
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
             self._cache[key] = value
-        return self._cache[key]
+            return value
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -270,7 +274,7 @@ class PackedWeights:
         layouts of the depths and kernels used (a 4-bit format at its natural depth: about as
         many bytes as its packed codes), tiled scales and zero points, and the read-only arrays
         that the properties above return. :meth:`clear_cache` releases them."""
-        arrays = sum(v.nbytes for v in self._cache.values() if isinstance(v, np.ndarray))
+        arrays = sum(v.nbytes for v in list(self._cache.values()) if isinstance(v, np.ndarray))
         return int(self._raw.cache_bytes) + arrays
 
     def clear_cache(self) -> PackedWeights:

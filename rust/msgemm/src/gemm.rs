@@ -1152,6 +1152,49 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_first_calls_on_fresh_weights_do_not_hang() {
+        // Threads calling on weights whose caches are not built yet, in GEMVs and batches: the
+        // caches' parallel builds used to run inside their cells' locks, and a pool thread that
+        // stole another call's job while waiting inside such a build blocked on that lock for
+        // good (seen from Python with 3 threads and `clear_cache`).
+        let (m, k) = (512, 1024);
+        let (w, x) = fixture(m, k, 8);
+        let qo = QuantizeOptions {
+            group_size: Some(128),
+            ..QuantizeOptions::new(Format::Int4)
+        };
+        let pw = quantize(&w, m, k, &qo).unwrap();
+        let opts = GemmOptions::default();
+        let want: Vec<Vec<f32>> = [1, 3, 8]
+            .iter()
+            .map(|&n| gemm(&pw, &x[..k * n], n, &opts).unwrap())
+            .collect();
+        // Rounds of fresh weights shared by all callers, which start together.
+        let callers = 4;
+        for round in 0..30 {
+            let fresh = std::sync::Arc::new(pw.clone());
+            let start = std::sync::Arc::new(std::sync::Barrier::new(callers));
+            let (tx, rx) = std::sync::mpsc::channel();
+            for t in 0..callers {
+                let (pw, x, want, tx) = (fresh.clone(), x.clone(), want.clone(), tx.clone());
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    let c = (t + round) % 3;
+                    let n = [1, 3, 8][c];
+                    start.wait();
+                    let y = gemm(&pw, &x[..k * n], n, &GemmOptions::default()).unwrap();
+                    assert_eq!(bits(&y), bits(&want[c]), "caller {t}, round {round}");
+                    tx.send(()).unwrap();
+                });
+            }
+            for _ in 0..callers {
+                rx.recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("a caller failed or hung");
+            }
+        }
+    }
+
+    #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
         // N = 2..4 (<= CALLER_BATCH_MAX) called off the pool runs on the caller
         // (`batch_here`): all columns in one K-sliced run, or runs of fewer columns when the

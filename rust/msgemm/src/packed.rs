@@ -59,6 +59,19 @@ impl Clone for PackedWeights {
     }
 }
 
+/// `cell`'s value, made by `make` when it has none. Unlike `OnceLock::get_or_init`, `make`
+/// runs outside the cell's lock: the makers run rayon parallel loops, and a pool thread that
+/// steals another call's job while it waits inside such a loop would block on the lock its
+/// own loop must release first (two threads calling on fresh weights hung that way). Threads
+/// that race both make the value; the first stored is kept (they are equal).
+fn fill<T>(cell: &OnceLock<T>, make: impl FnOnce() -> T) -> &T {
+    if let Some(v) = cell.get() {
+        return v;
+    }
+    let _ = cell.set(make());
+    cell.get().expect("the cell was set just above")
+}
+
 fn check_dims(m: usize, k: usize, group_size: usize) -> Result<()> {
     if m == 0 || k == 0 {
         return Err(Error::invalid(
@@ -495,7 +508,9 @@ impl PackedWeights {
     /// The tile layout for `depth` (built on first use, then cached).
     pub fn layout(&self, depth: usize) -> Result<&TileLayout> {
         self.codebook.check_depth(depth)?;
-        Ok(self.layouts[depth].get_or_init(|| self.build_layout(depth, None)))
+        Ok(fill(&self.layouts[depth], || {
+            self.build_layout(depth, None)
+        }))
     }
 
     /// The tile layout a kernel reads for `plan` (built on first use, then cached): the
@@ -520,14 +535,14 @@ impl PackedWeights {
                         self.codebook.format().name()
                     ))
                 })?;
-            let lay = self.folded_layouts[depth].get_or_init(|| {
+            let lay = fill(&self.folded_layouts[depth], || {
                 let mut l = build().fold(&mirror);
                 l.labeled = plan.labels.is_some();
                 l
             });
             (lay, lay.labeled)
         } else {
-            let lay = self.labeled_layouts[depth].get_or_init(|| {
+            let lay = fill(&self.labeled_layouts[depth], || {
                 let mut l = build();
                 l.labeled = true;
                 l
@@ -575,19 +590,20 @@ impl PackedWeights {
 
     /// Scales tiled `[g][row_block][64]`.
     pub fn tiled_scales(&self) -> &[f32] {
-        self.tiled_scales
-            .get_or_init(|| tile_per_group(&self.scales, self.m, self.groups()))
+        let tiled: &AlignedVec<f32> = fill(&self.tiled_scales, || {
+            tile_per_group(&self.scales, self.m, self.groups())
+        });
+        tiled
     }
 
     /// Zero points tiled `[g][row_block][64]` (value units of the plain codebook).
     pub fn tiled_zeros(&self) -> Option<&[f32]> {
-        self.tiled_zeros
-            .get_or_init(|| {
-                self.zeros
-                    .as_ref()
-                    .map(|z| tile_per_group(z, self.m, self.groups()))
-            })
-            .as_deref()
+        fill(&self.tiled_zeros, || {
+            self.zeros
+                .as_ref()
+                .map(|z| tile_per_group(z, self.m, self.groups()))
+        })
+        .as_deref()
     }
 
     /// Effective zero points of the shifted codebook `v - shift`: `z - shift`, tiled
@@ -598,17 +614,18 @@ impl PackedWeights {
     pub fn tiled_mirror_zeros(&self, shift: f32) -> Option<&[f32]> {
         debug_assert!(self.codebook.mirror().is_some_and(|m| m.shift == shift));
         let z = self.zeros.as_ref()?;
-        Some(self.tiled_mirror_zeros.get_or_init(|| {
+        let tiled: &AlignedVec<f32> = fill(&self.tiled_mirror_zeros, || {
             let eff: Vec<f32> = z.iter().map(|&z| z - shift).collect();
             tile_per_group(&eff, self.m, self.groups())
-        }))
+        });
+        Some(tiled)
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).
     /// The `i8` tables are scaled to the values that can be looked up (e.g. symmetric int4
     /// weights never use code 0 = -8).
     pub fn used_codes(&self) -> &[bool] {
-        self.used_codes.get_or_init(|| {
+        let used: &Vec<bool> = fill(&self.used_codes, || {
             let (k, rb) = (self.k, self.row_bytes());
             let packing = self.codebook.packing();
             let seen = self
@@ -635,7 +652,8 @@ impl PackedWeights {
                     },
                 );
             seen[..self.codebook.levels()].to_vec()
-        })
+        });
+        used
     }
 
     /// The codebook's natural depth (the one whose index is the stored byte).
