@@ -39,6 +39,13 @@ def test_pickling_leaves_no_copy_behind():
     assert mg.msgemm(back, x).tobytes() == mg.msgemm(pw, x).tobytes()
 
 
+def test_clear_cache_without_caches_changes_nothing():
+    pw, x = _weights()
+    assert pw.clear_cache().cache_nbytes == 0
+    same, _ = _weights()  # the same seed: the same weights, never cleared
+    assert mg.msgemm(pw, x).tobytes() == mg.msgemm(same, x).tobytes()
+
+
 def test_property_arrays_are_counted_and_released():
     pw, _ = _weights()
     packed = pw.packed

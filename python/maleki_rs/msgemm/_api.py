@@ -279,9 +279,10 @@ class PackedWeights:
 
     def clear_cache(self) -> PackedWeights:
         """Releases what :attr:`cache_nbytes` counts, e.g. for weights used once in a while in
-        a process short of memory. Results do not change; the next call rebuilds what it reads,
-        as the first call did (:meth:`prepare` does it ahead of time). Calls running in other
-        threads keep the weights they started with. Returns ``self``."""
+        a process short of memory (the packed weights themselves are not copied). Results do
+        not change; the next call rebuilds what it reads, as the first call did
+        (:meth:`prepare` does it ahead of time). Calls running in other threads keep the
+        caches they started with until they return. Returns ``self``."""
         self._cache.clear()
         self._raw.clear_cache()
         return self

@@ -363,11 +363,22 @@ impl Packed {
     fn cache_bytes(&self) -> usize {
         self.get().cache_bytes()
     }
-    /// Drops the caches: the weights are swapped for a copy without them (calls running now
-    /// keep the weights they started with); the next call rebuilds what it needs.
+    /// Drops the caches: the weights are swapped for a copy without them, which shares the
+    /// packed data (calls running now keep what they started with); the next call rebuilds
+    /// what it needs.
     fn clear_cache(&self, py: Python<'_>) {
-        let fresh = Arc::new(py.detach(|| self.get().as_ref().clone()));
-        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        let current = self.get();
+        if current.cache_bytes() == 0 {
+            return;
+        }
+        let fresh = Arc::new(current.as_ref().clone());
+        let old = std::mem::replace(
+            &mut *self.inner.write().unwrap_or_else(|e| e.into_inner()),
+            fresh,
+        );
+        drop(current);
+        // The caches are freed (unless a call still holds them) without the interpreter lock.
+        py.detach(move || drop(old));
     }
     #[getter]
     fn bits_per_weight(&self) -> f64 {

@@ -217,13 +217,14 @@ impl Packing {
         match self {
             // Byte by byte (a division per code kept the compiler from vectorising).
             Packing::Nibble => {
+                let last_byte = out.len() / 2;
                 let mut pairs = out.chunks_exact_mut(2);
                 for (o, &b) in (&mut pairs).zip(bytes) {
                     o[0] = b & 15;
                     o[1] = b >> 4;
                 }
                 if let [last] = pairs.into_remainder() {
-                    *last = bytes[bytes.len() - 1] & 15;
+                    *last = bytes[last_byte] & 15;
                 }
             }
             Packing::Int3 => {

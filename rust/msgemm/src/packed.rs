@@ -1,6 +1,6 @@
 //! Packed low-bit weights: canonical bytes, scales, zero points, and the cached tile layouts.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use maleki_common::{Error, Result};
 use rayon::prelude::*;
@@ -23,10 +23,12 @@ pub struct PackedWeights {
     m: usize,
     k: usize,
     group_size: usize,
-    packed: Vec<u8>,
-    scales: Vec<f32>,
-    zeros: Option<Vec<f32>>,
-    k_perm: Option<Vec<u32>>,
+    // Shared, not copied, by `clone()` (which drops the caches below): a copy without caches
+    // costs no second copy of the weights.
+    packed: Arc<[u8]>,
+    scales: Arc<[f32]>,
+    zeros: Option<Arc<[f32]>>,
+    k_perm: Option<Arc<[u32]>>,
     layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
     /// Layouts of mirror plans: in label space (plans with labels), and folded.
     labeled_layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
@@ -261,10 +263,10 @@ impl PackedWeights {
             m,
             k,
             group_size,
-            packed,
-            scales,
-            zeros,
-            k_perm,
+            packed: packed.into(),
+            scales: scales.into(),
+            zeros: zeros.map(Into::into),
+            k_perm: k_perm.map(Into::into),
             layouts: Default::default(),
             labeled_layouts: Default::default(),
             folded_layouts: Default::default(),
@@ -321,7 +323,7 @@ impl PackedWeights {
 
     /// Bytes held by the caches built on first use (the kernels' tile layouts of the depths
     /// used, tiled scales and zero points), on top of [`PackedWeights::nbytes`]. A clone has
-    /// none: `clone()` is how a caller releases them.
+    /// none and shares the packed data: `clone()` is how a caller releases them.
     pub fn cache_bytes(&self) -> usize {
         let layout = |l: &TileLayout| match &l.data {
             IndexData::U8(d) => d.capacity_bytes(),
