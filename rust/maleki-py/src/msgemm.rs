@@ -8,6 +8,7 @@ use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
 use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout, YLayout};
 use maleki_msgemm::interop::{self, NBitsZeros};
 use maleki_msgemm::kernels::{self, Backend};
+use maleki_msgemm::layout::LayoutKind;
 use maleki_msgemm::quantize::{quantize, QuantizeOptions};
 use maleki_msgemm::{Codebook, Format, PackedWeights, TablePrecision};
 use numpy::ndarray::{Array1, Array2};
@@ -660,7 +661,7 @@ fn plan_info<'py>(
             Backend::Reference => (plan, "reference", None),
             b => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
-                let folded = k.wants_folded(&run);
+                let folded = k.layout_kind(&run) == LayoutKind::Folded;
                 (plan, k.backend().name(), Some((run, folded)))
             }
         })

@@ -2,7 +2,7 @@
 //! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS`.
 //! Environment: `M` rows and `K` inputs (default 4096), `G` group size, `D` depth; `TOTAL_ONLY=1` only the whole call, from this thread
 //! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets;
-//! `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
+//! `BACKEND=avx2` a named kernel; `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
 //! on this thread. Whole calls are made from this thread, as the Python binding makes them.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
@@ -65,6 +65,10 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(d);
+    // `BACKEND` names the kernel (default auto).
+    let backend = std::env::var("BACKEND")
+        .map(|b| Backend::from_name(&b).unwrap())
+        .unwrap_or(Backend::Auto);
     let w = gaussian(m * k, 1);
     let qo = QuantizeOptions {
         group_size: Some(g),
@@ -83,7 +87,7 @@ fn main() {
         let opts = GemmOptions {
             depth: Depth::Fixed(d),
             precision: TablePrecision::I8,
-            backend: Backend::Auto,
+            backend,
             mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
         let warm = tmin(reps, || {
@@ -103,7 +107,7 @@ fn main() {
         let opts = GemmOptions {
             depth: Depth::Fixed(d),
             precision: TablePrecision::I8,
-            backend: Backend::Auto,
+            backend,
             mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
         let r = if n > 4 { reps / 10 + 3 } else { reps };
@@ -124,7 +128,7 @@ fn main() {
         }
         let p = plan(&pw, n, &opts).unwrap();
         // The plan and kernel a call runs (the mirror plan where it gives the same bits).
-        let (p, kern) = maleki_msgemm::gemm::execution_plan(&pw, &p, Backend::Auto).unwrap();
+        let (p, kern) = maleki_msgemm::gemm::execution_plan(&pw, &p, backend).unwrap();
         let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned();
         let mut set = TableSet::zeroed(&p, 0..p.groups, 0..n);
         if std::env::var("BUILD_ONLY").is_ok() {
@@ -147,7 +151,7 @@ fn main() {
                 }
             })
         });
-        let layout = pw.layout_for(&p, kern.wants_folded(&p)).unwrap();
+        let layout = pw.layout_for(&p, kern.layout_kind(&p)).unwrap();
         let job = |row_blocks: std::ops::Range<usize>| RowJob {
             plan: &p,
             layout,
@@ -190,7 +194,7 @@ fn main() {
             std::hint::black_box(transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned());
         });
         let tsel = tmin(r, || {
-            std::hint::black_box(kernels::select(Backend::Auto, &p).unwrap());
+            std::hint::black_box(kernels::select(backend, &p).unwrap());
         });
         println!("  plan {tplan:.4} transpose {ttr:.4} select {tsel:.4}");
         println!("  alloc {alloc:.3} ms  parallel accumulate {par:.3} ms");

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use crate::count::{self, OpCounts};
 use crate::kernels::{self, Backend, LutKernel, RowJob, Zeros};
-use crate::layout::ROW_BLOCK;
+use crate::layout::{LayoutKind, ROW_BLOCK};
 use crate::packed::PackedWeights;
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, TableSet};
@@ -101,7 +101,7 @@ fn plan_for(pw: &PackedWeights, n: usize, depth: usize, opts: &GemmOptions) -> R
 
 /// The plan and kernel that run a call planned as `plan` on `backend`. An `i8` plan without
 /// mirror runs as its mirror plan when that gives the same bits and the kernel reads folded
-/// indices ([`LutKernel::wants_folded`]: half the tables to build, and one `vpermi2b` and a
+/// indices ([`LutKernel::layout_kind`] folded: half the tables to build, and one `vpermi2b` and a
 /// masked negation per 64 lookups instead of two `vpermi2b` and a blend). The bits are the
 /// same when the mirror plan's tables hold the same values: built in sign-magnitude label
 /// space (int4 / int3 / int2 weights that never use the most negative code), or from a
@@ -132,7 +132,7 @@ pub fn execution_plan(
     if let Ok(mp) = mirrored {
         if mp.labels.is_some() || mp.shift == plan.shift {
             if let Ok(k) = kernels::select(backend, &mp) {
-                if k.wants_folded(&mp) {
+                if k.layout_kind(&mp) == LayoutKind::Folded {
                     return Ok((mp, k));
                 }
             }
@@ -584,7 +584,7 @@ fn run_groups(
     groups: Range<usize>,
     share: usize,
 ) -> Result<()> {
-    let layout = pw.layout_for(plan, kernel.wants_folded(plan))?;
+    let layout = pw.layout_for(plan, kernel.layout_kind(plan))?;
     let scales = pw.tiled_scales();
     let zeros = job_zeros(pw, plan);
     let n = plan.n;
@@ -827,7 +827,7 @@ pub fn prepare(pw: &PackedWeights, opts: &GemmOptions) -> Result<Plan> {
         let plan = plan(pw, 1, opts)?;
         if opts.backend != Backend::Reference {
             let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
-            pw.layout_for(&run, kernel.wants_folded(&run))?;
+            pw.layout_for(&run, kernel.layout_kind(&run))?;
             job_zeros(pw, &run);
         }
         pw.tiled_scales();
@@ -929,9 +929,9 @@ fn caller_run(
     // The plan of one column: a column of a batch equals its GEMV bit for bit.
     let plan = plan(pw, 1, opts)?;
     let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
-    let folded = kernel.wants_folded(&run);
+    let kind = kernel.layout_kind(&run);
     let slices = k_slices(&run);
-    if !pw.ready_for(&run, folded)
+    if !pw.ready_for(&run, kind)
         || (n > 1 && slices.len() < 2)
         || slices
             .iter()
@@ -942,7 +942,7 @@ fn caller_run(
     let Some(_slot) = CallerSlot::take() else {
         return Ok(None);
     };
-    let layout = pw.layout_for(&run, folded)?;
+    let layout = pw.layout_for(&run, kind)?;
     let (scales, zeros) = (pw.tiled_scales(), job_zeros(pw, &run));
     let xt: Cow<'_, [f32]> = match pw.k_perm() {
         None => Cow::Borrowed(x),

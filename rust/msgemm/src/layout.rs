@@ -9,6 +9,11 @@
 //! Tuples never straddle a group: a group of G weights holds `ceil(G/d)` tuples, the last
 //! one of depth `G - (ceil(G/d)-1)*d` when `d` does not divide `G` (its table has `V^r`
 //! entries). Indices are `u8` when `V^d <= 256`, else `u16`.
+//!
+//! Two derived forms serve particular kernels ([`LayoutKind`]): the mirror-folded one
+//! ([`TileLayout::fold`]) and, for tables of at most 16 entries, the paired one
+//! ([`TileLayout::pair`]): the indices of tuples `2p` and `2p + 1` in the low and high nibble of
+//! one byte, `[g][rb][p][64]`, so a kernel reads 4 bits per index instead of 8.
 
 use rayon::prelude::*;
 
@@ -50,6 +55,17 @@ impl Tuples {
     }
 }
 
+/// Which form of a tile layout a kernel reads (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayoutKind {
+    /// One index per byte (`u8`) or per `u16`.
+    Plain,
+    /// Mirror-folded byte indices ([`TileLayout::fold`]).
+    Folded,
+    /// Two 4-bit indices per byte ([`TileLayout::pair`]).
+    Paired,
+}
+
 /// Index storage of a tile layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndexData {
@@ -71,13 +87,38 @@ pub struct TileLayout {
     pub folded: bool,
     /// Indices formed from sign-magnitude labels instead of codes.
     pub labeled: bool,
+    /// Two tuples' indices per byte (see [`TileLayout::pair`]).
+    pub paired: bool,
 }
 
 impl TileLayout {
-    /// Offset of the 64-wide slot of `(g, rb, t)` in `data`.
+    /// 64-wide slots per (group, row block): one per tuple, or one per pair of tuples
+    /// (paired form).
     #[inline]
-    pub fn slot(&self, g: usize, rb: usize, t: usize) -> usize {
-        ((g * self.row_blocks + rb) * self.tuples.per_group + t) * ROW_BLOCK
+    pub fn slots_per_group(&self) -> usize {
+        if self.paired {
+            self.tuples.per_group.div_ceil(2)
+        } else {
+            self.tuples.per_group
+        }
+    }
+
+    /// Offset of the 64-wide slot `s` of `(g, rb)` in `data` (`s` is the tuple, or in the
+    /// paired form the pair).
+    #[inline]
+    pub fn slot(&self, g: usize, rb: usize, s: usize) -> usize {
+        ((g * self.row_blocks + rb) * self.slots_per_group() + s) * ROW_BLOCK
+    }
+
+    /// The form of this layout.
+    pub fn kind(&self) -> LayoutKind {
+        if self.folded {
+            LayoutKind::Folded
+        } else if self.paired {
+            LayoutKind::Paired
+        } else {
+            LayoutKind::Plain
+        }
     }
 
     /// Builds the layout from unpacked codes `(M, K)` row-major (`K = groups * G`), each code
@@ -148,6 +189,7 @@ impl TileLayout {
             data,
             folded: false,
             labeled: labels.is_some(),
+            paired: false,
         }
     }
 
@@ -195,7 +237,71 @@ impl TileLayout {
             data: IndexData::U8(v),
             folded: false,
             labeled: false,
+            paired: false,
         }
+    }
+
+    /// True when a layout of `levels` codes at `depth` can be paired: every index is below 16.
+    pub fn can_pair(levels: usize, depth: usize) -> bool {
+        levels.checked_pow(depth as u32).is_some_and(|e| e <= 16)
+    }
+
+    /// The paired form of a plain byte layout whose indices are below 16: byte `r` of slot `p`
+    /// holds the index of tuple `2p` in its low nibble and of tuple `2p + 1` in its high
+    /// nibble (0 when the group has no tuple `2p + 1`). Kernels of 16-entry tables then read
+    /// half the bytes (`vpshufb` looks up the low nibble; the high one is a shift away).
+    pub fn pair(&self) -> TileLayout {
+        let IndexData::U8(v) = &self.data else {
+            panic!("only byte layouts pair")
+        };
+        assert!(!self.folded && !self.paired);
+        let pg = self.tuples.per_group;
+        let pairs = pg.div_ceil(2);
+        let (src_len, dst_len) = (pg * ROW_BLOCK, pairs * ROW_BLOCK);
+        let blocks = self.groups * self.row_blocks;
+        let mut out = AlignedVec::<u8>::zeroed(blocks * dst_len);
+        out.par_chunks_mut(dst_len.max(1))
+            .zip(v.par_chunks(src_len.max(1)))
+            .for_each(|(dst, src)| {
+                for (p, d) in dst.chunks_mut(ROW_BLOCK).enumerate() {
+                    let lo = &src[2 * p * ROW_BLOCK..][..ROW_BLOCK];
+                    if 2 * p + 1 < pg {
+                        let hi = &src[(2 * p + 1) * ROW_BLOCK..][..ROW_BLOCK];
+                        for ((o, &a), &b) in d.iter_mut().zip(lo).zip(hi) {
+                            *o = a | (b << 4);
+                        }
+                    } else {
+                        d.copy_from_slice(lo);
+                    }
+                }
+            });
+        TileLayout {
+            tuples: self.tuples,
+            groups: self.groups,
+            row_blocks: self.row_blocks,
+            data: IndexData::U8(out),
+            folded: false,
+            labeled: self.labeled,
+            paired: true,
+        }
+    }
+
+    /// The paired layout of tuples of depth `depth` where a packed byte holds `2 depth` codes in
+    /// base V with `V^depth = 16` (int4 and the other 16-level formats at depth 1, int2 at
+    /// depth 2): the natural-depth layout of [`TileLayout::from_packed_bytes`], read as pairs.
+    /// Needs `group_size` a multiple of `2 depth`.
+    pub fn paired_from_packed_bytes(
+        packed: &[u8],
+        row_bytes: usize,
+        m: usize,
+        k: usize,
+        group_size: usize,
+        depth: usize,
+    ) -> TileLayout {
+        let mut lay = TileLayout::from_packed_bytes(packed, row_bytes, m, k, group_size, 2 * depth);
+        lay.tuples = Tuples::new(group_size, depth);
+        lay.paired = true;
+        lay
     }
 
     /// True when the byte indices of mirror tables can be folded: every stored prefix
@@ -214,7 +320,7 @@ impl TileLayout {
         let IndexData::U8(v) = &mut self.data else {
             panic!("only byte layouts fold")
         };
-        assert!(!self.folded && mirror.stored_entries(self.tuples.depth) <= 128);
+        assert!(!self.folded && !self.paired && mirror.stored_entries(self.tuples.depth) <= 128);
         // byte -> folded byte, for the regular depth and the group's last tuple.
         let map = |r: usize| -> [u8; 256] {
             let h = mirror.stored_entries(r);
@@ -245,10 +351,16 @@ impl TileLayout {
     /// The index of `(g, row, t)` (for tests and the scalar kernel's tails; folded form for a
     /// folded layout).
     pub fn index(&self, g: usize, row: usize, t: usize) -> usize {
-        let i = self.slot(g, row / ROW_BLOCK, t) + row % ROW_BLOCK;
-        match &self.data {
+        let s = if self.paired { t / 2 } else { t };
+        let i = self.slot(g, row / ROW_BLOCK, s) + row % ROW_BLOCK;
+        let x = match &self.data {
             IndexData::U8(v) => v[i] as usize,
             IndexData::U16(v) => v[i] as usize,
+        };
+        if self.paired {
+            (x >> (4 * (t % 2))) & 15
+        } else {
+            x
         }
     }
 }
@@ -349,6 +461,39 @@ mod tests {
         // Ternary at depth 5 stores 162 entries: more than 7 bits.
         let cb = Codebook::new(Format::Ternary).unwrap();
         assert!(!TileLayout::can_fold(3, 5, &cb.mirror().unwrap()));
+    }
+
+    #[test]
+    fn pairing_keeps_every_index() {
+        // Odd and even tuple counts per group, ragged rows, depths 1 and 2.
+        let (m, k) = (70usize, 30usize);
+        for (v, d, g) in [
+            (16usize, 1usize, 6usize),
+            (16, 1, 5),
+            (8, 1, 15),
+            (4, 2, 6),
+            (3, 2, 10),
+            (4, 2, 5),
+        ] {
+            let codes: Vec<u8> = (0..m * k).map(|i| ((i * 7 + 3) % v) as u8).collect();
+            let plain = TileLayout::build(&codes, m, k, g, v, d, None);
+            assert!(TileLayout::can_pair(v, d));
+            let paired = plain.pair();
+            assert_eq!(paired.kind(), LayoutKind::Paired);
+            assert_eq!(paired.slots_per_group(), plain.tuples.per_group.div_ceil(2));
+            for row in 0..m {
+                for grp in 0..k / g {
+                    for t in 0..plain.tuples.per_group {
+                        assert_eq!(
+                            paired.index(grp, row, t),
+                            plain.index(grp, row, t),
+                            "v={v} d={d} g={g}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(!TileLayout::can_pair(3, 3) && !TileLayout::can_pair(16, 2));
     }
 
     #[test]

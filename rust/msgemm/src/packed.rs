@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
 use crate::format::{Codebook, Packing, MAX_DEPTH};
-use crate::layout::{tile_per_group, IndexData, TileLayout};
+use crate::layout::{tile_per_group, IndexData, LayoutKind, TileLayout};
 use crate::plan::Plan;
 
 /// A quantized weight matrix `Wd` of shape `(M, K)`:
@@ -29,10 +29,8 @@ pub struct PackedWeights {
     scales: Arc<[f32]>,
     zeros: Option<Arc<[f32]>>,
     k_perm: Option<Arc<[u32]>>,
-    layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
-    /// Layouts of mirror plans: in label space (plans with labels), and folded.
-    labeled_layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
-    folded_layouts: [OnceLock<TileLayout>; MAX_DEPTH + 1],
+    /// The tile layouts built so far, by variant ([`LayoutVariant`]) and depth.
+    layouts: [[OnceLock<TileLayout>; MAX_DEPTH + 1]; LayoutVariant::COUNT],
     tiled_scales: OnceLock<AlignedVec<f32>>,
     tiled_zeros: OnceLock<Option<AlignedVec<f32>>>,
     tiled_mirror_zeros: OnceLock<AlignedVec<f32>>,
@@ -51,12 +49,36 @@ impl Clone for PackedWeights {
             zeros: self.zeros.clone(),
             k_perm: self.k_perm.clone(),
             layouts: Default::default(),
-            labeled_layouts: Default::default(),
-            folded_layouts: Default::default(),
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
+        }
+    }
+}
+
+/// The cached forms of a tile layout: its [`LayoutKind`] and whether its indices are formed
+/// from sign-magnitude labels. Whether a mirror plan of given weights uses labels depends on
+/// the weights only, so folded layouts (mirror plans only) need one variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LayoutVariant {
+    Plain,
+    Labeled,
+    Folded,
+    Paired,
+    PairedLabeled,
+}
+
+impl LayoutVariant {
+    const COUNT: usize = 5;
+
+    fn of(kind: LayoutKind, labeled: bool) -> LayoutVariant {
+        match (kind, labeled) {
+            (LayoutKind::Plain, false) => LayoutVariant::Plain,
+            (LayoutKind::Plain, true) => LayoutVariant::Labeled,
+            (LayoutKind::Folded, _) => LayoutVariant::Folded,
+            (LayoutKind::Paired, false) => LayoutVariant::Paired,
+            (LayoutKind::Paired, true) => LayoutVariant::PairedLabeled,
         }
     }
 }
@@ -268,8 +290,6 @@ impl PackedWeights {
             zeros: zeros.map(Into::into),
             k_perm: k_perm.map(Into::into),
             layouts: Default::default(),
-            labeled_layouts: Default::default(),
-            folded_layouts: Default::default(),
             tiled_scales: OnceLock::new(),
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
@@ -329,7 +349,8 @@ impl PackedWeights {
             IndexData::U8(d) => d.capacity_bytes(),
             IndexData::U16(d) => d.capacity_bytes(),
         };
-        let layouts: usize = [&self.layouts, &self.labeled_layouts, &self.folded_layouts]
+        let layouts: usize = self
+            .layouts
             .iter()
             .flat_map(|set| set.iter())
             .filter_map(|c| c.get().map(layout))
@@ -510,53 +531,87 @@ impl PackedWeights {
     /// The tile layout for `depth` (built on first use, then cached).
     pub fn layout(&self, depth: usize) -> Result<&TileLayout> {
         self.codebook.check_depth(depth)?;
-        Ok(fill(&self.layouts[depth], || {
-            self.build_layout(depth, None)
-        }))
+        Ok(fill(
+            &self.layouts[LayoutVariant::Plain as usize][depth],
+            || self.build_layout(depth, None),
+        ))
     }
 
-    /// The tile layout a kernel reads for `plan` (built on first use, then cached): the
-    /// plain one, its label-space form for plans with [`Plan::labels`], or (`folded`, for
-    /// kernels that ask for it: [`crate::kernels::LutKernel::wants_folded`]) the
-    /// mirror-folded form of either ([`TileLayout::fold`]). Whether a mirror plan of these
-    /// weights uses labels depends on the weights only, so one cache entry per depth serves.
-    pub fn layout_for(&self, plan: &Plan, folded: bool) -> Result<&TileLayout> {
+    /// The tile layout a kernel reads for `plan` (built on first use, then cached), in the
+    /// form the kernel asks for ([`crate::kernels::LutKernel::layout_kind`]): plain, mirror-folded
+    /// ([`TileLayout::fold`]) or paired ([`TileLayout::pair`]), its indices formed from labels
+    /// for plans with [`Plan::labels`].
+    pub fn layout_for(&self, plan: &Plan, kind: LayoutKind) -> Result<&TileLayout> {
         let depth = plan.depth();
-        if !folded && plan.labels.is_none() {
+        let labels = plan.labels.as_deref();
+        if kind == LayoutKind::Plain && labels.is_none() {
             return self.layout(depth);
         }
         self.codebook.check_depth(depth)?;
-        let build = || self.build_layout(depth, plan.labels.as_deref());
-        let (lay, labeled) = if folded {
-            let mirror = plan
-                .mirror
-                .filter(|m| TileLayout::can_fold(plan.levels, depth, m))
-                .ok_or_else(|| {
-                    Error::Unsupported(format!(
-                        "no folded layout for {} at depth {depth}",
-                        self.codebook.format().name()
-                    ))
-                })?;
-            let lay = fill(&self.folded_layouts[depth], || {
-                let mut l = build().fold(&mirror);
-                l.labeled = plan.labels.is_some();
-                l
-            });
-            (lay, lay.labeled)
-        } else {
-            let lay = fill(&self.labeled_layouts[depth], || {
-                let mut l = build();
+        let cell = &self.layouts[LayoutVariant::of(kind, labels.is_some()) as usize][depth];
+        let lay = match kind {
+            LayoutKind::Plain => fill(cell, || {
+                let mut l = self.build_layout(depth, labels);
                 l.labeled = true;
                 l
-            });
-            (lay, true)
+            }),
+            LayoutKind::Folded => {
+                let mirror = plan
+                    .mirror
+                    .filter(|m| TileLayout::can_fold(plan.levels, depth, m))
+                    .ok_or_else(|| {
+                        Error::Unsupported(format!(
+                            "no folded layout for {} at depth {depth}",
+                            self.codebook.format().name()
+                        ))
+                    })?;
+                fill(cell, || {
+                    let mut l = self.build_layout(depth, labels).fold(&mirror);
+                    l.labeled = labels.is_some();
+                    l
+                })
+            }
+            LayoutKind::Paired => {
+                if !TileLayout::can_pair(plan.levels, depth) {
+                    return Err(Error::Unsupported(format!(
+                        "no paired layout for {} at depth {depth}",
+                        self.codebook.format().name()
+                    )));
+                }
+                fill(cell, || self.build_paired(depth, labels))
+            }
         };
-        if labeled != plan.labels.is_some() {
+        if lay.labeled != labels.is_some() {
             return Err(Error::Unsupported(
                 "internal: a cached layout does not match the plan's labels".into(),
             ));
         }
         Ok(lay)
+    }
+
+    /// A fresh paired layout of `depth`: straight from the packed bytes where a byte holds two
+    /// tuples' codes in base V (16-level formats at depth 1, int2 at depth 2), else by pairing
+    /// the plain layout.
+    fn build_paired(&self, depth: usize, labels: Option<&[u8]>) -> TileLayout {
+        let levels = self.codebook.levels();
+        let direct = labels.is_none()
+            && levels.pow(depth as u32) == 16
+            && 2 * depth == self.natural_depth()
+            && matches!(self.codebook.packing(), Packing::Nibble | Packing::Crumb)
+            && self.group_size.is_multiple_of(2 * depth);
+        if direct {
+            return TileLayout::paired_from_packed_bytes(
+                &self.packed,
+                self.row_bytes(),
+                self.m,
+                self.k,
+                self.group_size,
+                depth,
+            );
+        }
+        let mut l = self.build_layout(depth, labels).pair();
+        l.labeled = labels.is_some();
+        l
     }
 
     /// Whether [`used_codes`](Self::used_codes) (which [`crate::gemm::plan`] reads) is
@@ -569,18 +624,13 @@ impl PackedWeights {
     /// [`layout_for`](Self::layout_for), tiled scales and zero points) is built already: then
     /// reading them does no work (their builds run on the pool, so a caller off the pool runs
     /// them there first).
-    pub fn ready_for(&self, plan: &Plan, folded: bool) -> bool {
+    pub fn ready_for(&self, plan: &Plan, kind: LayoutKind) -> bool {
         let depth = plan.depth();
         if depth > MAX_DEPTH {
             return false;
         }
-        let layout = if folded {
-            &self.folded_layouts[depth]
-        } else if plan.labels.is_some() {
-            &self.labeled_layouts[depth]
-        } else {
-            &self.layouts[depth]
-        };
+        let variant = LayoutVariant::of(kind, plan.labels.is_some());
+        let layout = &self.layouts[variant as usize][depth];
         let zeros = !plan.zero_term
             || if plan.shift == 0.0 {
                 self.tiled_zeros.get().is_some()

@@ -6,6 +6,7 @@
 use maleki_common::rng::{below, stream};
 use maleki_msgemm::gemm::{plan as make_plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, LutKernel};
+use maleki_msgemm::layout::LayoutKind;
 use maleki_msgemm::table::{build_scalar, TableData, TableSet};
 use maleki_msgemm::{
     gemm, Codebook, Depth, Format, GemmOptions, PackedWeights, Plan, TablePrecision,
@@ -220,6 +221,36 @@ fn long_groups_spill_int16_partial_sums() {
 }
 
 #[test]
+fn paired_layouts_with_odd_tuple_counts() {
+    // The AVX2 kernel reads two tuples' 4-bit indices per byte; a group with an odd number of
+    // tuples ends in a half-filled pair, and groups past one int16 chunk (64 tuples) in a
+    // chunk of one tuple. Plain and sign-magnitude (mirror) layouts, the paired form built
+    // from packed bytes (int4 d = 1, int2 d = 2 with even tuple counts) and by pairing.
+    if simd_kernels().is_empty() {
+        return;
+    }
+    let cases = [
+        (Format::Int4, 33usize, 1usize, 132usize), // 33 tuples
+        (Format::Int4, 129, 1, 258),               // chunks of 64, 64, 1
+        (Format::Int4, 128, 1, 256),               // from packed bytes
+        (Format::Nf4, 130, 1, 260),                // 130 tuples: 64, 64, 2
+        (Format::Int2, 30, 2, 120),                // 15 tuples of depth 2
+        (Format::Int2, 31, 2, 124),                // 16 tuples, the last of depth 1
+        (Format::Int2, 64, 2, 128),                // from packed bytes
+        (Format::Ternary, 10, 2, 40),              // 5 tuples of 9-entry tables
+        (Format::Int3, 15, 1, 45),
+    ];
+    for (i, &(f, g, d, k)) in cases.iter().enumerate() {
+        let cb = Codebook::new(f).unwrap();
+        for zeros in [false, true] {
+            let pw = weights_from(&cb, 77, k, g, zeros, 90 + i as u64, 1);
+            let ran = check(&pw, &[d], &format!("{f:?} g={g} d={d} paired"));
+            assert!(ran > 0, "{f:?} g={g}: no SIMD kernel ran");
+        }
+    }
+}
+
+#[test]
 fn extreme_activations_fall_back_consistently() {
     if simd_kernels().is_empty() {
         return;
@@ -382,7 +413,7 @@ fn every_row_range_of_a_job() {
         let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
         let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
         build_scalar(&plan, &xt, &mut set, true);
-        let layout = pw.layout_for(&plan, false).unwrap();
+        let layout = pw.layout_for(&plan, LayoutKind::Plain).unwrap();
         let zeros = maleki_msgemm::gemm::job_zeros(&pw, &plan);
         let scalar = kernels::select(Backend::Scalar, &plan).unwrap();
         for start in [0usize, 1, 3] {
@@ -401,10 +432,11 @@ fn every_row_range_of_a_job() {
                     if !k.supports(&plan) {
                         continue;
                     }
-                    // The plain layout, and the folded one where the kernel asks for it.
+                    // The plain layout, and the kernel's own form where it asks for another.
                     let mut layouts = vec![layout];
-                    if k.wants_folded(&plan) {
-                        layouts.push(pw.layout_for(&plan, true).unwrap());
+                    let kind = k.layout_kind(&plan);
+                    if kind != LayoutKind::Plain {
+                        layouts.push(pw.layout_for(&plan, kind).unwrap());
                     }
                     for lay in layouts {
                         let job = kernels::RowJob {
@@ -416,9 +448,9 @@ fn every_row_range_of_a_job() {
                         k.accumulate(&job, &mut got);
                         assert!(
                             same_bits(&got, &want),
-                            "{:?} rows {start}..{end} n={n} mirror={mirror} folded={}",
+                            "{:?} rows {start}..{end} n={n} mirror={mirror} layout={:?}",
                             k.backend(),
-                            lay.folded
+                            lay.kind()
                         );
                     }
                 }
@@ -472,7 +504,9 @@ fn plain_i8_plans_run_on_half_tables_with_the_same_bits() {
             let (run, kern) =
                 maleki_msgemm::gemm::execution_plan(&pw, &plan, Backend::Avx512).unwrap();
             assert!(
-                run.mirror.is_some() && kern.wants_folded(&run) && std::ptr::addr_eq(kern, avx),
+                run.mirror.is_some()
+                    && kern.layout_kind(&run) == LayoutKind::Folded
+                    && std::ptr::addr_eq(kern, avx),
                 "{f:?} g={g} d={d}: expected the folded mirror plan"
             );
             assert_eq!(run.labels.is_some(), labeled, "{f:?} g={g} d={d}");

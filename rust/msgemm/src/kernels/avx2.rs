@@ -21,10 +21,10 @@ use std::arch::x86_64::*;
 
 use crate::format::Involution;
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{Backend, LutKernel, RowJob};
-use crate::layout::{IndexData, ROW_BLOCK};
+use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
+use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::TableData;
+use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
 
 /// The AVX2 kernel.
 pub struct Avx2;
@@ -49,7 +49,31 @@ impl LutKernel for Avx2 {
         }
     }
 
+    /// `i8` plans read the paired layout where every index fits a nibble: half the bytes.
+    fn layout_kind(&self, plan: &Plan) -> LayoutKind {
+        if plan.precision == TablePrecision::I8
+            && crate::layout::TileLayout::can_pair(plan.levels, plan.depth())
+        {
+            LayoutKind::Paired
+        } else {
+            LayoutKind::Plain
+        }
+    }
+
+    fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) -> bool {
+        if !build_supported(plan) || !self.available() {
+            return false;
+        }
+        // SAFETY: AVX2 is available (checked above).
+        unsafe { build(plan, xt, set, parallel) };
+        true
+    }
+
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
+        assert!(
+            !job.layout.folded && (!job.layout.paired || job.plan.precision == TablePrecision::I8),
+            "the AVX2 kernel reads plain layouts, and paired ones for i8 tables"
+        );
         let IndexData::U8(ix) = &job.layout.data else {
             unreachable!("tables of <= 16 entries have byte indices")
         };
@@ -101,146 +125,309 @@ fn mirror_consts(plan: &Plan) -> Mir {
     }
 }
 
-/// Row order of the pairwise int16 sums of one 32-row half: word `w` of the "lo" accumulator
-/// is row `16 * (w / 8) + w % 8`, of the "hi" accumulator row `16 * (w / 8) + 8 + w % 8`.
-#[inline(always)]
-fn pair_row(hi: bool, w: usize) -> usize {
-    16 * (w / 8) + usize::from(hi) * 8 + w % 8
-}
-
 /// The 16-byte table of tuple `t` (`slot <= 16` entries) broadcast to both lanes; a load past
 /// the slot reads the next slot's bytes, which no index selects; near the buffer end the
-/// table is copied first.
-#[inline]
-#[target_feature(enable = "avx2")]
+/// table is copied first (never for 16-entry slots: one `vbroadcasti128` from memory).
+#[inline(always)]
 unsafe fn table16(tp: *const i8, t: usize, slot: usize, tab_end: usize) -> __m256i {
     unsafe {
         let o = t * slot;
-        let v = if o + 16 <= tab_end {
-            _mm_loadu_si128(tp.add(o) as *const __m128i)
+        if slot == 16 || o + 16 <= tab_end {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(tp.add(o) as *const __m128i))
         } else {
             let mut buf = [0i8; 16];
             std::ptr::copy_nonoverlapping(tp.add(o), buf.as_mut_ptr(), slot);
-            _mm_loadu_si128(buf.as_ptr() as *const __m128i)
-        };
-        _mm256_broadcastsi128_si256(v)
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(buf.as_ptr() as *const __m128i))
+        }
     }
 }
 
-/// 32 lookups with the mirror applied (`kind` 0 none, 1 xor, 2 reverse): `T[idx]` for
-/// `idx < h`, else `-T[mirror(idx)]` (`hm1 = h - 1`).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn look(tb: __m256i, idx: __m256i, kind: u8, hm1: __m256i, c: __m256i, ones: __m256i) -> __m256i {
-    match kind {
-        0 => _mm256_shuffle_epi8(tb, idx),
-        k => {
-            let m = _mm256_cmpgt_epi8(idx, hm1);
-            let mapped = if k == 1 {
-                _mm256_xor_si256(idx, c)
+/// Mirror vectors of the regular tuples (`[0]`) and of a group's last tuple (`[1]`):
+/// `h - 1` and the index-map constant, in every byte.
+struct MirVec {
+    hm1: [__m256i; 2],
+    c: [__m256i; 2],
+}
+
+/// 32 lookups with the mirror applied (`KIND` 0 none, 1 xor, 2 reverse): `T[idx]` for
+/// `idx < h`, else `-T[mirror(idx)]`. `idx` holds indices below 16.
+#[inline(always)]
+unsafe fn look<const KIND: u8>(tb: __m256i, idx: __m256i, mv: &MirVec, w: usize) -> __m256i {
+    unsafe {
+        if KIND == 0 {
+            return _mm256_shuffle_epi8(tb, idx);
+        }
+        let m = _mm256_cmpgt_epi8(idx, mv.hm1[w]);
+        let mapped = if KIND == 1 {
+            _mm256_xor_si256(idx, mv.c[w])
+        } else {
+            _mm256_sub_epi8(mv.c[w], idx)
+        };
+        let e = _mm256_shuffle_epi8(tb, _mm256_blendv_epi8(idx, mapped, m));
+        _mm256_sign_epi8(e, _mm256_or_si256(m, _mm256_set1_epi8(1)))
+    }
+}
+
+/// The indices of tuples `t` and `t + 1` for the 32 rows of half `h` of a row block whose slot
+/// 0 is at `ip`: two loads from a plain layout, or the two nibbles of one load from a paired one
+/// (`t` even). The second is 0 when `two` is false.
+#[inline(always)]
+unsafe fn indices<const PAIRED: bool>(
+    ip: *const u8,
+    t: usize,
+    h: usize,
+    two: bool,
+) -> (__m256i, __m256i) {
+    unsafe {
+        if PAIRED {
+            let v = _mm256_load_si256(ip.add((t / 2) * 64 + 32 * h) as *const __m256i);
+            let lo4 = _mm256_set1_epi8(0x0f);
+            (
+                _mm256_and_si256(v, lo4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), lo4),
+            )
+        } else {
+            let i0 = _mm256_load_si256(ip.add(t * 64 + 32 * h) as *const __m256i);
+            let i1 = if two {
+                _mm256_load_si256(ip.add((t + 1) * 64 + 32 * h) as *const __m256i)
             } else {
-                _mm256_sub_epi8(c, idx)
+                _mm256_setzero_si256()
             };
-            let e = _mm256_shuffle_epi8(tb, _mm256_blendv_epi8(idx, mapped, m));
-            _mm256_sign_epi8(e, _mm256_or_si256(m, ones))
+            (i0, i1)
+        }
+    }
+}
+
+/// Adds the int16 pair sums `(lo, hi)` of half `h` of a row block to (`add`) or stores them
+/// into (`!add`) the block's int32 sums in row order. Word `w` of `lo` is row
+/// `16 (w / 8) + w % 8` of the half, of `hi` row `16 (w / 8) + 8 + w % 8` (the unpacks work
+/// within 128-bit lanes), so the lane halves of `lo` and `hi` interleave to row order.
+#[inline(always)]
+unsafe fn widen_half(lo: __m256i, hi: __m256i, h: usize, add: bool, sums: &mut [i32; ROW_BLOCK]) {
+    unsafe {
+        let nat = [
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        ];
+        for (j, v) in nat.into_iter().enumerate() {
+            for (q, part) in [_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v)]
+                .into_iter()
+                .enumerate()
+            {
+                let p = sums.as_mut_ptr().add(32 * h + 16 * j + 8 * q) as *mut __m256i;
+                let mut w = _mm256_cvtepi16_epi32(part);
+                if add {
+                    w = _mm256_add_epi32(_mm256_loadu_si256(p), w);
+                }
+                _mm256_storeu_si256(p, w);
+            }
         }
     }
 }
 
 #[target_feature(enable = "avx2")]
 unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
-    // SAFETY: pointers stay inside the layout / table slices (offsets from the plan).
+    let paired = job.layout.paired;
+    // SAFETY: the callee's contract is this function's.
+    unsafe {
+        match (mirror_consts(job.plan).kind, paired) {
+            (0, false) => run_i8_k::<0, false>(job, ix, tab, y),
+            (1, false) => run_i8_k::<1, false>(job, ix, tab, y),
+            (_, false) => run_i8_k::<2, false>(job, ix, tab, y),
+            (0, true) => run_i8_k::<0, true>(job, ix, tab, y),
+            (1, true) => run_i8_k::<1, true>(job, ix, tab, y),
+            (_, true) => run_i8_k::<2, true>(job, ix, tab, y),
+        }
+    }
+}
+
+/// The `i8` kernel for mirror kind `KIND` on a plain or (`PAIRED`) paired layout. Per group,
+/// row block and column: tuples in pairs, 32 rows per vector; the two tuples' entries
+/// interleaved and summed pairwise with their multipliers into int16 (`vpmaddubsw`), widened
+/// to int32 every `I8_CHUNK` tuples (exact: see `table::I8_BUDGET`), then the epilogue on 8 rows
+/// per vector in the scalar kernel's order of operations.
+#[target_feature(enable = "avx2")]
+unsafe fn run_i8_k<const KIND: u8, const PAIRED: bool>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[i8],
+    y: &mut [f32],
+) {
+    // SAFETY: pointers stay inside the layout / table slices (offsets from the plan); the
+    // layout's slots start on 64-byte boundaries (`AlignedVec`).
     unsafe {
         let plan = job.plan;
         let tabs = job.tables;
         let lay = job.layout;
         let pg = plan.tuples.per_group;
         let mir = mirror_consts(plan);
-        let ones = _mm256_set1_epi8(1);
-        let zero = _mm256_setzero_si256();
-        let hv = [
-            _mm256_set1_epi8(mir.h[0] as i8 - 1),
-            _mm256_set1_epi8(mir.h[1] as i8 - 1),
-        ];
-        let cv = [
-            _mm256_set1_epi8(mir.c[0] as i8),
-            _mm256_set1_epi8(mir.c[1] as i8),
-        ];
-        let mut words = [0i16; 16];
-        let mut acc = [0i32; ROW_BLOCK];
+        let mv = MirVec {
+            hm1: [
+                _mm256_set1_epi8(mir.h[0] as i8 - 1),
+                _mm256_set1_epi8(mir.h[1] as i8 - 1),
+            ],
+            c: [
+                _mm256_set1_epi8(mir.c[0] as i8),
+                _mm256_set1_epi8(mir.c[1] as i8),
+            ],
+        };
+        let mut sums = [0i32; ROW_BLOCK];
         // Row blocks outside, columns inside: a row block's indices are read from memory once
-        // and from L1 for the other columns.
+        // and from L1 for the other columns. (Two row blocks per table load measured the same.)
         for g in tabs.groups.clone() {
             for b in job.row_blocks.clone() {
                 let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+                let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
+                let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                 for n in tabs.cols.clone() {
+                    let tv = TupleTables {
+                        tp: tab.as_ptr().add(tabs.offset(g, n, 0)),
+                        tab_end: tab.len() - tabs.offset(g, n, 0),
+                        slot: plan.slot,
+                        mults: tabs.mults(g, n).as_ptr(),
+                        per_group: pg,
+                    };
+                    tuple_sums::<KIND, PAIRED>(ip, &tv, &mv, &mut sums);
                     let gn = tabs.gn(g, n);
-                    let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
-                    let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
-                    // Bytes readable from `tp` (16-byte table loads must stay inside the buffer).
-                    let tab_end = tab.len() - tabs.offset(g, n, 0);
-                    acc.fill(0);
-                    let mut t = 0;
-                    let mults = tabs.mults(g, n);
-                    while t < pg {
-                        // Chunks over which the build keeps the multipliers' sum <= 258.
-                        let end = (t + crate::table::I8_CHUNK).min(pg);
-                        // Pair sums of the two 32-row halves: [half][lo, hi].
-                        let mut a = [[zero; 2]; 2];
-                        while t < end {
-                            let two = t + 1 < end;
-                            let tb0 = table16(tp, t, plan.slot, tab_end);
-                            let tb1 = if two {
-                                table16(tp, t + 1, plan.slot, tab_end)
-                            } else {
-                                zero
-                            };
-                            let (w0, w1) = (usize::from(t + 1 == pg), usize::from(t + 2 == pg));
-                            // The tuples' multipliers in the two bytes of every 16-bit lane.
-                            let m1 = if two { mults[t + 1] } else { 0 };
-                            let mul = _mm256_set1_epi16(i16::from_le_bytes([mults[t], m1]));
-                            for (h, ah) in a.iter_mut().enumerate() {
-                                let i0 =
-                                    _mm256_loadu_si256(ip.add(t * 64 + 32 * h) as *const __m256i);
-                                let e0 = look(tb0, i0, mir.kind, hv[w0], cv[w0], ones);
-                                let e1 = if two {
-                                    let i1 = _mm256_loadu_si256(
-                                        ip.add((t + 1) * 64 + 32 * h) as *const __m256i
-                                    );
-                                    look(tb1, i1, mir.kind, hv[w1], cv[w1], ones)
-                                } else {
-                                    zero
-                                };
-                                ah[0] = _mm256_add_epi16(
-                                    ah[0],
-                                    _mm256_maddubs_epi16(mul, _mm256_unpacklo_epi8(e0, e1)),
-                                );
-                                ah[1] = _mm256_add_epi16(
-                                    ah[1],
-                                    _mm256_maddubs_epi16(mul, _mm256_unpackhi_epi8(e0, e1)),
-                                );
-                            }
-                            t += if two { 2 } else { 1 };
-                        }
-                        for (h, ah) in a.iter().enumerate() {
-                            for (hi, v) in [(false, ah[0]), (true, ah[1])] {
-                                _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, v);
-                                for (w, &x) in words.iter().enumerate() {
-                                    acc[32 * h + pair_row(hi, w)] += i32::from(x);
-                                }
-                            }
-                        }
-                    }
-                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
-                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    for (lane, &p) in acc.iter().enumerate().take(rows) {
-                        let yi = job.y_index(b * ROW_BLOCK + lane, n);
-                        let z = job.zeros.at(sz + lane);
-                        y[yi] = epilogue(plan, p as f32, job.scales[sz + lane], z, tsc, zs, y[yi]);
-                    }
+                    let y0 = job.y_index(b * ROW_BLOCK, n);
+                    epilogue_rows(
+                        plan,
+                        &sums,
+                        rows,
+                        sz,
+                        job,
+                        tabs.tscale[gn],
+                        tabs.zsum[gn],
+                        &mut y[y0..y0 + rows],
+                    );
                 }
             }
         }
+    }
+}
+
+/// The tables of one (group, column): tuple `t`'s `slot` entries at `tp + t * slot`
+/// (`tab_end` bytes readable from `tp`), its multiplier at `mults + t`.
+struct TupleTables {
+    tp: *const i8,
+    tab_end: usize,
+    slot: usize,
+    mults: *const u8,
+    per_group: usize,
+}
+
+/// The exact int32 sums of the tuples of one (group, column) for the row block whose slot 0
+/// is at `ip`, in row order: tuples in pairs, 32 rows per vector, the two tuples'
+/// entries interleaved and summed pairwise with their multipliers into int16
+/// (`vpmaddubsw`), widened to int32 every `I8_CHUNK` tuples (exact: `table::I8_BUDGET`).
+#[inline(always)]
+unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
+    ip: *const u8,
+    tv: &TupleTables,
+    mv: &MirVec,
+    sums: &mut [i32; ROW_BLOCK],
+) {
+    // SAFETY: the caller's: `ip`, `tv` point at the job's layout slots and tables.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let pg = tv.per_group;
+        let mut t0 = 0;
+        while t0 < pg {
+            // Chunks over which the build keeps the multipliers' sum <= 258.
+            let end = (t0 + crate::table::I8_CHUNK).min(pg);
+            // Pair sums of the two 32-row halves: [half][lo, hi].
+            let mut a = [[zero; 2]; 2];
+            let mut t = t0;
+            while t < end {
+                let two = t + 1 < end;
+                let tb0 = table16(tv.tp, t, tv.slot, tv.tab_end);
+                let (tb1, mul) = if two {
+                    (
+                        table16(tv.tp, t + 1, tv.slot, tv.tab_end),
+                        // The two tuples' multipliers, one per byte of every 16-bit lane.
+                        _mm256_set1_epi16((tv.mults.add(t) as *const i16).read_unaligned()),
+                    )
+                } else {
+                    (zero, _mm256_set1_epi16(i16::from(*tv.mults.add(t))))
+                };
+                // Mirror constants: the group's last tuple may have its own.
+                let (w0, w1) = (usize::from(t + 1 == pg), usize::from(t + 2 == pg));
+                for (h, ah) in a.iter_mut().enumerate() {
+                    let (i0, i1) = indices::<PAIRED>(ip, t, h, two);
+                    let e0 = look::<KIND>(tb0, i0, mv, w0);
+                    let e1 = if two {
+                        look::<KIND>(tb1, i1, mv, w1)
+                    } else {
+                        zero
+                    };
+                    ah[0] = _mm256_add_epi16(
+                        ah[0],
+                        _mm256_maddubs_epi16(mul, _mm256_unpacklo_epi8(e0, e1)),
+                    );
+                    ah[1] = _mm256_add_epi16(
+                        ah[1],
+                        _mm256_maddubs_epi16(mul, _mm256_unpackhi_epi8(e0, e1)),
+                    );
+                }
+                t += 2;
+            }
+            for (h, ah) in a.iter().enumerate() {
+                widen_half(ah[0], ah[1], h, t0 > 0, sums);
+            }
+            t0 = end;
+        }
+    }
+}
+
+/// The epilogue of the first `rows` rows of a row block (`sz`: its offset in the tiled arrays)
+/// from their int32 sums, into `yb` (those rows of one column): the scalar kernel's
+/// [`epilogue`] (`u = P; u -= z * zsum; u *= tscale; y += s * u`, separate multiplies and adds)
+/// on 8 rows per vector, the same IEEE operations lane by lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn epilogue_rows(
+    plan: &Plan,
+    sums: &[i32; ROW_BLOCK],
+    rows: usize,
+    sz: usize,
+    job: &RowJob<'_>,
+    tsc: f32,
+    zs: f32,
+    yb: &mut [f32],
+) {
+    let full = rows / 8 * 8;
+    // SAFETY: `sums`, the tiled scales / zero points (64 per row block) and `yb` hold the rows
+    // `0 .. full` read here.
+    unsafe {
+        let (tv, zv) = (_mm256_set1_ps(tsc), _mm256_set1_ps(zs));
+        for r in (0..full).step_by(8) {
+            let mut u =
+                _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(r) as *const __m256i));
+            if plan.zero_term {
+                let z = match job.zeros {
+                    Zeros::None => _mm256_setzero_ps(),
+                    Zeros::Uniform(z) => _mm256_set1_ps(z),
+                    Zeros::Tiled(z) => _mm256_loadu_ps(z[sz + r..sz + r + 8].as_ptr()),
+                };
+                u = _mm256_sub_ps(u, _mm256_mul_ps(z, zv));
+            }
+            u = _mm256_mul_ps(u, tv);
+            let s = _mm256_loadu_ps(job.scales[sz + r..sz + r + 8].as_ptr());
+            let yp = yb.as_mut_ptr().add(r);
+            _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(s, u)));
+        }
+    }
+    for r in full..rows {
+        yb[r] = epilogue(
+            plan,
+            sums[r] as f32,
+            job.scales[sz + r],
+            job.zeros.at(sz + r),
+            tsc,
+            zs,
+            yb[r],
+        );
     }
 }
 
@@ -312,5 +499,373 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
                 }
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table build (i8 tables of at most 16 entries)
+// ---------------------------------------------------------------------------------------------
+
+/// `i8` plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a
+/// prefix of them) and groups of at most 256 tuples: the build below. Others: the scalar build.
+fn build_supported(plan: &Plan) -> bool {
+    plan.precision == TablePrecision::I8
+        && plan
+            .levels
+            .checked_pow(plan.depth() as u32)
+            .is_some_and(|e| e <= 16)
+        && plan.tuples.per_group <= MAX_TUPLES
+}
+
+/// Tuples per group the SIMD build keeps on the stack (longer groups: the scalar build).
+const MAX_TUPLES: usize = 256;
+
+/// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
+const MIN_BLOCKS_PER_TASK: usize = 8;
+
+/// What every block of a build shares: the codebook, the digits of every entry, and which
+/// entries each tuple depth may look up.
+struct BuildConsts {
+    /// `v'` (the plan's table values), 16 lanes, zero past `V`.
+    vals: [f32; 16],
+    /// Digit `j` of entry `i` (`(i / V^j) % V`), `[j][i]`, for `V <= 8`.
+    digits: [[i32; 16]; 4],
+    /// Per tuple depth `r` (regular, last): -1 in the lanes of entries that are built
+    /// (`i < plan.used_entries(r)`), else 0.
+    built: [[i32; 16]; 2],
+    /// Per tuple depth: -1 in the lanes whose entries count for the int8 scale
+    /// (`plan.stored_used(i, r)`).
+    counted: [[i32; 16]; 2],
+    /// `max |v'|`: with `max |x|` a bound on every entry.
+    vmax: f32,
+}
+
+impl BuildConsts {
+    fn new(plan: &Plan) -> BuildConsts {
+        let v = plan.levels;
+        let tp = plan.tuples;
+        let mut vals = [0f32; 16];
+        vals[..v.min(16)].copy_from_slice(&plan.table_values[..v.min(16)]);
+        let digits =
+            std::array::from_fn(|j| std::array::from_fn(|i| ((i / v.pow(j as u32)) % v) as i32));
+        let depths = [tp.depth, tp.last_depth];
+        let built = depths.map(|r| std::array::from_fn(|i| -i32::from(i < plan.used_entries(r))));
+        let counted = depths.map(|r| std::array::from_fn(|i| -i32::from(plan.stored_used(i, r))));
+        let vmax = plan.table_values.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        BuildConsts {
+            vals,
+            digits,
+            built,
+            counted,
+            vmax,
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
+    let g_size = plan.group_size;
+    let k = plan.k;
+    let cols = set.cols.clone();
+    let groups = set.groups.clone();
+    let nc = cols.len();
+    let blen = set.block_len();
+    let consts = BuildConsts::new(plan);
+    let xg = |i: usize| -> &[f32] {
+        let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+        &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
+    };
+    let per_group = plan.tuples.per_group;
+    let TableData::I8(d) = &mut set.data else {
+        unreachable!("build_supported() admits i8 plans only")
+    };
+    let meta: Vec<(f32, f32)> = map_blocks(
+        d,
+        blen,
+        Some((&mut set.mult, per_group)),
+        parallel,
+        MIN_BLOCKS_PER_TASK,
+        // SAFETY: AVX2 is available (checked by `build_tables`).
+        |i, out, mult| unsafe { build_block_i8(plan, &consts, xg(i), out, mult) },
+    );
+    for (i, (tsc, zs)) in meta.into_iter().enumerate() {
+        set.tscale[i] = tsc;
+        set.zsum[i] = zs;
+    }
+}
+
+/// The f32 entries of tuple `t` (16 lanes in two vectors; lanes of entries not built are 0),
+/// with the scalar build's operations: products `v'[c] * x_j`, then entry = (product of digit
+/// 0 + product of digit 1) + ... in digit order.
+#[inline(always)]
+unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256; 2] {
+    unsafe {
+        let vl = _mm256_loadu_ps(c.vals.as_ptr());
+        let mut e = if plan.levels > 8 {
+            // Depth 1 only (V^2 > 16): the products are the entries.
+            let x = _mm256_set1_ps(xs[0]);
+            [
+                _mm256_mul_ps(vl, x),
+                _mm256_mul_ps(_mm256_loadu_ps(c.vals.as_ptr().add(8)), x),
+            ]
+        } else {
+            let dig = |j: usize, h: usize| {
+                _mm256_loadu_si256(c.digits[j].as_ptr().add(8 * h) as *const __m256i)
+            };
+            let mut e = [_mm256_setzero_ps(); 2];
+            for (j, &x) in xs.iter().enumerate() {
+                let prod = _mm256_mul_ps(vl, _mm256_set1_ps(x));
+                for (h, eh) in e.iter_mut().enumerate() {
+                    let p = _mm256_permutevar8x32_ps(prod, dig(j, h));
+                    *eh = if j == 0 { p } else { _mm256_add_ps(*eh, p) };
+                }
+            }
+            e
+        };
+        for (h, eh) in e.iter_mut().enumerate() {
+            let keep = _mm256_loadu_si256(c.built[w].as_ptr().add(8 * h) as *const __m256i);
+            *eh = _mm256_and_ps(*eh, _mm256_castsi256_ps(keep));
+        }
+        e
+    }
+}
+
+/// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`]: the
+/// f32 entries of every tuple, their largest magnitude over the entries that can be looked up,
+/// the int8 scaling ([`table::i8_scaling`]), then the entries recomputed and rounded
+/// (`cvtps2dq` rounds to nearest even, the MXCSR default, as `round_ties_even`; clamping to
+/// +-127 before rounding gives the scalar `clamp(round(clamp(v, +-127.5)), +-127)`).
+#[target_feature(enable = "avx2")]
+unsafe fn build_block_i8(
+    plan: &Plan,
+    c: &BuildConsts,
+    xg: &[f32],
+    out: &mut [i8],
+    mult: &mut [u8],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    // Entries that could overflow (and give infinities or NaN, which the scalar build's
+    // `f32::max` skips): the scalar build.
+    let xmax = xg.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    let bound = xmax * c.vmax * 16.0;
+    if bound.is_nan() || bound >= 1e37 {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    let xs = |t: usize| &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+    let w = |t: usize| usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+    let mut amax = [0f32; MAX_TUPLES];
+    let mut rms = [0f32; MAX_TUPLES];
+    // SAFETY: AVX2 is enabled; the masks are 16 lanes.
+    unsafe {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+        for (t, a) in amax.iter_mut().enumerate().take(tp.per_group) {
+            let e = entries(plan, c, xs(t), w(t));
+            let mut m = _mm256_setzero_ps();
+            for (h, &eh) in e.iter().enumerate() {
+                let keep =
+                    _mm256_loadu_si256(c.counted[w(t)].as_ptr().add(8 * h) as *const __m256i);
+                m = _mm256_max_ps(
+                    m,
+                    _mm256_and_ps(_mm256_and_ps(eh, abs), _mm256_castsi256_ps(keep)),
+                );
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            *a = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+        }
+    }
+    // SAFETY: AVX2 is enabled.
+    let tsc = unsafe { i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]) };
+    if tsc == 0.0 {
+        // All entries 0, tscale 0, zsum 0 (as the scalar build).
+        out.fill(0);
+        return (0.0, 0.0);
+    }
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    // SAFETY: AVX2 is enabled; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-byte
+    // store at it stays inside `out` except for the last tuple (copied instead).
+    unsafe {
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
+            let e = entries(plan, c, xs(t), w(t));
+            let rv = _mm256_set1_ps(rm);
+            let q = e.map(|eh| {
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(eh, rv), lo), hi))
+            });
+            let half = |v: __m256i| {
+                _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+            };
+            let bytes = _mm_packs_epi16(half(q[0]), half(q[1]));
+            let dst = out.as_mut_ptr().add(t * slot);
+            if (t + 1) * slot + 16 - slot <= out.len() {
+                _mm_storeu_si128(dst as *mut __m128i, bytes);
+            } else {
+                let mut buf = [0i8; 16];
+                _mm_storeu_si128(buf.as_mut_ptr() as *mut __m128i, bytes);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
+            }
+        }
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg) / tsc
+    } else {
+        0.0
+    };
+    (tsc, zsum)
+}
+
+/// Lanes `i .. i + 8` of `v` below `n` (0 past it).
+#[inline(always)]
+unsafe fn load8(v: &[f32], i: usize, n: usize) -> __m256 {
+    unsafe {
+        if i + 8 <= n {
+            _mm256_loadu_ps(v.as_ptr().add(i))
+        } else {
+            let mut buf = [0f32; 8];
+            buf[..n - i].copy_from_slice(&v[i..n]);
+            _mm256_loadu_ps(buf.as_ptr())
+        }
+    }
+}
+
+/// `table::ceil_127` on 8 lanes (the smallest integer `m >= 1` with `127 m >= v`, exact for
+/// `0 <= v <= 2^17`), as float: the same IEEE steps.
+#[inline(always)]
+unsafe fn ceil_127_x8(v: __m256) -> __m256 {
+    unsafe {
+        let one = _mm256_set1_ps(1.0);
+        let c127 = _mm256_set1_ps(127.0);
+        let magic = _mm256_set1_ps(12_582_912.0);
+        let d = _mm256_mul_ps(v, _mm256_set1_ps(1.0 / 127.0));
+        let r = _mm256_sub_ps(_mm256_add_ps(d, magic), magic);
+        let mut m = _mm256_add_ps(r, _mm256_and_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(r, d), one));
+        m = _mm256_max_ps(m, one);
+        let down = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GT_OQ>(m, one),
+            _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_mul_ps(c127, _mm256_sub_ps(m, one)), v),
+        );
+        m = _mm256_sub_ps(m, _mm256_and_ps(down, one));
+        let up = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_mul_ps(c127, m), v);
+        _mm256_add_ps(m, _mm256_and_ps(up, one))
+    }
+}
+
+/// Horizontal sum of 8 int32 lanes.
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
+    }
+}
+
+/// [`table::i8_scaling`] with its per-tuple loops on 8 lanes: the same search for `M`
+/// ([`table::search_multiplier`]) and the same IEEE operations per tuple, so the same
+/// multipliers, factors and scale (a test compares them). The scalar loops were two thirds of
+/// the build.
+#[target_feature(enable = "avx2")]
+unsafe fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
+    let n = amax.len();
+    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
+    let rcp = 127.0f32 / a;
+    if a == 0.0 || !rcp.is_finite() {
+        return table::i8_scaling(amax, mult, rm);
+    }
+    // q_p = amax_p * rcp, in `rm` (scratch until the end).
+    for (q, &x) in rm.iter_mut().zip(amax) {
+        *q = x * rcp;
+    }
+    let q = &*rm;
+    // SAFETY (closures below): AVX2 is enabled; `load8` reads lanes below `c1 <= n` only.
+    // Sum of the multipliers `ceil_127(q_p * mf)` of tuples `c0 .. c1`.
+    let chunk_sum = |c0: usize, c1: usize, mf: __m256| -> u32 {
+        unsafe {
+            let mut s = _mm256_setzero_si256();
+            for i in (c0..c1).step_by(8) {
+                let lanes = _mm256_cmpgt_epi32(
+                    _mm256_set1_epi32((c1 - i) as i32),
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                );
+                let m = _mm256_cvtps_epi32(ceil_127_x8(_mm256_mul_ps(load8(q, i, c1), mf)));
+                s = _mm256_add_epi32(s, _mm256_and_si256(m, lanes));
+            }
+            hsum_epi32(s) as u32
+        }
+    };
+    let feasible = |mm: u32| -> bool {
+        let mf = mm as f32;
+        (rcp * mf).is_finite()
+            && (0..n).step_by(table::I8_CHUNK).all(|c0| {
+                chunk_sum(c0, (c0 + table::I8_CHUNK).min(n), _mm256_set1_ps(mf)) <= table::I8_BUDGET
+            })
+    };
+    let m0 = table::start_multiplier((0..n).step_by(table::I8_CHUNK).map(|c0| {
+        let c1 = (c0 + table::I8_CHUNK).min(n);
+        (q[c0..c1].iter().sum(), c1 - c0)
+    }));
+    let mm = table::search_multiplier(m0, feasible);
+    let mf = mm as f32;
+    let rcp_m = rcp * mf;
+    for i in (0..n).step_by(8) {
+        let len = (n - i).min(8);
+        // SAFETY: as above.
+        let mp = unsafe { ceil_127_x8(_mm256_mul_ps(load8(rm, i, n), _mm256_set1_ps(mf))) };
+        let mut mps = [0f32; 8];
+        // SAFETY: an 8-float store into `mps`.
+        unsafe { _mm256_storeu_ps(mps.as_mut_ptr(), mp) };
+        for (j, &m) in mps.iter().enumerate().take(len) {
+            mult[i + j] = m as u8;
+            rm[i + j] = rcp_m / m;
+        }
+    }
+    a / (127.0 * mf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use maleki_common::rng::{below, stream};
+
+    #[test]
+    fn i8_scaling_equals_the_scalar_scaling() {
+        if !is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let mut r = stream(8, 0);
+        let mut cases = 0;
+        for len in (1..=256).step_by(7).chain([8, 16, 63, 64, 65, 128, 256]) {
+            for kind in 0..6 {
+                let amax: Vec<f32> = (0..len)
+                    .map(|_| {
+                        let u = below(&mut r, 1 << 24) as f32 / (1u32 << 24) as f32;
+                        match kind {
+                            0 => u,                             // spread over [0, 1)
+                            1 => 1.0 + 1e-3 * u,                // nearly equal: large sums
+                            2 => u * u * u * u,                 // a few large, many tiny
+                            3 => u * 1e-38,                     // subnormal maxima
+                            4 => u * 3e38,                      // near the float range
+                            _ => (below(&mut r, 3) as f32) * u, // zeros among them
+                        }
+                    })
+                    .collect();
+                let (mut m1, mut m2) = (vec![0u8; len], vec![0u8; len]);
+                let (mut r1, mut r2) = (vec![0f32; len], vec![0f32; len]);
+                let t1 = table::i8_scaling(&amax, &mut m1, &mut r1);
+                // SAFETY: AVX2 was checked above.
+                let t2 = unsafe { i8_scaling(&amax, &mut m2, &mut r2) };
+                assert_eq!(t1.to_bits(), t2.to_bits(), "len {len} kind {kind}");
+                assert_eq!(m1, m2, "len {len} kind {kind}");
+                assert!(
+                    r1.iter().zip(&r2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "len {len} kind {kind}"
+                );
+                cases += 1;
+            }
+        }
+        assert!(cases > 200);
     }
 }

@@ -30,7 +30,7 @@ use std::arch::x86_64::*;
 
 use crate::format::Involution;
 use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
-use crate::layout::{IndexData, TileLayout, ROW_BLOCK};
+use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
 
@@ -95,17 +95,26 @@ impl LutKernel for Avx512 {
         }
     }
 
-    fn wants_folded(&self, plan: &Plan) -> bool {
-        plan.precision == TablePrecision::I8
+    fn layout_kind(&self, plan: &Plan) -> LayoutKind {
+        let fold = plan.precision == TablePrecision::I8
             && plan
                 .mirror
-                .is_some_and(|m| TileLayout::can_fold(plan.levels, plan.depth(), &m))
+                .is_some_and(|m| TileLayout::can_fold(plan.levels, plan.depth(), &m));
+        if fold {
+            LayoutKind::Folded
+        } else {
+            LayoutKind::Plain
+        }
     }
 
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
         assert!(
             !job.layout.folded || job.plan.precision == TablePrecision::I8,
             "folded layouts are read by the i8 kernel only"
+        );
+        assert!(
+            !job.layout.paired,
+            "paired layouts are read by the AVX2 kernel only"
         );
         let IndexData::U8(ix) = &job.layout.data else {
             unreachable!("supports() admits byte indices only")

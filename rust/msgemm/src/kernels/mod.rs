@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use maleki_common::{Error, Result};
 
-use crate::layout::TileLayout;
+use crate::layout::{LayoutKind, TileLayout};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::TableSet;
 
@@ -108,8 +108,8 @@ impl Zeros<'_> {
 /// operation order of `KERNELS.md`.
 pub struct RowJob<'a> {
     pub plan: &'a Plan,
-    /// Indices `[g][rb][t][64]` for `plan.tuples.depth` (mirror-folded when the kernel asked
-    /// for it, see [`LutKernel::wants_folded`]).
+    /// Indices `[g][rb][t][64]` for `plan.tuples.depth`, in the form the kernel asked for
+    /// ([`LutKernel::layout_kind`]: mirror-folded or paired) or plain.
     pub layout: &'a TileLayout,
     /// Scales tiled `[g][rb][64]`.
     pub scales: &'a [f32],
@@ -153,11 +153,12 @@ pub trait LutKernel: Sync {
     /// `< plan.m` are touched. Called only when `available()` and `supports(plan)` are true.
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]);
 
-    /// True when the kernel wants the mirror-folded layout ([`TileLayout::fold`]) for this
-    /// plan; the driver then hands it `PackedWeights::folded_layout` instead of `layout`. A
-    /// kernel must still accept the plain layout (it reads `job.layout.folded`).
-    fn wants_folded(&self, _plan: &Plan) -> bool {
-        false
+    /// The form of the tile layout the kernel reads fastest for this plan: the mirror-folded
+    /// ([`TileLayout::fold`]) or paired ([`TileLayout::pair`]) one, or the plain one; the
+    /// driver hands it that form (`PackedWeights::layout_for`). A kernel must still accept the
+    /// plain layout (it reads `job.layout.kind()`).
+    fn layout_kind(&self, _plan: &Plan) -> LayoutKind {
+        LayoutKind::Plain
     }
 
     /// The depth at which this kernel is fastest for every shape, for codebooks of `levels`

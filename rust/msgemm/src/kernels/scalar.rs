@@ -26,6 +26,7 @@ impl LutKernel for Scalar {
         true
     }
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
+        assert!(!job.layout.paired, "the scalar kernel reads plain layouts");
         match (&job.layout.data, &job.tables.data) {
             (IndexData::U8(ix), TableData::F32(t)) => run::<u8, f32>(job, ix, t, y),
             (IndexData::U8(ix), TableData::I16(t)) => run::<u8, i16>(job, ix, t, y),
