@@ -79,3 +79,23 @@ def test_all_backends_agree_bitwise_in_every_precision_on_random_data():
                         continue
                     y = mg.msgemm(pw, x, table=table, backend=backend, mirror=mirror, depth=pw.natural_depth)
                     assert y.view(np.uint32).tolist() == base.view(np.uint32).tolist(), (fmt, table, backend)
+
+
+@pytest.mark.skipif("avx2" not in BACKENDS, reason="the CPU has no AVX2")
+@pytest.mark.parametrize("fmt,g,depth", [("int4", 128, 1), ("uint4", 64, 1), ("nf4", 33, 1), ("int2", 64, 2), ("int2", 30, 2), ("int3", 15, 1)])
+@pytest.mark.parametrize("n", [1, 3])
+def test_avx2_kernel_reads_paired_indices_with_the_scalar_bits(fmt, g, depth, n):
+    # What an AVX2-only machine runs: two 4-bit indices per byte, its own table build.
+    # Oracles: the scalar kernel bit for bit, and the float64 product within the i8 bound.
+    rng = np.random.default_rng(g + n)
+    kw = {"symmetric": False} if fmt == "uint4" else {}
+    pw = mg.quantize(rng.standard_normal((150, 4 * g)), fmt, g, **kw)
+    x = rng.standard_normal((pw.shape[1], n)).astype(np.float32)
+    info = mg.plan_info(pw, n=n, depth=depth, backend="avx2")
+    assert info["backend"] == "avx2" and info["paired_indices"] and not info["folded_indices"], info
+    for mirror in [False, True] if pw.mirror is not None else [False]:
+        want = mg.msgemm(pw, x, depth=depth, backend="scalar", mirror=mirror)
+        got = mg.msgemm(pw, x, depth=depth, backend="avx2", mirror=mirror)
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), mirror
+    ref = pw.dequantize() @ x.astype(np.float64)
+    assert np.abs(got - ref).sum() <= 0.02 * np.abs(ref).sum()

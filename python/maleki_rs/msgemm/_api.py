@@ -954,7 +954,8 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     ``tuples_per_group``, ``last_depth``, ``table_entries`` (per table, as planned),
     ``zero_term``, ``mirror`` (as asked), ``int_exp`` (``i16``), and what runs: ``half_tables``
     (mirror tables, asked for or chosen because they give the same bits), ``folded_indices``
-    (the kernel reads mirror-folded indices) and ``label_space`` (int tables over
+    (the kernel reads mirror-folded indices), ``paired_indices`` (it reads two 4-bit indices per
+    byte) and ``label_space`` (int tables over
     sign-magnitude labels, see :func:`msgemm`'s ``mirror``).
     """
     pw = _check_pw(pw)

@@ -661,8 +661,8 @@ fn plan_info<'py>(
             Backend::Reference => (plan, "reference", None),
             b => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
-                let folded = k.layout_kind(&run) == LayoutKind::Folded;
-                (plan, k.backend().name(), Some((run, folded)))
+                let kind = k.layout_kind(&run);
+                (plan, k.backend().name(), Some((run, kind)))
             }
         })
     })?;
@@ -677,12 +677,13 @@ fn plan_info<'py>(
     d.set_item("zero_term", plan.zero_term)?;
     d.set_item("mirror", plan.mirror.is_some())?;
     d.set_item("int_exp", plan.int_exp)?;
-    let (half, folded, labels) = run.as_ref().map_or(
-        (plan.mirror.is_some(), false, plan.labels.is_some()),
-        |(r, f)| (r.mirror.is_some(), *f, r.labels.is_some()),
+    let (half, kind, labels) = run.as_ref().map_or(
+        (plan.mirror.is_some(), LayoutKind::Plain, plan.labels.is_some()),
+        |(r, k)| (r.mirror.is_some(), *k, r.labels.is_some()),
     );
     d.set_item("half_tables", half)?;
-    d.set_item("folded_indices", folded)?;
+    d.set_item("folded_indices", kind == LayoutKind::Folded)?;
+    d.set_item("paired_indices", kind == LayoutKind::Paired)?;
     d.set_item("label_space", labels)?;
     Ok(d)
 }
