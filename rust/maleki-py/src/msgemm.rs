@@ -678,7 +678,11 @@ fn plan_info<'py>(
     d.set_item("mirror", plan.mirror.is_some())?;
     d.set_item("int_exp", plan.int_exp)?;
     let (half, kind, labels) = run.as_ref().map_or(
-        (plan.mirror.is_some(), LayoutKind::Plain, plan.labels.is_some()),
+        (
+            plan.mirror.is_some(),
+            LayoutKind::Plain,
+            plan.labels.is_some(),
+        ),
         |(r, k)| (r.mirror.is_some(), *k, r.labels.is_some()),
     );
     d.set_item("half_tables", half)?;

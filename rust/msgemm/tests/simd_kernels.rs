@@ -251,6 +251,46 @@ fn paired_layouts_with_odd_tuple_counts() {
 }
 
 #[test]
+fn simd_builds_match_the_scalar_build_on_subnormal_and_nan_groups() {
+    // Found in review: a group whose largest entry is a few subnormal ulps (`127 / A`
+    // overflows, `tscale` underflows to 0) has saturated entries in the scalar build, and a NaN
+    // activation (which `gemm` rejects before any build, but `build_tables` is public) gives 0
+    // entries there. Every SIMD build must write the same entries, even ones never looked up.
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let codes: Vec<u8> = (0..64 * 32).map(|i| (i % 16) as u8).collect();
+    let pw = PackedWeights::from_codes(cb, 64, 32, 32, &codes, vec![0.1; 64], None, None).unwrap();
+    let mut nan: Vec<f32> = (0..32).map(|i| i as f32 * 0.1 - 1.0).collect();
+    nan[3] = f32::NAN;
+    for xt in [
+        vec![f32::from_bits(1); 32],
+        vec![f32::from_bits(3); 32],
+        nan,
+    ] {
+        for d in [1usize, 2] {
+            let opts = GemmOptions {
+                depth: Depth::Fixed(d),
+                precision: TablePrecision::I8,
+                backend: Backend::Scalar,
+                mirror: false,
+            };
+            let plan = make_plan(&pw, 1, &opts).unwrap();
+            let mut want = TableSet::zeroed(&plan, 0..1, 0..1);
+            build_scalar(&plan, &xt, &mut want, false);
+            for k in simd_kernels() {
+                let mut got = TableSet::zeroed(&plan, 0..1, 0..1);
+                if !k.supports(&plan) || !k.build_tables(&plan, &xt, &mut got, false) {
+                    continue;
+                }
+                assert_eq!(got.data, want.data, "{:?} d={d} x0={}", k.backend(), xt[0]);
+                assert_eq!(got.mult, want.mult);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.tscale), bits(&want.tscale));
+            }
+        }
+    }
+}
+
+#[test]
 fn extreme_activations_fall_back_consistently() {
     if simd_kernels().is_empty() {
         return;

@@ -647,7 +647,15 @@ unsafe fn build_block_i8(
     let slot = plan.slot;
     // Entries that could overflow (and give infinities or NaN, which the scalar build's
     // `f32::max` skips): the scalar build.
-    let xmax = xg.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    // (a max that keeps NaN: `f32::max` would skip it)
+    let xmax = xg.iter().fold(0f32, |m, &x| {
+        let a = x.abs();
+        if a > m || a.is_nan() {
+            a
+        } else {
+            m
+        }
+    });
     let bound = xmax * c.vmax * 16.0;
     if bound.is_nan() || bound >= 1e37 {
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
@@ -677,13 +685,15 @@ unsafe fn build_block_i8(
     }
     // SAFETY: AVX2 is enabled.
     let tsc = unsafe { i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]) };
+    // A subnormal largest entry: `127 / A` overflows (and `tscale` may underflow to 0), and the
+    // scalar build saturates the entries; checked before the all-zero case below.
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
     if tsc == 0.0 {
         // All entries 0, tscale 0, zsum 0 (as the scalar build).
         out.fill(0);
         return (0.0, 0.0);
-    }
-    if !rms[0].is_finite() {
-        return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     // SAFETY: AVX2 is enabled; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-byte
     // store at it stays inside `out` except for the last tuple (copied instead).

@@ -1816,13 +1816,15 @@ unsafe fn build_block_i8(
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     let tsc = i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]);
+    // A subnormal largest entry: `127 / A` overflows (and `tscale` may underflow to 0), and the
+    // scalar build saturates the entries; checked before the all-zero case below.
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
     if tsc == 0.0 {
         // All entries 0, tscale 0, zsum 0 (as the scalar build).
         out.fill(0);
         return (0.0, 0.0);
-    }
-    if !rms[0].is_finite() {
-        return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     let vals = codebook_vector(plan);
     // The full-depth tuples of 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) and of
