@@ -306,6 +306,12 @@ unsafe fn run_i8_k<const KIND: u8, const PAIRED: bool>(
     }
 }
 
+/// How far ahead of their use the indices are prefetched, in bytes. The layout is read as one
+/// stream, and without software prefetches the lookups waited on it: int4 4096 x 4096, one
+/// thread 0.447 -> 0.375 ms, 2 threads 0.240-0.261 -> 0.214-0.219 ms (alternated, minima; 1.5-3
+/// KiB measured alike).
+const PF_DIST: usize = 2048;
+
 /// The tables of one (group, column): tuple `t`'s `slot` entries at `tp + t * slot`
 /// (`tab_end` bytes readable from `tp`), its multiplier at `mults + t`.
 struct TupleTables {
@@ -352,6 +358,13 @@ unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
                 };
                 // Mirror constants: the group's last tuple may have its own.
                 let (w0, w1) = (usize::from(t + 1 == pg), usize::from(t + 2 == pg));
+                // The indices `PF_DIST` bytes on (a later row block's), into L1 (paired: 64
+                // bytes per pair; plain: two lines per pair, half the distance in pairs).
+                let slot = if PAIRED { t / 2 } else { t };
+                _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(slot * 64 + PF_DIST) as *const i8);
+                if !PAIRED {
+                    _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(t * 64 + 64 + PF_DIST) as *const i8);
+                }
                 for (h, ah) in a.iter_mut().enumerate() {
                     let (i0, i1) = indices::<PAIRED>(ip, t, h, two);
                     let e0 = look::<KIND>(tb0, i0, mv, w0);
