@@ -54,7 +54,7 @@ def test_act_order_weights_are_exact_too(fmt):
     want = (pw.dequantize() @ x.astype(np.float64)).astype(np.float32)
     for backend in BACKENDS:
         if not mg.backend_supports(pw, backend, n=5, depth=pw.natural_depth, table="f32"):
-            continue  # e.g. the AVX2 kernel implements tables of <= 8 f32 entries only
+            continue  # e.g. the AVX2 kernel implements tables of <= 16 entries only
         y = mg.msgemm(pw, x, depth=pw.natural_depth, table="f32", backend=backend)
         np.testing.assert_array_equal(y, want, err_msg=backend)
     # linear() takes (B, K) activations and returns (B, M)

@@ -303,6 +303,7 @@ fn extreme_activations_fall_back_consistently() {
         for (precision, d) in [
             (TablePrecision::I8, 1),
             (TablePrecision::I8, 2),
+            (TablePrecision::F32, 1),
             (TablePrecision::F32, 2),
         ] {
             let base = GemmOptions {

@@ -3,13 +3,14 @@
 //! Supported plans: tables of at most 16 entries (`plan.slot <= 16`), i.e. depth 1 of every
 //! 4-bit or smaller format (the codebook-product tables of nf4 / fp4 / learned codebooks: no
 //! multiplies and no float unpacking in the inner loop), int2 at depth 2 and ternary at depth
-//! 2; `i8` tables (any mirror) and `f32` tables of at most 8 entries (`vpermps`).
+//! 2; `i8` and `f32` tables (any mirror). Tables are built here for both (`V^d <= 16`).
 //!
 //! - `i8`: the 16-byte table is broadcast to both 128-bit lanes; 32 lookups per `vpshufb`.
 //!   Mirrored lanes (`idx >= used`) map their index with a blend and negate the entry with
 //!   `vpsignb`. Two tuples' entries are interleaved and summed pairwise into int16 with
 //!   `vpmaddubsw` against ones (exact), spilled to int32 every 256 tuples.
-//! - `f32`: 8 rows per `vpermps`, sequential float adds per row.
+//! - `f32`: 8 rows per `vpermps` (two and a blend for tables of more than 8 entries),
+//!   sequential float adds per row.
 //!
 //! The bit-serial formulation (T-MAC style: one 16-entry table per bit plane) computes the
 //! same exact integer sums only in `i16` mode; in `i8` and `f32` mode its roundings differ
@@ -44,7 +45,7 @@ impl LutKernel for Avx2 {
     fn supports(&self, plan: &Plan) -> bool {
         match plan.precision {
             TablePrecision::I8 => plan.slot <= 16,
-            TablePrecision::F32 => plan.slot <= 8,
+            TablePrecision::F32 => plan.slot <= 16,
             TablePrecision::I16 => false,
         }
     }
@@ -444,14 +445,54 @@ unsafe fn epilogue_rows(
     }
 }
 
+/// Entries `tb[idx]` of a table of at most 16 floats (`tb[0]` entries 0-7, `tb[1]` 8-15) for 8
+/// indices below 16; only `tb[0]` when `!WIDE` (indices below 8).
+#[inline(always)]
+unsafe fn lookup16<const WIDE: bool>(tb: &[__m256; 2], idx: __m256i) -> __m256 {
+    unsafe {
+        let lo = _mm256_permutevar8x32_ps(tb[0], idx);
+        if !WIDE {
+            return lo;
+        }
+        let hi = _mm256_permutevar8x32_ps(tb[1], idx);
+        let upper = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(7));
+        _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper))
+    }
+}
+
 #[target_feature(enable = "avx2")]
 unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
+    // Tables of more than 8 entries: two `vpermps` and a blend on index bit 3.
+    let wide = job.plan.slot > 8;
+    // SAFETY: the callee's contract is this function's.
+    unsafe {
+        match (mirror_consts(job.plan).kind, wide) {
+            (0, false) => run_f32_k::<0, false>(job, ix, tab, y),
+            (1, false) => run_f32_k::<1, false>(job, ix, tab, y),
+            (_, false) => run_f32_k::<2, false>(job, ix, tab, y),
+            (0, true) => run_f32_k::<0, true>(job, ix, tab, y),
+            (1, true) => run_f32_k::<1, true>(job, ix, tab, y),
+            (_, true) => run_f32_k::<2, true>(job, ix, tab, y),
+        }
+    }
+}
+
+/// The `f32` kernel for mirror kind `KIND` and tables of up to 16 (`WIDE`) or 8 entries: 8 rows
+/// per vector, the tuples' entries added in ascending order, then the epilogue.
+#[target_feature(enable = "avx2")]
+unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[f32],
+    y: &mut [f32],
+) {
     // SAFETY: pointers stay inside the layout / table slices (offsets from the plan).
     unsafe {
         let plan = job.plan;
         let tabs = job.tables;
         let lay = job.layout;
         let pg = plan.tuples.per_group;
+        let slot = plan.slot;
         let mir = mirror_consts(plan);
         let hv = [
             _mm256_set1_epi32(mir.h[0] - 1),
@@ -459,55 +500,65 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
         ];
         let cv = [_mm256_set1_epi32(mir.c[0]), _mm256_set1_epi32(mir.c[1])];
         let sign = _mm256_set1_epi32(i32::MIN);
-        let mut p = [0f32; ROW_BLOCK];
+        let mut sums = [0f32; ROW_BLOCK];
         for g in tabs.groups.clone() {
             for n in tabs.cols.clone() {
                 let gn = tabs.gn(g, n);
-                let (tsc, zs) = (tabs.tscale[gn], tabs.zsum[gn]);
-                let tp = tab.as_ptr().add(tabs.offset(g, n, 0));
+                let o = tabs.offset(g, n, 0);
+                let (tp, tab_end) = (tab.as_ptr().add(o), tab.len() - o);
                 for b in job.row_blocks.clone() {
                     let ip = ix.as_ptr().add(lay.slot(g, b, 0));
                     let mut acc = [_mm256_setzero_ps(); 8];
                     for t in 0..pg {
                         let w = usize::from(t + 1 == pg);
-                        let mut buf = [0f32; 8];
-                        std::ptr::copy_nonoverlapping(
-                            tp.add(t * plan.slot),
-                            buf.as_mut_ptr(),
-                            plan.slot,
-                        );
-                        let tb = _mm256_loadu_ps(buf.as_ptr());
+                        // The tuple's entries 0-7 and 8-15, read in place where 16 floats are
+                        // readable (past the slot: the next tuple's, which no index selects).
+                        let at = t * slot;
+                        let tb = if at + 16 <= tab_end {
+                            [_mm256_loadu_ps(tp.add(at)), _mm256_loadu_ps(tp.add(at + 8))]
+                        } else {
+                            let mut buf = [0f32; 16];
+                            std::ptr::copy_nonoverlapping(tp.add(at), buf.as_mut_ptr(), slot);
+                            [
+                                _mm256_loadu_ps(buf.as_ptr()),
+                                _mm256_loadu_ps(buf.as_ptr().add(8)),
+                            ]
+                        };
                         for (q, a) in acc.iter_mut().enumerate() {
                             let bytes = _mm_loadl_epi64(ip.add(t * 64 + 8 * q) as *const __m128i);
                             let idx = _mm256_cvtepu8_epi32(bytes);
-                            let e = match mir.kind {
-                                0 => _mm256_permutevar8x32_ps(tb, idx),
-                                k => {
-                                    let m = _mm256_cmpgt_epi32(idx, hv[w]);
-                                    let mapped = if k == 1 {
-                                        _mm256_xor_si256(idx, cv[w])
-                                    } else {
-                                        _mm256_sub_epi32(cv[w], idx)
-                                    };
-                                    let e = _mm256_permutevar8x32_ps(
-                                        tb,
-                                        _mm256_blendv_epi8(idx, mapped, m),
-                                    );
-                                    _mm256_xor_ps(e, _mm256_castsi256_ps(_mm256_and_si256(m, sign)))
-                                }
+                            let e = if KIND == 0 {
+                                lookup16::<WIDE>(&tb, idx)
+                            } else {
+                                let m = _mm256_cmpgt_epi32(idx, hv[w]);
+                                let mapped = if KIND == 1 {
+                                    _mm256_xor_si256(idx, cv[w])
+                                } else {
+                                    _mm256_sub_epi32(cv[w], idx)
+                                };
+                                let e = lookup16::<WIDE>(&tb, _mm256_blendv_epi8(idx, mapped, m));
+                                _mm256_xor_ps(e, _mm256_castsi256_ps(_mm256_and_si256(m, sign)))
                             };
                             *a = _mm256_add_ps(*a, e);
                         }
                     }
                     for (q, a) in acc.iter().enumerate() {
-                        _mm256_storeu_ps(p.as_mut_ptr().add(8 * q), *a);
+                        _mm256_storeu_ps(sums.as_mut_ptr().add(8 * q), *a);
                     }
                     let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
                     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    for (lane, &pv) in p.iter().enumerate().take(rows) {
+                    for (lane, &pv) in sums.iter().enumerate().take(rows) {
                         let yi = job.y_index(b * ROW_BLOCK + lane, n);
                         let z = job.zeros.at(sz + lane);
-                        y[yi] = epilogue(plan, pv, job.scales[sz + lane], z, tsc, zs, y[yi]);
+                        y[yi] = epilogue(
+                            plan,
+                            pv,
+                            job.scales[sz + lane],
+                            z,
+                            tabs.tscale[gn],
+                            tabs.zsum[gn],
+                            y[yi],
+                        );
                     }
                 }
             }
@@ -522,7 +573,7 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
 /// `i8` plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a
 /// prefix of them) and groups of at most 256 tuples: the build below. Others: the scalar build.
 fn build_supported(plan: &Plan) -> bool {
-    plan.precision == TablePrecision::I8
+    matches!(plan.precision, TablePrecision::I8 | TablePrecision::F32)
         && plan
             .levels
             .checked_pow(plan.depth() as u32)
@@ -589,8 +640,21 @@ unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
         &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
     };
     let per_group = plan.tuples.per_group;
-    let TableData::I8(d) = &mut set.data else {
-        unreachable!("build_supported() admits i8 plans only")
+    let d = match &mut set.data {
+        TableData::I8(d) => d,
+        TableData::F32(d) => {
+            let meta: Vec<(f32, f32)> =
+                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                    // SAFETY: AVX2 is available (checked by `build_tables`).
+                    unsafe { build_block_f32(plan, &consts, xg(i), out) }
+                });
+            for (i, (tsc, zs)) in meta.into_iter().enumerate() {
+                set.tscale[i] = tsc;
+                set.zsum[i] = zs;
+            }
+            return;
+        }
+        TableData::I16(_) => unreachable!("build_supported() admits i8 and f32 plans only"),
     };
     let meta: Vec<(f32, f32)> = map_blocks(
         d,
@@ -641,6 +705,33 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256
         }
         e
     }
+}
+
+/// One `(group, column)` block of `f32` tables, bitwise equal to [`table::build_block`]: each
+/// tuple's entries ([`entries`]; those past its built entries 0), `tscale` 1, `zsum` the
+/// sequential sum of the group's activations when the plan has a zero term.
+#[target_feature(enable = "avx2")]
+unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f32]) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    for t in 0..tp.per_group {
+        let xs = &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+        let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+        // SAFETY: AVX2 is enabled; 16 floats into `buf`, `slot <= 16` of them copied out.
+        unsafe {
+            let e = entries(plan, c, xs, w);
+            let mut buf = [0f32; 16];
+            _mm256_storeu_ps(buf.as_mut_ptr(), e[0]);
+            _mm256_storeu_ps(buf.as_mut_ptr().add(8), e[1]);
+            out[t * slot..(t + 1) * slot].copy_from_slice(&buf[..slot]);
+        }
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg)
+    } else {
+        0.0
+    };
+    (1.0, zsum)
 }
 
 /// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`]: the
