@@ -211,13 +211,15 @@ fn long_groups_spill_int16_partial_sums() {
         return;
     }
     // Per-channel scales (G = K = 1536): 768 tuples at d = 2, well past the int16 chunks.
+    // (Depth 2 of int4 and depths 4-5 of ternary are AVX-512 plans; an AVX2-only CPU checks
+    // depth 1 of int4 and depth 2 of ternary.)
     let cb = Codebook::new(Format::Int4).unwrap();
     let pw = weights(&cb, 65, 1536, 1536, true, 3);
-    assert!(check(&pw, &[2], "per-channel") > 0);
+    assert!(check(&pw, &[1, 2], "per-channel") > 0);
     // Tuples that do not divide the group (G = 96, d = 5: last tuple of depth 1).
     let cb = Codebook::new(Format::Ternary).unwrap();
     let pw = weights(&cb, 64, 192, 96, false, 4);
-    assert!(check(&pw, &[5, 4], "ragged tuples") > 0);
+    assert!(check(&pw, &[5, 4, 2], "ragged tuples") > 0);
 }
 
 #[test]

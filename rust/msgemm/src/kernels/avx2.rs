@@ -567,18 +567,22 @@ unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Table build (i8 tables of at most 16 entries)
+// Table build (i8 and f32 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
-/// `i8` plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a
-/// prefix of them) and groups of at most 256 tuples: the build below. Others: the scalar build.
+/// `i8` and `f32` plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans
+/// store a prefix of them; `i8`: groups of at most 256 tuples, kept on the stack): the build
+/// below. Others: the scalar build.
 fn build_supported(plan: &Plan) -> bool {
-    matches!(plan.precision, TablePrecision::I8 | TablePrecision::F32)
-        && plan
-            .levels
-            .checked_pow(plan.depth() as u32)
-            .is_some_and(|e| e <= 16)
-        && plan.tuples.per_group <= MAX_TUPLES
+    let small = plan
+        .levels
+        .checked_pow(plan.depth() as u32)
+        .is_some_and(|e| e <= 16);
+    match plan.precision {
+        TablePrecision::I8 => small && plan.tuples.per_group <= MAX_TUPLES,
+        TablePrecision::F32 => small,
+        TablePrecision::I16 => false,
+    }
 }
 
 /// Tuples per group the SIMD build keeps on the stack (longer groups: the scalar build).
