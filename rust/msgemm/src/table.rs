@@ -582,22 +582,40 @@ pub(crate) fn map_blocks<T: Send, R: Send>(
     }
 }
 
+/// The activations of block `i` of `set` (blocks in `(group, column)` order): the group's `G`
+/// values of column `n` of `xt` (X transposed and permuted, `(N, K)` row-major).
+pub(crate) fn block_activations<'a>(
+    plan: &Plan,
+    set: &TableSet,
+    xt: &'a [f32],
+) -> impl Fn(usize) -> &'a [f32] + Sync + use<'a> {
+    let (g_size, k) = (plan.group_size, plan.k);
+    let (groups, cols) = (set.groups.clone(), set.cols.clone());
+    let nc = cols.len();
+    move |i: usize| {
+        let (g, n) = (groups.start + i / nc, cols.start + i % nc);
+        &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
+    }
+}
+
+impl TableSet {
+    /// Stores the `(tscale, zsum)` of every block, in block order (what the builds return).
+    pub(crate) fn set_meta(&mut self, meta: Vec<(f32, f32)>) {
+        for (i, (tsc, zs)) in meta.into_iter().enumerate() {
+            self.tscale[i] = tsc;
+            self.zsum[i] = zs;
+        }
+    }
+}
+
 /// Builds the tables of `groups x cols` with the scalar build, over `(g, n)` blocks on the
 /// current pool (`parallel`) or on the calling thread (each block is independent, so the
 /// result does not depend on the thread count).
 ///
 /// `xt` is X transposed and permuted: `(N, K)` row-major, row n = column n of X.
 pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
-    let g_size = plan.group_size;
-    let k = plan.k;
-    let cols = set.cols.clone();
-    let groups = set.groups.clone();
-    let nc = cols.len();
     let blen = set.block_len();
-    let xg = |i: usize| {
-        let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-        &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
-    };
+    let xg = block_activations(plan, set, xt);
     let per_group = plan.tuples.per_group;
     let meta: Vec<(f32, f32)> = match &mut set.data {
         TableData::F32(d) => map_blocks(d, blen, None, parallel, 1, |i, out, _| {
@@ -615,10 +633,46 @@ pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool)
             |i, out, mult| build_block(plan, xg(i), BlockOut::I8(out, mult)),
         ),
     };
-    for (i, (tsc, zs)) in meta.into_iter().enumerate() {
-        set.tscale[i] = tsc;
-        set.zsum[i] = zs;
+    set.set_meta(meta);
+}
+
+/// Compares an `i8_scaling` implementation with [`i8_scaling`] bit for bit over lengths
+/// 1..=256 and six kinds of maxima (spread, nearly equal, a few large, subnormal, near the float
+/// range, zeros among them); for the SIMD kernels' tests.
+#[cfg(test)]
+pub(crate) fn check_i8_scaling(seed: u64, f: impl Fn(&[f32], &mut [u8], &mut [f32]) -> f32) {
+    use maleki_common::rng::{below, stream};
+    let mut r = stream(seed, 0);
+    let mut cases = 0;
+    for len in (1..=256).step_by(7).chain([8, 16, 63, 64, 65, 128, 256]) {
+        for kind in 0..6 {
+            let amax: Vec<f32> = (0..len)
+                .map(|_| {
+                    let u = below(&mut r, 1 << 24) as f32 / (1u32 << 24) as f32;
+                    match kind {
+                        0 => u,                             // spread over [0, 1)
+                        1 => 1.0 + 1e-3 * u,                // nearly equal: large sums
+                        2 => u * u * u * u,                 // a few large, many tiny
+                        3 => u * 1e-38,                     // subnormal maxima
+                        4 => u * 3e38,                      // near the float range
+                        _ => (below(&mut r, 3) as f32) * u, // zeros among them
+                    }
+                })
+                .collect();
+            let (mut m1, mut m2) = (vec![0u8; len], vec![0u8; len]);
+            let (mut r1, mut r2) = (vec![0f32; len], vec![0f32; len]);
+            let t1 = i8_scaling(&amax, &mut m1, &mut r1);
+            let t2 = f(&amax, &mut m2, &mut r2);
+            assert_eq!(t1.to_bits(), t2.to_bits(), "len {len} kind {kind}");
+            assert_eq!(m1, m2, "len {len} kind {kind}");
+            assert!(
+                r1.iter().zip(&r2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "len {len} kind {kind}"
+            );
+            cases += 1;
+        }
     }
+    assert!(cases > 200);
 }
 
 #[cfg(test)]

@@ -1240,19 +1240,11 @@ unsafe fn run_f32_t<const KIND: u8, const MIR: u8>(
 const MIN_BLOCKS_PER_TASK: usize = 4;
 
 fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
-    let g_size = plan.group_size;
-    let k = plan.k;
-    let cols = set.cols.clone();
-    let groups = set.groups.clone();
-    let nc = cols.len();
     let blen = set.block_len();
     let digits = digit_vectors(plan);
     let digits = &digits;
     let ext = code_extremes(plan);
-    let xg = |i: usize| -> &[f32] {
-        let (g, n) = (groups.start + i / nc, cols.start + i % nc);
-        &xt[n * k + g * g_size..n * k + (g + 1) * g_size]
-    };
+    let xg = table::block_activations(plan, set, xt);
     let per_group = plan.tuples.per_group;
     let meta: Vec<(f32, f32)> = match &mut set.data {
         TableData::F32(d) => {
@@ -1272,10 +1264,7 @@ fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
         ),
         TableData::I16(_) => unreachable!("no SIMD build for i16 tables"),
     };
-    for (i, (tsc, zs)) in meta.into_iter().enumerate() {
-        set.tscale[i] = tsc;
-        set.zsum[i] = zs;
-    }
+    set.set_meta(meta);
 }
 
 #[inline(always)]
@@ -1935,44 +1924,12 @@ unsafe fn build_block_i8(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use maleki_common::rng::{below, stream};
 
     #[test]
     fn i8_scaling_equals_the_scalar_scaling() {
-        if !cpu_ok() {
-            return;
+        if cpu_ok() {
+            // SAFETY: the CPU features were checked above.
+            table::check_i8_scaling(7, |a, m, r| unsafe { i8_scaling(a, m, r) });
         }
-        let mut r = stream(7, 0);
-        let mut cases = 0;
-        for len in (1..=256).step_by(7).chain([16, 63, 64, 65, 128, 256]) {
-            for kind in 0..6 {
-                let amax: Vec<f32> = (0..len)
-                    .map(|_| {
-                        let u = below(&mut r, 1 << 24) as f32 / (1u32 << 24) as f32;
-                        match kind {
-                            0 => u,                             // spread over [0, 1)
-                            1 => 1.0 + 1e-3 * u,                // nearly equal: large sums
-                            2 => u * u * u * u,                 // a few large, many tiny
-                            3 => u * 1e-38,                     // subnormal maxima
-                            4 => u * 3e38,                      // near the float range
-                            _ => (below(&mut r, 3) as f32) * u, // zeros among them
-                        }
-                    })
-                    .collect();
-                let (mut m1, mut m2) = (vec![0u8; len], vec![0u8; len]);
-                let (mut r1, mut r2) = (vec![0f32; len], vec![0f32; len]);
-                let t1 = table::i8_scaling(&amax, &mut m1, &mut r1);
-                // SAFETY: the CPU features were checked above.
-                let t2 = unsafe { i8_scaling(&amax, &mut m2, &mut r2) };
-                assert_eq!(t1.to_bits(), t2.to_bits(), "len {len} kind {kind}");
-                assert_eq!(m1, m2, "len {len} kind {kind}");
-                assert!(
-                    r1.iter().zip(&r2).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "len {len} kind {kind}"
-                );
-                cases += 1;
-            }
-        }
-        assert!(cases > 200);
     }
 }
