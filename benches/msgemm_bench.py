@@ -362,33 +362,40 @@ def main() -> None:
         )
     )
 
-    # --- the same GEMVs on each SIMD kernel of this CPU -----------------------------------------
+    # --- the same GEMVs on each kernel of this CPU, in each table precision ---------------------
     # What a machine with only AVX2 (most laptops and AVX2-only servers) runs: the AVX2 kernel at
-    # the depth it implements, timed here in the same rounds as the AVX-512 one and numpy. (Its
-    # memory system is this machine's, not that of an AVX2-only one.)
-    simd = [b for b in maleki_rs._core.msgemm.available_backends() if b in ("avx512", "avx2")]
+    # the depth it implements, timed here in the same rounds as the AVX-512 one, the scalar one and
+    # numpy. (Its memory system is this machine's, not that of an AVX2-only one.) `i16` is the
+    # exact-integer mode (int8 activations, as ONNX Runtime's level 4), `f32` the float32-exact one.
+    kernels = [b for b in maleki_rs._core.msgemm.available_backends() if b in ("avx512", "avx2")] + ["scalar"]
     krows = []
-    for name, kw in [("int4 g128", dict(format="int4", group_size=128)), ("int2 g64", dict(format="int2", group_size=64)),
-                     ("nf4 g128", dict(format="nf4", group_size=128))][: 1 if args.quick else 3]:
-        pw = mg.quantize(w, **kw)
-        wd = pw.dequantize(np.float32)
+    cases = [("int4 g128", dict(format="int4", group_size=128), "i8"), ("int4 g128", dict(format="int4", group_size=128), "i16"),
+             ("int4 g128", dict(format="int4", group_size=128), "f32"), ("int2 g64", dict(format="int2", group_size=64), "i8"),
+             ("int2 g64", dict(format="int2", group_size=64), "i16"), ("nf4 g128", dict(format="nf4", group_size=128), "i8")]
+    packed = {}
+    for name, kw, table in cases[: 1 if args.quick else len(cases)]:
+        if name not in packed:
+            pw = mg.quantize(w, **kw)
+            packed[name] = (pw, pw.dequantize(np.float32))
+        pw, wd = packed[name]
         fns = {"a0": lambda wd=wd: wd @ x}
-        for b in simd:
-            if mg.backend_supports(pw, b):
-                fns[b] = lambda b=b, pw=pw: mg.msgemm(pw, x, backend=b)
+        for b in kernels:
+            if mg.backend_supports(pw, b, table=table):
+                fns[b] = lambda b=b, pw=pw, table=table: mg.msgemm(pw, x, backend=b, table=table)
         tt = timeit_rounds(fns, repeat=max(3, rep // 2), number=3, rounds=5)
         cells = []
-        for b in ("avx512", "avx2"):
+        for b in ("avx512", "avx2", "scalar"):
             if b in tt:
-                depth = mg.plan_info(pw, backend=b)["depth"]
+                depth = mg.plan_info(pw, backend=b, table=table)["depth"]
                 cells += [f"{fmt_ms(tt[b])} (depth {depth})", f"{tt['a0']['min'] / tt[b]['min']:.1f}x"]
             else:
                 cells += ["—", "—"]
-        krows.append([name, fmt_ms(tt["a0"]), *cells])
+        krows.append([name, table, fmt_ms(tt["a0"]), *cells])
         print("kernels", krows[-1], flush=True)
-    lines.append(f"\n### GEMV {m}x{k} by kernel, {th} threads, warm (`backend=`)\n")
+    lines.append(f"\n### GEMV {m}x{k} by kernel and table precision, {th} threads, warm (`backend=`, `table=`)\n")
     lines.append(
-        _report.table(["format", "A0 numpy f32 ms", "avx512 ms", "avx512 vs A0", "avx2 ms", "avx2 vs A0"], krows)
+        _report.table(["format", "table", "A0 numpy f32 ms", "avx512 ms", "avx512 vs A0", "avx2 ms", "avx2 vs A0",
+                       "scalar ms", "scalar vs A0"], krows)
     )
 
     # --- summary against the goals of spec section 11 -----------------------------------------

@@ -211,19 +211,27 @@ def _i16_replica(pw: mg.PackedWeights, x: np.ndarray, mirror: bool) -> np.ndarra
 
 @pytest.mark.parametrize("fmt", ["int4", "uint4", "fp4", "int3", "int2", "ternary"])
 @pytest.mark.parametrize("mirror", [False, True])
-def test_i16_mode_is_the_exact_integer_computation(fmt, mirror):
-    rng = np.random.default_rng(9)
-    k = 256
-    pw = mg.quantize(rng.standard_normal((80, k)), fmt, 64)
+@pytest.mark.parametrize("k, g", [(256, 64), (512, 256)])
+def test_i16_mode_is_the_exact_integer_computation(fmt, mirror, k, g):
+    # Every depth up to the natural one (the AVX2 kernel runs tables of <= 16 entries: int4 at
+    # depth 1, int2 / ternary at depth 2), and groups of 256 tuples at depth 1 (past the AVX2
+    # kernel's int16 chunks of 128).
+    rng = np.random.default_rng(9 + g)
+    pw = mg.quantize(rng.standard_normal((80, k)), fmt, g)
     x = rng.standard_normal((k, 5)).astype(np.float32)
-    x[:64, 1] = 0.0  # an all-zero group (a = 0)
+    x[:g, 1] = 0.0  # an all-zero group (a = 0)
+    x[g:2 * g, 2] *= 1e3  # activations far from 1 (int8 scale, and entries past one byte)
     want = _i16_replica(pw, x, mirror)
-    for backend in BACKENDS:
-        if backend == "reference" or not mg.backend_supports(pw, backend, n=5, table="i16", mirror=mirror,
-                                                             depth=pw.natural_depth):
-            continue
-        y = mg.msgemm(pw, x, table="i16", backend=backend, mirror=mirror, depth=pw.natural_depth)
-        assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist(), backend
+    ran = 0
+    for depth in sorted({1, 2, pw.natural_depth}):
+        for backend in BACKENDS:
+            if backend == "reference" or not mg.backend_supports(pw, backend, n=5, table="i16", mirror=mirror,
+                                                                 depth=depth):
+                continue
+            y = mg.msgemm(pw, x, table="i16", backend=backend, mirror=mirror, depth=depth)
+            assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (backend, depth)
+            ran += 1
+    assert ran >= 2
 
 
 def test_i16_rejects_non_dyadic_codebooks():

@@ -2,7 +2,7 @@
 //! `cargo run --release --example prof -p maleki-msgemm -- THREADS N1,N2 FORMAT REPS`.
 //! Environment: `M` rows and `K` inputs (default 4096), `G` group size, `D` depth; `TOTAL_ONLY=1` only the whole call, from this thread
 //! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets;
-//! `BACKEND=avx2` a named kernel; `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
+//! `BACKEND=avx2` a named kernel; `TABLE=i16` a table precision; `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
 //! on this thread. Whole calls are made from this thread, as the Python binding makes them.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
@@ -69,6 +69,10 @@ fn main() {
     let backend = std::env::var("BACKEND")
         .map(|b| Backend::from_name(&b).unwrap())
         .unwrap_or(Backend::Auto);
+    // `TABLE` names the table precision (default i8).
+    let precision = std::env::var("TABLE")
+        .map(|t| TablePrecision::from_name(&t).unwrap())
+        .unwrap_or(TablePrecision::I8);
     let w = gaussian(m * k, 1);
     let qo = QuantizeOptions {
         group_size: Some(g),
@@ -86,7 +90,7 @@ fn main() {
         let mut y = vec![0f32; m];
         let opts = GemmOptions {
             depth: Depth::Fixed(d),
-            precision: TablePrecision::I8,
+            precision,
             backend,
             mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };
@@ -106,7 +110,7 @@ fn main() {
         let mut y = vec![0f32; m * n];
         let opts = GemmOptions {
             depth: Depth::Fixed(d),
-            precision: TablePrecision::I8,
+            precision,
             backend,
             mirror: std::env::var("MIRROR").is_ok_and(|v| v == "1"),
         };

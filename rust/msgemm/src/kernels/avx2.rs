@@ -46,13 +46,15 @@ impl LutKernel for Avx2 {
         match plan.precision {
             TablePrecision::I8 => plan.slot <= 16,
             TablePrecision::F32 => plan.slot <= 16,
-            TablePrecision::I16 => false,
+            // Two byte planes per table; a mirrored entry would need its 16-bit negation.
+            TablePrecision::I16 => plan.slot <= 16 && plan.mirror.is_none(),
         }
     }
 
-    /// `i8` plans read the paired layout where every index fits a nibble: half the bytes.
+    /// Integer-table plans read the paired layout where every index fits a nibble: half the
+    /// bytes.
     fn layout_kind(&self, plan: &Plan) -> LayoutKind {
-        if plan.precision == TablePrecision::I8
+        if plan.precision != TablePrecision::F32
             && crate::layout::TileLayout::can_pair(plan.levels, plan.depth())
         {
             LayoutKind::Paired
@@ -72,8 +74,8 @@ impl LutKernel for Avx2 {
 
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
         assert!(
-            !job.layout.folded && (!job.layout.paired || job.plan.precision == TablePrecision::I8),
-            "the AVX2 kernel reads plain layouts, and paired ones for i8 tables"
+            !job.layout.folded && (!job.layout.paired || job.plan.precision != TablePrecision::F32),
+            "the AVX2 kernel reads plain layouts, and paired ones for integer tables"
         );
         let IndexData::U8(ix) = &job.layout.data else {
             unreachable!("tables of <= 16 entries have byte indices")
@@ -83,7 +85,7 @@ impl LutKernel for Avx2 {
             match &job.tables.data {
                 TableData::I8(t) => run_i8(job, ix, t, y),
                 TableData::F32(t) => run_f32(job, ix, t, y),
-                TableData::I16(_) => unreachable!("supports() rejects i16 plans"),
+                TableData::I16(t) => run_i16(job, ix, t, y),
             }
         }
     }
@@ -199,12 +201,18 @@ unsafe fn indices<const PAIRED: bool>(
     }
 }
 
-/// Adds the int16 pair sums `(lo, hi)` of half `h` of a row block to (`add`) or stores them
-/// into (`!add`) the block's int32 sums in row order. Word `w` of `lo` is row
-/// `16 (w / 8) + w % 8` of the half, of `hi` row `16 (w / 8) + 8 + w % 8` (the unpacks work
-/// within 128-bit lanes), so the lane halves of `lo` and `hi` interleave to row order.
+/// Adds the int16 pair sums `(lo, hi)` of half `h` of a row block, times `2^SHIFT`, to
+/// (`add`) or stores them into (`!add`) the block's int32 sums in row order. Word `w` of `lo`
+/// is row `16 (w / 8) + w % 8` of the half, of `hi` row `16 (w / 8) + 8 + w % 8` (the unpacks
+/// work within 128-bit lanes), so the lane halves of `lo` and `hi` interleave to row order.
 #[inline(always)]
-unsafe fn widen_half(lo: __m256i, hi: __m256i, h: usize, add: bool, sums: &mut [i32; ROW_BLOCK]) {
+unsafe fn widen_half<const SHIFT: i32>(
+    lo: __m256i,
+    hi: __m256i,
+    h: usize,
+    add: bool,
+    sums: &mut [i32; ROW_BLOCK],
+) {
     unsafe {
         let nat = [
             _mm256_permute2x128_si256::<0x20>(lo, hi),
@@ -217,6 +225,9 @@ unsafe fn widen_half(lo: __m256i, hi: __m256i, h: usize, add: bool, sums: &mut [
             {
                 let p = sums.as_mut_ptr().add(32 * h + 16 * j + 8 * q) as *mut __m256i;
                 let mut w = _mm256_cvtepi16_epi32(part);
+                if SHIFT > 0 {
+                    w = _mm256_slli_epi32::<SHIFT>(w);
+                }
                 if add {
                     w = _mm256_add_epi32(_mm256_loadu_si256(p), w);
                 }
@@ -386,7 +397,7 @@ unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
                 t += 2;
             }
             for (h, ah) in a.iter().enumerate() {
-                widen_half(ah[0], ah[1], h, t0 > 0, sums);
+                widen_half::<0>(ah[0], ah[1], h, t0 > 0, sums);
             }
             t0 = end;
         }
@@ -442,6 +453,173 @@ unsafe fn epilogue_rows(
             zs,
             yb[r],
         );
+    }
+}
+
+/// Tuples of a group whose `i16` byte-plane pair sums stay in int16 before widening: 64
+/// pairs of low bytes, `64 * 510 < 2^15` (the high bytes' pairs lie in `[-256, 254]`).
+const I16_CHUNK: usize = 128;
+
+#[target_feature(enable = "avx2")]
+unsafe fn run_i16(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
+    // SAFETY: the callee's contract is this function's.
+    unsafe {
+        if job.layout.paired {
+            run_i16_k::<true>(job, ix, tab, y)
+        } else {
+            run_i16_k::<false>(job, ix, tab, y)
+        }
+    }
+}
+
+/// The `i16` kernel (no mirror) on a plain or (`PAIRED`) paired layout. Per group and column,
+/// each tuple's table of at most 16 int16 entries is split once into a plane of low bytes
+/// (unsigned) and one of high bytes (signed), `e = 256 hi + lo`; per row block, tuples in
+/// pairs, 32 rows per vector: one `vpshufb` per plane and tuple, the two tuples' bytes summed
+/// pairwise into int16 (`vpmaddubsw`), widened to int32 every `I16_CHUNK` tuples with the
+/// high sums times 256. Exact integer sums, so the same bits as the scalar kernel, whose
+/// epilogue follows on 8 rows per vector.
+#[target_feature(enable = "avx2")]
+unsafe fn run_i16_k<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
+    // SAFETY: pointers stay inside the layout / table slices (offsets from the plan); the
+    // layout's slots start on 64-byte boundaries (`AlignedVec`).
+    unsafe {
+        let plan = job.plan;
+        let tabs = job.tables;
+        let lay = job.layout;
+        let pg = plan.tuples.per_group;
+        let mut planes = vec![0u8; pg * 32];
+        let mut sums = [0i32; ROW_BLOCK];
+        // Columns outside the row blocks: a (group, column)'s tables are split once.
+        for g in tabs.groups.clone() {
+            for n in tabs.cols.clone() {
+                let o = tabs.offset(g, n, 0);
+                split_planes(&tab[o..], plan.slot, pg, &mut planes);
+                let gn = tabs.gn(g, n);
+                for b in job.row_blocks.clone() {
+                    let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+                    i16_sums::<PAIRED>(ip, planes.as_ptr(), pg, &mut sums);
+                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
+                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
+                    let y0 = job.y_index(b * ROW_BLOCK, n);
+                    epilogue_rows(
+                        plan,
+                        &sums,
+                        rows,
+                        sz,
+                        job,
+                        tabs.tscale[gn],
+                        tabs.zsum[gn],
+                        &mut y[y0..y0 + rows],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Splits the `pg` tables of `slot <= 16` int16 entries at the start of `tab` into byte
+/// planes: tuple `t`'s low bytes at `planes[32 t ..][..16]`, its high bytes at
+/// `planes[32 t + 16 ..][..16]` (lanes past the slot: the next tuple's entries or zeros,
+/// which no index selects).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn split_planes(tab: &[i16], slot: usize, pg: usize, planes: &mut [u8]) {
+    // Per 128-bit lane: the even (low) bytes of its 8 entries, then the odd (high) ones.
+    let even_odd = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, //
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+    );
+    for t in 0..pg {
+        let o = t * slot;
+        // SAFETY: 16 entries are read in place where readable, else copied; `planes` holds
+        // `32 pg` bytes.
+        unsafe {
+            let v = if o + 16 <= tab.len() {
+                _mm256_loadu_si256(tab.as_ptr().add(o) as *const __m256i)
+            } else {
+                let mut buf = [0i16; 16];
+                buf[..slot].copy_from_slice(&tab[o..o + slot]);
+                _mm256_loadu_si256(buf.as_ptr() as *const __m256i)
+            };
+            // [lo 0-7 | hi 0-7 | lo 8-15 | hi 8-15] -> [lo 0-15 | hi 0-15].
+            let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(v, even_odd));
+            _mm256_storeu_si256(planes.as_mut_ptr().add(32 * t) as *mut __m256i, v);
+        }
+    }
+}
+
+/// The exact int32 sums of one (group, column)'s `pg` tuples (byte planes at `planes`, see
+/// [`split_planes`]) for the row block whose slot 0 is at `ip`, in row order.
+#[inline(always)]
+unsafe fn i16_sums<const PAIRED: bool>(
+    ip: *const u8,
+    planes: *const u8,
+    pg: usize,
+    sums: &mut [i32; ROW_BLOCK],
+) {
+    // SAFETY: the caller's: `ip` points at the row block's layout slots, `planes` at `32 pg`
+    // bytes.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let ones = _mm256_set1_epi8(1);
+        let plane = |t: usize, hi: usize| {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                planes.add(32 * t + 16 * hi) as *const __m128i
+            ))
+        };
+        let mut t0 = 0;
+        while t0 < pg {
+            let end = (t0 + I16_CHUNK).min(pg);
+            // Pair sums of the two 32-row halves: [half][unpacklo, unpackhi], low and high
+            // planes.
+            let mut lo = [[zero; 2]; 2];
+            let mut hi = [[zero; 2]; 2];
+            let mut t = t0;
+            while t < end {
+                let two = t + 1 < end;
+                let (l0, h0) = (plane(t, 0), plane(t, 1));
+                // A missing second tuple looks up zeros.
+                let (l1, h1) = if two {
+                    (plane(t + 1, 0), plane(t + 1, 1))
+                } else {
+                    (zero, zero)
+                };
+                let slot = if PAIRED { t / 2 } else { t };
+                _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(slot * 64 + PF_DIST) as *const i8);
+                if !PAIRED {
+                    _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(t * 64 + 64 + PF_DIST) as *const i8);
+                }
+                for h in 0..2 {
+                    let (i0, i1) = indices::<PAIRED>(ip, t, h, two);
+                    let (el0, el1) = (_mm256_shuffle_epi8(l0, i0), _mm256_shuffle_epi8(l1, i1));
+                    let (eh0, eh1) = (_mm256_shuffle_epi8(h0, i0), _mm256_shuffle_epi8(h1, i1));
+                    // Low bytes unsigned (first operand of `vpmaddubsw`), high bytes signed.
+                    lo[h][0] = _mm256_add_epi16(
+                        lo[h][0],
+                        _mm256_maddubs_epi16(_mm256_unpacklo_epi8(el0, el1), ones),
+                    );
+                    lo[h][1] = _mm256_add_epi16(
+                        lo[h][1],
+                        _mm256_maddubs_epi16(_mm256_unpackhi_epi8(el0, el1), ones),
+                    );
+                    hi[h][0] = _mm256_add_epi16(
+                        hi[h][0],
+                        _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(eh0, eh1)),
+                    );
+                    hi[h][1] = _mm256_add_epi16(
+                        hi[h][1],
+                        _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(eh0, eh1)),
+                    );
+                }
+                t += 2;
+            }
+            for h in 0..2 {
+                widen_half::<0>(lo[h][0], lo[h][1], h, t0 > 0, sums);
+                widen_half::<8>(hi[h][0], hi[h][1], h, true, sums);
+            }
+            t0 = end;
+        }
     }
 }
 
@@ -570,10 +748,10 @@ unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
 // Table build (i8 and f32 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
-/// `i8` and `f32` plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans
-/// store a prefix of them; `i8`: groups of at most 256 tuples, kept on the stack): the build
-/// below. Others: the scalar build.
-fn build_supported(plan: &Plan) -> bool {
+/// Plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a prefix
+/// of them; `i8`: groups of at most 256 tuples, kept on the stack; `i16`: without mirror):
+/// the build below. Others: the scalar build.
+pub(crate) fn build_supported(plan: &Plan) -> bool {
     let small = plan
         .levels
         .checked_pow(plan.depth() as u32)
@@ -581,7 +759,7 @@ fn build_supported(plan: &Plan) -> bool {
     match plan.precision {
         TablePrecision::I8 => small && plan.tuples.per_group <= MAX_TUPLES,
         TablePrecision::F32 => small,
-        TablePrecision::I16 => false,
+        TablePrecision::I16 => small && plan.mirror.is_none(),
     }
 }
 
@@ -630,8 +808,12 @@ impl BuildConsts {
     }
 }
 
+/// Builds `set` for a plan of [`build_supported`], bitwise equal to the scalar build.
+///
+/// # Safety
+/// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
+pub(crate) unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
     let blen = set.block_len();
     let consts = BuildConsts::new(plan);
     let xg = table::block_activations(plan, set, xt);
@@ -647,7 +829,15 @@ unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
             set.set_meta(meta);
             return;
         }
-        TableData::I16(_) => unreachable!("build_supported() admits i8 and f32 plans only"),
+        TableData::I16(d) => {
+            let meta: Vec<(f32, f32)> =
+                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                    // SAFETY: AVX2 is available (checked by the callers).
+                    unsafe { build_block_i16(plan, &consts, xg(i), out) }
+                });
+            set.set_meta(meta);
+            return;
+        }
     };
     let meta: Vec<(f32, f32)> = map_blocks(
         d,
@@ -695,6 +885,103 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256
         }
         e
     }
+}
+
+/// One `(group, column)` block of `i16` tables, equal to [`table::build_block`]: the
+/// activations quantized to int8 as [`table::quantize_activations`] (`cvtps2dq` rounds to
+/// nearest even, as `round_small`), each tuple's entries the exact integer sums of the products
+/// `int_values[c] * xq` of its digits (order-free), 0 past its built entries.
+#[target_feature(enable = "avx2")]
+unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i16]) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    // SAFETY: AVX2 is enabled.
+    let (maxabs, nan) = unsafe { maxabs_nan(xg) };
+    let rcp = 127.0f32 / maxabs;
+    // Non-finite activations or a subnormal maximum (`127 / maxabs` overflows, and the scalar
+    // quantization's NaN products become 0): the scalar build, with its conventions.
+    if nan || !maxabs.is_finite() || (maxabs != 0.0 && !rcp.is_finite()) {
+        return table::build_block(plan, xg, BlockOut::I16(out));
+    }
+    let mut xq = vec![0i32; xg.len()];
+    if maxabs != 0.0 {
+        // SAFETY: AVX2 is enabled; 8-lane loads and stores inside `xg` / `xq`.
+        unsafe {
+            let (rv, lo, hi) = (
+                _mm256_set1_ps(rcp),
+                _mm256_set1_ps(-127.5),
+                _mm256_set1_ps(127.5),
+            );
+            let (qlo, qhi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
+            let full = xg.len() / 8 * 8;
+            for i in (0..full).step_by(8) {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(xg.as_ptr().add(i)), rv);
+                let q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+                let q = _mm256_min_epi32(_mm256_max_epi32(q, qlo), qhi);
+                _mm256_storeu_si256(xq.as_mut_ptr().add(i) as *mut __m256i, q);
+            }
+            for i in full..xg.len() {
+                xq[i] = table::round_small((xg[i] * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0)
+                    as i32;
+            }
+        }
+    }
+    let ints = plan
+        .int_values
+        .as_deref()
+        .expect("i16 plan has integer values");
+    let mut iv = [0i32; 16];
+    iv[..plan.levels].copy_from_slice(ints);
+    // SAFETY: AVX2 is enabled; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-entry
+    // store at it stays inside `out` except near its end (copied instead).
+    unsafe {
+        let vl = [
+            _mm256_loadu_si256(iv.as_ptr() as *const __m256i),
+            _mm256_loadu_si256(iv.as_ptr().add(8) as *const __m256i),
+        ];
+        for t in 0..tp.per_group {
+            let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+            let xs = &xq[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+            let mut e = if plan.levels > 8 {
+                // Depth 1 only (V^2 > 16): the products are the entries.
+                let x = _mm256_set1_epi32(xs[0]);
+                [_mm256_mullo_epi32(vl[0], x), _mm256_mullo_epi32(vl[1], x)]
+            } else {
+                let mut e = [_mm256_setzero_si256(); 2];
+                for (j, &x) in xs.iter().enumerate() {
+                    let prod = _mm256_mullo_epi32(vl[0], _mm256_set1_epi32(x));
+                    for (h, eh) in e.iter_mut().enumerate() {
+                        let dig =
+                            _mm256_loadu_si256(c.digits[j].as_ptr().add(8 * h) as *const __m256i);
+                        *eh = _mm256_add_epi32(*eh, _mm256_permutevar8x32_epi32(prod, dig));
+                    }
+                }
+                e
+            };
+            for (h, eh) in e.iter_mut().enumerate() {
+                let keep = _mm256_loadu_si256(c.built[w].as_ptr().add(8 * h) as *const __m256i);
+                *eh = _mm256_and_si256(*eh, keep);
+            }
+            // Entries fit int16 (the plan checks `depth * max|v| * 127`): the saturating pack
+            // is exact; its per-lane interleave undone by the qword permutation.
+            let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(e[0], e[1]));
+            let dst = out.as_mut_ptr().add(t * slot);
+            if t * slot + 16 <= out.len() {
+                _mm256_storeu_si256(dst as *mut __m256i, v);
+            } else {
+                let mut buf = [0i16; 16];
+                _mm256_storeu_si256(buf.as_mut_ptr() as *mut __m256i, v);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
+            }
+        }
+    }
+    let scale = 2f32.powi(plan.int_exp);
+    let zsum = if plan.zero_term {
+        xq.iter().sum::<i32>() as f32 * scale
+    } else {
+        0.0
+    };
+    (maxabs / 127.0 / scale, zsum)
 }
 
 /// `(max |x|, whether x holds a NaN)` (a scalar fold with `f32::max`, which skips NaN, and a
