@@ -3,20 +3,26 @@
 //! Supported plans: tables of at most 16 entries (`plan.slot <= 16`), i.e. depth 1 of every
 //! 4-bit or smaller format (the codebook-product tables of nf4 / fp4 / learned codebooks: no
 //! multiplies and no float unpacking in the inner loop), int2 at depth 2 and ternary at depth
-//! 2; `i8` and `f32` tables (any mirror). Tables are built here for both (`V^d <= 16`).
+//! 2; `i8` and `f32` tables (any mirror) and `i16` tables (no mirror). Tables are built here
+//! for all three (`V^d <= 16`).
 //!
 //! - `i8`: the 16-byte table is broadcast to both 128-bit lanes; 32 lookups per `vpshufb`.
 //!   Mirrored lanes (`idx >= used`) map their index with a blend and negate the entry with
 //!   `vpsignb`. Two tuples' entries are interleaved and summed pairwise into int16 with
-//!   `vpmaddubsw` against ones (exact), spilled to int32 every 256 tuples.
+//!   `vpmaddubsw` against the tuples' multipliers (exact), spilled to int32 every 64 tuples
+//!   (`table::I8_CHUNK`).
+//! - `i16`: each table split into a plane of low bytes and one of high bytes, one `vpshufb`
+//!   per plane; the two tuples' bytes summed pairwise into int16 (`vpmaddubsw`), widened to
+//!   int32 every 128 tuples as `lo + 256 hi` (exact). The AVX-512 backend runs these plans here
+//!   too (measured faster than its 512-bit `i16` kernel on 4-bit indices).
 //! - `f32`: 8 rows per `vpermps` (two and a blend for tables of more than 8 entries),
 //!   sequential float adds per row.
 //!
 //! The bit-serial formulation (T-MAC style: one 16-entry table per bit plane) computes the
 //! same exact integer sums only in `i16` mode; in `i8` and `f32` mode its roundings differ
 //! from the scalar oracle's, so it is not used here (see the report in `KERNELS.md`).
-//! The epilogue is the scalar one ([`crate::kernels::scalar::epilogue`]), so results are
-//! bitwise identical to the scalar kernel.
+//! The epilogue is the scalar one ([`crate::kernels::scalar::epilogue`]: the same IEEE operations,
+//! on 8 rows per vector), so results are bitwise identical to the scalar kernel.
 
 use std::arch::x86_64::*;
 
