@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 export CARGO_TERM_COLOR ?= never
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv develop test test-rust test-python wheel-check tour bench wheel clean
+.PHONY: venv develop test test-rust check-aarch64 test-python wheel-check tour bench wheel clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,22 @@ venv: $(VENV)/.stamp
 develop: venv
 	$(VENV)/bin/maturin develop --locked --profile ci
 
-test-rust:
+test-rust: check-aarch64
 	cargo test --locked --profile ci
 	cargo bench --locked --no-run
+
+# The Arm64 build (NEON kernels) compile-checked on every run; its Rust tests run under
+# qemu-user where qemu-aarch64-static and an aarch64 linker are installed (Debian:
+# `apt-get install qemu-user-static gcc-aarch64-linux-gnu`), and are skipped, saying so, where not.
+AARCH64 := aarch64-unknown-linux-gnu
+check-aarch64:
+	rustup target add $(AARCH64)
+	cargo check --locked --profile ci --target $(AARCH64) -p maleki-msgemm -p maleki-py --tests
+	@if command -v qemu-aarch64-static >/dev/null && command -v aarch64-linux-gnu-gcc >/dev/null; then \
+	    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+	    cargo test --locked --profile ci --target $(AARCH64) -p maleki-msgemm; \
+	else echo "check-aarch64: no qemu-aarch64-static / aarch64-linux-gnu-gcc: the Arm64 tests are skipped (compile-checked only)"; fi
 
 test-python: develop
 	$(PY) -m pytest -q tests

@@ -34,7 +34,7 @@ FORMATS: tuple[str, ...] = tuple(_m.FORMATS)
 #: Table precisions: ``"i8"`` (fast), ``"i16"`` (exact integer), ``"f32"`` (float32).
 TABLES: tuple[str, ...] = ("i8", "i16", "f32")
 #: Kernel choices.
-BACKENDS: tuple[str, ...] = ("auto", "avx512", "avx2", "scalar", "reference")
+BACKENDS: tuple[str, ...] = ("auto", "avx512", "avx2", "neon", "scalar", "reference")
 
 
 def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
@@ -695,7 +695,7 @@ def msgemm(
         for the reference backend. Relative L1 errors measured on Gaussian int4 g128 GEMV
         (4096 x 4096, depth 2): ``i8`` 9.2e-3, ``i16`` 6.6e-3, ``f32`` 2.2e-7 (uint4 with zero
         points: ``i8`` 8.5e-3; int2 g64: 6.9e-3).
-    backend : {"auto", "avx512", "avx2", "scalar", "reference"}
+    backend : {"auto", "avx512", "avx2", "neon", "scalar", "reference"}
         Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
         CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
     threads : int, optional

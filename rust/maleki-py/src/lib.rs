@@ -92,6 +92,12 @@ mod _core {
                 feats.push("avx512vbmi");
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                feats.push("neon");
+            }
+        }
         d.set_item("cpu_features", feats)?;
         Ok(d)
     }

@@ -30,8 +30,8 @@ use crate::table::{self, TableSet};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {
     /// The depth the chosen SIMD kernel is measured fastest at for this codebook and
-    /// precision ([`LutKernel::preferred_depth`]: AVX-512 `i8` tables of 16- and 4-level
-    /// codebooks), else `argmax_d R(d)` of the operation-count model among the depths with
+    /// precision ([`LutKernel::preferred_depth`]: on AVX-512, `i8` tables of 16- and 4-level
+    /// codebooks and `i16` tables of 16-, 4- and 3-level ones), else `argmax_d R(d)` of the operation-count model among the depths with
     /// byte indices (`V^d <= 256`) that the chosen backend implements.
     Auto,
     Fixed(usize),

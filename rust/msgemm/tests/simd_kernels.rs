@@ -594,3 +594,62 @@ fn plain_i8_plans_run_on_half_tables_with_the_same_bits() {
     .unwrap();
     assert!(mplan.labels.is_some() && mplan.shift == 0.0 && !mplan.zero_term);
 }
+
+#[test]
+fn int16_partial_sums_at_their_worst_case() {
+    // The kernels sum int8 entries (times the tuples' multipliers) and i16 byte planes in int16
+    // over chunks of tuples; random data stays far from the bounds those chunks are sized for.
+    // Here every weight has the same code and every activation the same value, so every
+    // tuple's entry is its table's largest (i8: +-127 times multipliers that fill the chunk
+    // budget) or, for some codes, has a low byte near 255 (i16: 2 x 127 = 254). Groups of 1024
+    // inputs (512-1024 tuples) span many chunks.
+    if simd_kernels().is_empty() {
+        return;
+    }
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let (m, k) = (64usize, 1024usize);
+    let mut ran = 0;
+    for code in (0..cb.levels() as u8).filter(|&c| cb.valid_code(c)) {
+        let codes = vec![code; m * k];
+        let pw = PackedWeights::from_codes(cb.clone(), m, k, k, &codes, vec![0.5; m], None, None)
+            .unwrap();
+        for xv in [1.0f32, -0.75] {
+            let x = vec![xv; k];
+            for precision in [TablePrecision::I8, TablePrecision::I16] {
+                for d in [1, 2] {
+                    for mirror in [false, true] {
+                        let base = GemmOptions {
+                            depth: Depth::Fixed(d),
+                            precision,
+                            backend: Backend::Scalar,
+                            mirror,
+                        };
+                        let Ok(plan) = make_plan(&pw, 1, &base) else {
+                            continue;
+                        };
+                        let want = gemm(&pw, &x, 1, &base).unwrap();
+                        for kern in simd_kernels() {
+                            if !kern.supports(&plan) {
+                                continue;
+                            }
+                            let opts = GemmOptions {
+                                backend: kern.backend(),
+                                ..base
+                            };
+                            let got = gemm(&pw, &x, 1, &opts).unwrap();
+                            assert!(
+                                same_bits(&got, &want),
+                                "{:?} code {code} x {xv} {precision:?} d={d} mirror={mirror}: {} vs {}",
+                                kern.backend(),
+                                got[0],
+                                want[0]
+                            );
+                            ran += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(ran > 0);
+}

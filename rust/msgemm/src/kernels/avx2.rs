@@ -751,7 +751,7 @@ unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Table build (i8 and f32 tables of at most 16 entries)
+// Table build (i8, i16 and f32 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
 /// Plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a prefix

@@ -20,6 +20,8 @@ use crate::table::TableSet;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod scalar;
 
 /// Which kernel runs a call.
@@ -31,6 +33,8 @@ pub enum Backend {
     Avx512,
     /// AVX2 `vpshufb` kernels.
     Avx2,
+    /// Arm64 NEON `tbl` kernels.
+    Neon,
     /// The portable scalar kernel: every format, depth and precision; the oracle.
     Scalar,
     /// The instrumented copy of the scalar kernel that counts operations (`f32` tables only).
@@ -38,10 +42,11 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 5] = [
+    pub const ALL: [Backend; 6] = [
         Backend::Auto,
         Backend::Avx512,
         Backend::Avx2,
+        Backend::Neon,
         Backend::Scalar,
         Backend::Reference,
     ];
@@ -51,6 +56,7 @@ impl Backend {
             Backend::Auto => "auto",
             Backend::Avx512 => "avx512",
             Backend::Avx2 => "avx2",
+            Backend::Neon => "neon",
             Backend::Scalar => "scalar",
             Backend::Reference => "reference",
         }
@@ -60,7 +66,7 @@ impl Backend {
         Backend::ALL.into_iter().find(|b| b.name() == name).ok_or_else(|| {
             Error::invalid(
                 "backend",
-                format!("must be one of 'auto', 'avx512', 'avx2', 'scalar', 'reference'; got {name:?}"),
+                format!("must be one of 'auto', 'avx512', 'avx2', 'neon', 'scalar', 'reference'; got {name:?}"),
             )
         })
     }
@@ -191,6 +197,8 @@ pub fn registered() -> Vec<&'static dyn LutKernel> {
     list.push(&avx512::AVX512);
     #[cfg(target_arch = "x86_64")]
     list.push(&avx2::AVX2);
+    #[cfg(target_arch = "aarch64")]
+    list.push(&neon::NEON);
     list.push(&scalar::SCALAR);
     list
 }
