@@ -98,6 +98,49 @@ fn simd_kernels() -> Vec<&'static dyn LutKernel> {
         .collect()
 }
 
+/// Runs `gemm` with the scalar kernel and with every available SIMD kernel that implements the
+/// plan of `base` (skipped when `base` has no plan), and asserts equal bits; `then(kernel,
+/// plan)` runs after each comparison. Returns the number of SIMD kernels compared.
+fn each_simd_kernel(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    base: GemmOptions,
+    what: &str,
+    mut then: impl FnMut(&dyn LutKernel, &Plan),
+) -> usize {
+    let Ok(plan) = make_plan(pw, n, &base) else {
+        return 0;
+    };
+    let want = gemm(pw, x, n, &base).unwrap();
+    let mut ran = 0;
+    for k in simd_kernels() {
+        if !k.supports(&plan) {
+            continue;
+        }
+        let opts = GemmOptions {
+            backend: k.backend(),
+            ..base
+        };
+        let got = gemm(pw, x, n, &opts).unwrap();
+        let bad = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(
+            bad.is_none(),
+            "{what} {:?} n={n} {base:?}: first mismatch at {:?}: {} vs {}",
+            k.backend(),
+            bad,
+            got[bad.unwrap()],
+            want[bad.unwrap()]
+        );
+        then(k, &plan);
+        ran += 1;
+    }
+    ran
+}
+
 /// Compares every available SIMD kernel with the scalar one for one weight matrix.
 fn check(pw: &PackedWeights, depths: &[usize], what: &str) -> usize {
     let mut ran = 0;
@@ -112,48 +155,23 @@ fn check(pw: &PackedWeights, depths: &[usize], what: &str) -> usize {
                         backend: Backend::Scalar,
                         mirror,
                     };
-                    let Ok(plan) = make_plan(pw, n, &base) else {
-                        continue;
-                    };
-                    let want = gemm(pw, &x, n, &base).unwrap();
-                    for k in simd_kernels() {
-                        if !k.supports(&plan) {
-                            continue;
-                        }
-                        let opts = GemmOptions {
-                            backend: k.backend(),
-                            ..base
-                        };
-                        let got = gemm(pw, &x, n, &opts).unwrap();
-                        let bad = got
-                            .iter()
-                            .zip(&want)
-                            .position(|(a, b)| a.to_bits() != b.to_bits());
-                        assert!(
-                            bad.is_none(),
-                            "{what} {:?} n={n} d={d} {precision:?} mirror={mirror}: first mismatch at {:?}: {} vs {}",
-                            k.backend(),
-                            bad,
-                            got[bad.unwrap()],
-                            want[bad.unwrap()]
-                        );
+                    ran += each_simd_kernel(pw, &x, n, base, what, |k, plan| {
                         // The SIMD table build writes exactly the scalar entries.
                         let xt = transpose_permute(pw, &x, n, XLayout::KbyN);
-                        let mut a = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
+                        let mut a = TableSet::zeroed(plan, 0..plan.groups, 0..n);
                         let mut b = a.clone();
                         let mut c = a.clone();
-                        if k.build_tables(&plan, &xt, &mut a, true) {
+                        if k.build_tables(plan, &xt, &mut a, true) {
                             // On the pool and on this thread alone: the same entries.
-                            build_scalar(&plan, &xt, &mut b, false);
-                            assert!(k.build_tables(&plan, &xt, &mut c, false));
+                            build_scalar(plan, &xt, &mut b, false);
+                            assert!(k.build_tables(plan, &xt, &mut c, false));
                             assert!(
-                                same_tables(&plan, &a, &b) && same_tables(&plan, &c, &b),
+                                same_tables(plan, &a, &b) && same_tables(plan, &c, &b),
                                 "{what} {:?} table build differs: n={n} d={d} {precision:?} mirror={mirror}",
                                 k.backend()
                             );
                         }
-                        ran += 1;
-                    }
+                    });
                 }
             }
         }
@@ -624,28 +642,8 @@ fn int16_partial_sums_at_their_worst_case() {
                             backend: Backend::Scalar,
                             mirror,
                         };
-                        let Ok(plan) = make_plan(&pw, 1, &base) else {
-                            continue;
-                        };
-                        let want = gemm(&pw, &x, 1, &base).unwrap();
-                        for kern in simd_kernels() {
-                            if !kern.supports(&plan) {
-                                continue;
-                            }
-                            let opts = GemmOptions {
-                                backend: kern.backend(),
-                                ..base
-                            };
-                            let got = gemm(&pw, &x, 1, &opts).unwrap();
-                            assert!(
-                                same_bits(&got, &want),
-                                "{:?} code {code} x {xv} {precision:?} d={d} mirror={mirror}: {} vs {}",
-                                kern.backend(),
-                                got[0],
-                                want[0]
-                            );
-                            ran += 1;
-                        }
+                        let what = format!("code {code} x {xv}");
+                        ran += each_simd_kernel(&pw, &x, 1, base, &what, |_, _| {});
                     }
                 }
             }

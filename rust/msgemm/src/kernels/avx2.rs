@@ -26,9 +26,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::format::Involution;
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
+use crate::kernels::{mirror_consts, Backend, LutKernel, RowJob, Zeros};
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
@@ -92,43 +91,6 @@ impl LutKernel for Avx2 {
                 TableData::I8(t) => run_i8(job, ix, t, y),
                 TableData::F32(t) => run_f32(job, ix, t, y),
                 TableData::I16(t) => run_i16(job, ix, t, y),
-            }
-        }
-    }
-}
-
-/// Mirror constants of the regular and of the last tuple of a group: threshold `h` and the
-/// index-map constant (xor mask or `V^r - 1`); `kind` 0 none, 1 xor, 2 reverse.
-struct Mir {
-    kind: u8,
-    h: [i32; 2],
-    c: [i32; 2],
-}
-
-fn mirror_consts(plan: &Plan) -> Mir {
-    let tp = plan.tuples;
-    match plan.mirror {
-        None => Mir {
-            kind: 0,
-            h: [0; 2],
-            c: [0; 2],
-        },
-        Some(mi) => {
-            let cst = |r: usize| match mi.involution {
-                Involution::SignBit => mi.index(0, r) as i32,
-                Involution::Reverse => plan.levels.pow(r as u32) as i32 - 1,
-            };
-            Mir {
-                kind: if mi.involution == Involution::SignBit {
-                    1
-                } else {
-                    2
-                },
-                h: [
-                    plan.used_entries(tp.depth) as i32,
-                    plan.used_entries(tp.last_depth) as i32,
-                ],
-                c: [cst(tp.depth), cst(tp.last_depth)],
             }
         }
     }
@@ -295,8 +257,6 @@ unsafe fn run_i8_k<const KIND: u8, const PAIRED: bool>(
         for g in tabs.groups.clone() {
             for b in job.row_blocks.clone() {
                 let ip = ix.as_ptr().add(lay.slot(g, b, 0));
-                let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
-                let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
                 for n in tabs.cols.clone() {
                     let tv = TupleTables {
                         tp: tab.as_ptr().add(tabs.offset(g, n, 0)),
@@ -306,18 +266,7 @@ unsafe fn run_i8_k<const KIND: u8, const PAIRED: bool>(
                         per_group: pg,
                     };
                     tuple_sums::<KIND, PAIRED>(ip, &tv, &mv, &mut sums);
-                    let gn = tabs.gn(g, n);
-                    let y0 = job.y_index(b * ROW_BLOCK, n);
-                    epilogue_rows(
-                        plan,
-                        &sums,
-                        rows,
-                        sz,
-                        job,
-                        tabs.tscale[gn],
-                        tabs.zsum[gn],
-                        &mut y[y0..y0 + rows],
-                    );
+                    epilogue_rows(job, &sums, (g, b, n), y);
                 }
             }
         }
@@ -410,23 +359,26 @@ unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
     }
 }
 
-/// The epilogue of the first `rows` rows of a row block (`sz`: its offset in the tiled arrays)
-/// from their int32 sums, into `yb` (those rows of one column): the scalar kernel's
-/// [`epilogue`] (`u = P; u -= z * zsum; u *= tscale; y += s * u`, separate multiplies and adds)
-/// on 8 rows per vector, the same IEEE operations lane by lane.
+/// The epilogue of row block `b` (its rows below `plan.m`) of group `g` and column `n` from
+/// their int32 sums, into the job's `y`: the scalar kernel's [`epilogue`] (`u = P; u -= z *
+/// zsum; u *= tscale; y += s * u`, separate multiplies and adds) on 8 rows per vector, the
+/// same IEEE operations lane by lane.
 #[inline]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn epilogue_rows(
-    plan: &Plan,
-    sums: &[i32; ROW_BLOCK],
-    rows: usize,
-    sz: usize,
     job: &RowJob<'_>,
-    tsc: f32,
-    zs: f32,
-    yb: &mut [f32],
+    sums: &[i32; ROW_BLOCK],
+    (g, b, n): (usize, usize, usize),
+    y: &mut [f32],
 ) {
+    let plan = job.plan;
+    let gn = job.tables.gn(g, n);
+    let (tsc, zs) = (job.tables.tscale[gn], job.tables.zsum[gn]);
+    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
+    // The block's offset in the tiled scales / zero points, and its rows of column `n`.
+    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
+    let y0 = job.y_index(b * ROW_BLOCK, n);
+    let yb = &mut y[y0..y0 + rows];
     let full = rows / 8 * 8;
     // SAFETY: `sums`, the tiled scales / zero points (64 per row block) and `yb` hold the rows
     // `0 .. full` read here.
@@ -501,23 +453,10 @@ unsafe fn run_i16_k<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16]
             for n in tabs.cols.clone() {
                 let o = tabs.offset(g, n, 0);
                 split_planes(&tab[o..], plan.slot, pg, &mut planes);
-                let gn = tabs.gn(g, n);
                 for b in job.row_blocks.clone() {
                     let ip = ix.as_ptr().add(lay.slot(g, b, 0));
                     i16_sums::<PAIRED>(ip, planes.as_ptr(), pg, &mut sums);
-                    let rows = (plan.m - b * ROW_BLOCK).min(ROW_BLOCK);
-                    let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
-                    let y0 = job.y_index(b * ROW_BLOCK, n);
-                    epilogue_rows(
-                        plan,
-                        &sums,
-                        rows,
-                        sz,
-                        job,
-                        tabs.tscale[gn],
-                        tabs.zsum[gn],
-                        &mut y[y0..y0 + rows],
-                    );
+                    epilogue_rows(job, &sums, (g, b, n), y);
                 }
             }
         }

@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use maleki_common::{Error, Result};
 
+use crate::format::Involution;
 use crate::layout::{LayoutKind, TileLayout};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::TableSet;
@@ -102,6 +103,47 @@ impl Zeros<'_> {
         match self {
             Zeros::Tiled(z) => Some(z),
             _ => None,
+        }
+    }
+}
+
+/// Mirror constants of the 16-entry-table kernels (AVX2, NEON) for the regular tuples (`[0]`)
+/// and a group's last tuple (`[1]`): threshold `h = used_entries(r)` (indices `>= h` are
+/// mirrored) and the index-map constant (xor mask or `V^r - 1`); `kind` 0 none, 1 xor (sign
+/// bit), 2 reverse.
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) struct Mir {
+    pub kind: u8,
+    pub h: [i32; 2],
+    pub c: [i32; 2],
+}
+
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) fn mirror_consts(plan: &Plan) -> Mir {
+    let tp = plan.tuples;
+    match plan.mirror {
+        None => Mir {
+            kind: 0,
+            h: [0; 2],
+            c: [0; 2],
+        },
+        Some(mi) => {
+            let cst = |r: usize| match mi.involution {
+                Involution::SignBit => mi.index(0, r) as i32,
+                Involution::Reverse => plan.levels.pow(r as u32) as i32 - 1,
+            };
+            Mir {
+                kind: if mi.involution == Involution::SignBit {
+                    1
+                } else {
+                    2
+                },
+                h: [
+                    plan.used_entries(tp.depth) as i32,
+                    plan.used_entries(tp.last_depth) as i32,
+                ],
+                c: [cst(tp.depth), cst(tp.last_depth)],
+            }
         }
     }
 }

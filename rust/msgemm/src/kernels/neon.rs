@@ -17,9 +17,8 @@
 
 use std::arch::aarch64::*;
 
-use crate::format::Involution;
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{Backend, LutKernel, RowJob};
+use crate::kernels::{mirror_consts, Backend, LutKernel, Mir, RowJob};
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{TableData, I8_CHUNK};
@@ -67,17 +66,14 @@ impl LutKernel for Neon {
         // SAFETY: NEON is baseline on aarch64; the pointers derive from the job's slices.
         unsafe {
             match (&job.tables.data, job.layout.paired) {
-                (TableData::I8(t), paired) => {
-                    let kind = mirror_kind(job.plan);
-                    match (kind, paired) {
-                        (0, false) => run_i8::<0, false>(job, ix, t, y),
-                        (1, false) => run_i8::<1, false>(job, ix, t, y),
-                        (_, false) => run_i8::<2, false>(job, ix, t, y),
-                        (0, true) => run_i8::<0, true>(job, ix, t, y),
-                        (1, true) => run_i8::<1, true>(job, ix, t, y),
-                        (_, true) => run_i8::<2, true>(job, ix, t, y),
-                    }
-                }
+                (TableData::I8(t), paired) => match (mirror_consts(job.plan).kind, paired) {
+                    (0, false) => run_i8::<0, false>(job, ix, t, y),
+                    (1, false) => run_i8::<1, false>(job, ix, t, y),
+                    (_, false) => run_i8::<2, false>(job, ix, t, y),
+                    (0, true) => run_i8::<0, true>(job, ix, t, y),
+                    (1, true) => run_i8::<1, true>(job, ix, t, y),
+                    (_, true) => run_i8::<2, true>(job, ix, t, y),
+                },
                 (TableData::I16(t), false) => run_i16::<false>(job, ix, t, y),
                 (TableData::I16(t), true) => run_i16::<true>(job, ix, t, y),
                 (TableData::F32(_), _) => unreachable!("supports() rejects f32 plans"),
@@ -86,48 +82,20 @@ impl LutKernel for Neon {
     }
 }
 
-/// 0 no mirror, 1 sign-bit (xor) mirror, 2 reversal.
-fn mirror_kind(plan: &Plan) -> u8 {
-    match plan.mirror {
-        None => 0,
-        Some(mi) if mi.involution == Involution::SignBit => 1,
-        Some(_) => 2,
-    }
-}
-
-/// Per tuple depth (regular `[0]`, a group's last tuple `[1]`): `used - 1` and the index-map
-/// constant (xor mask or `V^r - 1`), in every byte.
+/// Per tuple depth (regular `[0]`, a group's last tuple `[1]`): `h - 1` and the index-map
+/// constant (see [`Mir`](crate::kernels::Mir)), in every byte.
 struct MirVec {
     hm1: [uint8x16_t; 2],
     c: [uint8x16_t; 2],
 }
 
-fn mirror_vectors(plan: &Plan) -> MirVec {
-    let tp = plan.tuples;
-    let (h, c) = match plan.mirror {
-        None => ([16u8; 2], [0u8; 2]),
-        Some(mi) => {
-            let cst = |r: usize| match mi.involution {
-                Involution::SignBit => mi.index(0, r) as u8,
-                Involution::Reverse => (plan.levels.pow(r as u32) - 1) as u8,
-            };
-            (
-                [
-                    plan.used_entries(tp.depth) as u8,
-                    plan.used_entries(tp.last_depth) as u8,
-                ],
-                [cst(tp.depth), cst(tp.last_depth)],
-            )
-        }
-    };
+fn mirror_vectors(mir: &Mir) -> MirVec {
+    let b = |v: i32| v as u8;
     // SAFETY: NEON is baseline on aarch64.
     unsafe {
         MirVec {
-            hm1: [
-                vdupq_n_u8(h[0].wrapping_sub(1)),
-                vdupq_n_u8(h[1].wrapping_sub(1)),
-            ],
-            c: [vdupq_n_u8(c[0]), vdupq_n_u8(c[1])],
+            hm1: [vdupq_n_u8(b(mir.h[0] - 1)), vdupq_n_u8(b(mir.h[1] - 1))],
+            c: [vdupq_n_u8(b(mir.c[0])), vdupq_n_u8(b(mir.c[1]))],
         }
     }
 }
@@ -263,7 +231,7 @@ unsafe fn run_i8<const KIND: u8, const PAIRED: bool>(
         let tabs = job.tables;
         let lay = job.layout;
         let pg = plan.tuples.per_group;
-        let mv = mirror_vectors(plan);
+        let mv = mirror_vectors(&mirror_consts(plan));
         let mut sums = [0i32; ROW_BLOCK];
         // Row blocks outside, columns inside: a row block's indices are read from memory once
         // and from L1 for the other columns.
