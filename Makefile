@@ -34,13 +34,19 @@ test-rust: check-aarch64
 # `apt-get install qemu-user-static gcc-aarch64-linux-gnu`), and are skipped, saying so, where not.
 AARCH64 := aarch64-unknown-linux-gnu
 check-aarch64:
-	rustup target add $(AARCH64)
-	cargo check --locked --profile ci --target $(AARCH64) -p maleki-msgemm -p maleki-py --tests
-	@if command -v qemu-aarch64-static >/dev/null && command -v aarch64-linux-gnu-gcc >/dev/null; then \
-	    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-	    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
-	    cargo test --locked --profile ci --target $(AARCH64) -p maleki-msgemm; \
-	else echo "check-aarch64: no qemu-aarch64-static / aarch64-linux-gnu-gcc: the Arm64 tests are skipped (compile-checked only)"; fi
+	@if ! command -v rustup >/dev/null; then \
+	    echo "check-aarch64: no rustup to add the $(AARCH64) target: skipped"; \
+	else \
+	    set -e; rustup target add $(AARCH64); \
+	    cargo check --locked --profile ci --target $(AARCH64) -p maleki-msgemm -p maleki-py --tests; \
+	    if command -v qemu-aarch64-static >/dev/null && command -v aarch64-linux-gnu-gcc >/dev/null; then \
+	        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+	        cargo test --locked --profile ci --target $(AARCH64) -p maleki-msgemm; \
+	    else \
+	        echo "check-aarch64: no qemu-aarch64-static / aarch64-linux-gnu-gcc: the Arm64 tests are skipped (compile-checked only)"; \
+	    fi; \
+	fi
 
 test-python: develop
 	$(PY) -m pytest -q tests

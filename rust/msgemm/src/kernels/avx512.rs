@@ -157,12 +157,9 @@ impl LutKernel for Avx512 {
     }
 
     fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) -> bool {
-        if plan.precision == TablePrecision::I16
-            && super::avx2::build_supported(plan)
-            && super::avx2::AVX2.available()
-        {
-            // Integer tables of at most 16 entries: the AVX2 build (the same entries).
-            // SAFETY: AVX2 is available (checked above).
+        if small_i16(plan) {
+            // The plans the AVX2 kernel runs (`accumulate`): its build (the same entries).
+            // SAFETY: AVX2 is available (`small_i16` checks it).
             unsafe { super::avx2::build(plan, xt, set, parallel) };
             return true;
         }
