@@ -5,7 +5,6 @@ operations of section 2.5 on a grid of shapes and settings; the spot values 2.22
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -16,10 +15,11 @@ from .conftest import integer_weights, integer_x
 
 
 def _A(v: int, d: int, mirror: bool = False) -> int:
-    """Table adds of one depth-d table, from the definition (levels 2..d cost V^j adds)."""
+    """Table adds of one depth-d table, from the definition (levels 2..d cost V^j adds; with
+    mirror the last level builds its stored half, the ceil(V^d / 2) indices up to the centre)."""
     if d < 2:
         return 0
-    last = v ** (d - 1) * math.ceil(v / 2) if mirror else v**d
+    last = -(-v**d // 2) if mirror else v**d
     return sum(v**j for j in range(2, d)) + last
 
 

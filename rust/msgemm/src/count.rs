@@ -6,7 +6,8 @@
 //!
 //! - table multiplies `N*K*V` (the products `v'[c] * x[k]`);
 //! - table adds `N * (K/G) * ((T-1) A_d + A_r)` with `A_d = sum_{j=2..d} V^j`; with mirror the
-//!   last level builds only its stored prefix: `A_d^mir = sum_{j=2..d-1} V^j + V^(d-1) ceil(V/2)`;
+//!   last level builds only its stored prefix: `A_d^mir = sum_{j=2..d-1} V^j + ceil(V^d / 2)`
+//!   (the spec's `V^d / 2` for even V; odd V stores the indices up to the centre one);
 //! - lookups `M*N*(K/G)*T`; accumulate adds `M*N*((K/G)*T - 1)` (within groups, then across);
 //! - scale multiplies `M*N*K/G`;
 //! - with the zero-point term: `M*N*K/G` multiplies and `M*N*K/G + N*(K/G)*(G-1)` adds.
@@ -130,7 +131,7 @@ pub fn table_adds(levels: u64, depth: u64, mirror: bool) -> u64 {
     }
     let full: u64 = (2..depth).map(|j| levels.pow(j as u32)).sum();
     let last = if mirror {
-        levels.pow(depth as u32 - 1) * levels.div_ceil(2)
+        levels.pow(depth as u32).div_ceil(2)
     } else {
         levels.pow(depth as u32)
     };
@@ -180,7 +181,7 @@ pub fn model_ratio(m: u64, levels: u64, depth: u64, mirror: bool) -> f64 {
     } else {
         let full: f64 = (2..depth).map(|j| v.powi(j as i32)).sum();
         let last = if mirror {
-            v.powi(depth as i32 - 1) * levels.div_ceil(2) as f64
+            (v.powi(depth as i32) / 2.0).ceil()
         } else {
             v.powi(depth as i32)
         };

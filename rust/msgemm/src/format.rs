@@ -290,11 +290,14 @@ impl Mirror {
         }
     }
 
-    /// Entries stored for a table of depth `r`: those whose digit `r-1` is below `ceil(V/2)`,
-    /// a prefix of the full table: `V^(r-1) * ceil(V/2)`.
+    /// Entries stored for a table of depth `r`: the prefix `ceil(V^r / 2)`, the smallest that
+    /// holds every index or its mirror (`idx >= ceil(V^r/2)` mirrors below it). For even `V`
+    /// that is "digit `r-1` below `V/2`" (`V^(r-1) * V/2`); for odd `V` (ternary, `Reverse`)
+    /// it is smaller than those whose top digit is at most the centre (`V^(r-1) * ceil(V/2)`):
+    /// ternary depth 5 stores 122 entries, not 162, and so fits 7-bit (folded) indices.
     #[inline]
     pub fn stored_entries(&self, r: usize) -> usize {
-        self.levels.pow(r as u32 - 1) * self.levels.div_ceil(2)
+        self.levels.pow(r as u32).div_ceil(2)
     }
 
     /// The mirrored index of a depth-`r` index (every digit mirrored).
@@ -780,13 +783,21 @@ mod tests {
                     }
                     assert_eq!(m.index(idx, r), want, "{f:?} r={r} idx={idx}");
                 }
-                // Stored entries are exactly those whose top digit is in the lower half.
+                // The stored prefix is the smallest that holds every index or its mirror: an
+                // index past it mirrors into it, and its last entry is one whose mirror is not
+                // below it (so no shorter prefix would do).
                 let stored = m.stored_entries(r);
                 for idx in 0..v.pow(r as u32) {
-                    let top = idx / v.pow(r as u32 - 1);
-                    assert_eq!(idx < stored, top < v.div_ceil(2));
                     if idx >= stored {
                         assert!(m.index(idx, r) < stored);
+                    }
+                }
+                assert!(m.index(stored - 1, r) >= stored - 1, "{f:?} r={r}");
+                if v.is_multiple_of(2) {
+                    // Even V: exactly the indices whose top digit is in the lower half.
+                    for idx in 0..v.pow(r as u32) {
+                        let top = idx / v.pow(r as u32 - 1);
+                        assert_eq!(idx < stored, top < v / 2);
                     }
                 }
             }

@@ -458,9 +458,10 @@ mod tests {
                 }
             }
         }
-        // Ternary at depth 5 stores 162 entries: more than 7 bits.
+        // Ternary at depth 5 stores 122 entries (indices up to the all-centre one): 7 bits.
         let cb = Codebook::new(Format::Ternary).unwrap();
-        assert!(!TileLayout::can_fold(3, 5, &cb.mirror().unwrap()));
+        assert!(TileLayout::can_fold(3, 5, &cb.mirror().unwrap()));
+        assert_eq!(cb.mirror().unwrap().stored_entries(5), 122);
     }
 
     #[test]

@@ -60,9 +60,9 @@ pub struct Plan {
     pub row_blocks: usize,
     /// The tuple structure of a group (depth, tuples per group, depth of the last tuple).
     pub tuples: Tuples,
-    /// Entries per table slot: `V^d`, or the stored prefix `V^(d-1) * ceil(V/2)` with mirror.
+    /// Entries per table slot: `V^d`, or the stored prefix `ceil(V^d / 2)` with mirror.
     /// A tuple of smaller depth `r` (the last of a group) uses only its first `V^r` (mirror:
-    /// `V^(r-1) * ceil(V/2)`) entries; the rest of its slot is zero.
+    /// `ceil(V^r / 2)`) entries; the rest of its slot is zero.
     pub slot: usize,
     pub precision: TablePrecision,
     /// The mirror symmetry used, if enabled.

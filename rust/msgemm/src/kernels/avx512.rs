@@ -1520,14 +1520,14 @@ fn code_extremes(plan: &Plan) -> (f32, f32) {
 fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bool {
     let (vmax, vmin) = ext;
     let tp = plan.tuples;
-    // Full-depth tuples 16 at a time (the products' max / min give the same `|hi|`, `|lo|` as
-    // the per-sign choice below: equal values differ at most in the sign of zero).
+    // Full-depth tuples 16 at a time, the last few under a lane mask (the products' max / min
+    // give the same `|hi|`, `|lo|` as the per-sign choice below: equal values differ at most
+    // in the sign of zero). Only a shorter last tuple is left to the scalar loop.
     let full = if tp.last_depth == tp.depth {
         tp.per_group
     } else {
         tp.per_group - 1
     };
-    let simd = full / 16 * 16;
     // SAFETY: the SIMD builds run with AVX-512 F enabled (checked by `build_tables`); the
     // gathered indices `t * d + j < G` lie inside `xg`.
     unsafe {
@@ -1539,10 +1539,17 @@ fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bo
         // AVX-512 F operations only (the float `or` / `andnot` need DQ, which these functions
         // do not enable: they compiled to out-of-line calls).
         let mut bad: __mmask16 = 0;
-        for t0 in (0..simd).step_by(16) {
+        for t0 in (0..full).step_by(16) {
+            let lanes = mask16(full - t0);
             let (mut hi, mut lo) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             for j in 0..tp.depth {
-                let x = digit_lanes(xg, t0, tp.depth, j, base);
+                let x = if lanes == 0xffff {
+                    digit_lanes(xg, t0, tp.depth, j, base)
+                } else {
+                    // Masked-off lanes read nothing and hold 0.
+                    let idx = _mm512_add_epi32(base, _mm512_set1_epi32((t0 * tp.depth + j) as i32));
+                    _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), lanes, idx, xg.as_ptr())
+                };
                 let p1 = _mm512_mul_ps(_mm512_set1_ps(vmax), x);
                 let p2 = _mm512_mul_ps(_mm512_set1_ps(vmin), x);
                 let (pmax, pmin) = (_mm512_max_ps(p1, p2), _mm512_min_ps(p1, p2));
@@ -1557,7 +1564,7 @@ fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bo
             // Non-finite sums (inf - inf gives NaN): `x - x` is NaN for both.
             bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(_mm512_sub_ps(hi, hi), _mm512_sub_ps(lo, lo));
             let m = _mm512_max_ps(_mm512_abs_ps(hi), _mm512_abs_ps(lo));
-            _mm512_storeu_ps(out.as_mut_ptr().add(t0), m);
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(t0), lanes, m);
         }
         if bad != 0 {
             return false;
@@ -1566,7 +1573,7 @@ fn tuple_maxabs(plan: &Plan, ext: (f32, f32), xg: &[f32], out: &mut [f32]) -> bo
     // (An index loop: `enumerate().take().skip()` compiled to an out-of-line `nth` per call,
     // 5% of the int4 build with no tuple left here.)
     #[allow(clippy::needless_range_loop)] // iterator adapters compiled to out-of-line `nth` calls
-    for t in simd..tp.per_group {
+    for t in full..tp.per_group {
         let o = &mut out[t];
         let r = tp.depth_of(t);
         let k0 = t * tp.depth;
