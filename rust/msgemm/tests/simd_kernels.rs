@@ -543,6 +543,10 @@ fn plain_i8_plans_run_on_half_tables_with_the_same_bits() {
         (Format::Fp4, 32, 2, false, 0, false),
         (Format::Uint4, 128, 2, true, 0, false),
         (Format::Ternary, 60, 3, false, 0, false),
+        // Depth 5 (the packed bytes): 122 stored entries fold; the last tuple of depth 3.
+        (Format::Ternary, 128, 5, false, 0, false),
+        (Format::Ternary, 50, 5, false, 0, false),
+        (Format::Ternary, 64, 4, false, 0, false),
     ];
     for (i, &(f, g, d, zeros, lowest, labeled)) in cases.iter().enumerate() {
         let cb = Codebook::new(f).unwrap();
