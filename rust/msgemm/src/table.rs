@@ -639,7 +639,7 @@ pub fn build_scalar(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool)
 /// Compares an `i8_scaling` implementation with [`i8_scaling`] bit for bit over lengths
 /// 1..=256 and six kinds of maxima (spread, nearly equal, a few large, subnormal, near the float
 /// range, zeros among them); for the SIMD kernels' tests.
-#[cfg(all(test, target_arch = "x86_64"))] // the x86 kernels have SIMD scalings
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))] // the SIMD scalings
 pub(crate) fn check_i8_scaling(seed: u64, f: impl Fn(&[f32], &mut [u8], &mut [f32]) -> f32) {
     use maleki_common::rng::{below, stream};
     let mut r = stream(seed, 0);

@@ -11,8 +11,10 @@
 //!   of high bytes, two `tbl` per tuple and 16 rows, the bytes zipped back into int16 and
 //!   summed in int32 (exact).
 //!
-//! Both read the paired layout (two tuples' 4-bit indices per byte) and use the scalar build
-//! and the scalar epilogue, so results are bitwise identical to the scalar kernel.
+//! Both read the paired layout (two tuples' 4-bit indices per byte) and use the scalar
+//! epilogue, so results are bitwise identical to the scalar kernel. `i8` tables of at most 16
+//! entries (`V^d <= 16`) are built in NEON (the AVX2 build's steps on 4 lanes: the same IEEE
+//! operations, so the same bits as the scalar build); other tables use the scalar build.
 //! NEON is part of every Arm64 CPU (baseline of the `aarch64` targets).
 
 use std::arch::aarch64::*;
@@ -21,7 +23,7 @@ use crate::kernels::scalar::epilogue;
 use crate::kernels::{mirror_consts, Backend, LutKernel, Mir, RowJob};
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{TableData, I8_CHUNK};
+use crate::table::{self, map_blocks, BlockOut, TableData, TableSet, I8_CHUNK};
 
 /// The NEON kernel.
 pub struct Neon;
@@ -53,6 +55,15 @@ impl LutKernel for Neon {
         } else {
             LayoutKind::Plain
         }
+    }
+
+    fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) -> bool {
+        if !build_supported(plan) {
+            return false;
+        }
+        // SAFETY: NEON is baseline on aarch64.
+        unsafe { build(plan, xt, set, parallel) };
+        true
     }
 
     fn accumulate(&self, job: &RowJob<'_>, y: &mut [f32]) {
@@ -341,5 +352,339 @@ unsafe fn run_i16<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], 
                 }
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table build (i8 tables of at most 16 entries)
+// ---------------------------------------------------------------------------------------------
+
+/// Plans the NEON build takes: `i8` tables of at most 16 entries (`V^d <= 16`) in groups of at
+/// most [`MAX_TUPLES`] tuples. Others: the scalar build.
+fn build_supported(plan: &Plan) -> bool {
+    plan.precision == TablePrecision::I8
+        && plan
+            .levels
+            .checked_pow(plan.depth() as u32)
+            .is_some_and(|e| e <= 16)
+        && plan.tuples.per_group <= MAX_TUPLES
+}
+
+/// Tuples per group the build keeps on the stack.
+const MAX_TUPLES: usize = 256;
+
+/// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
+const MIN_BLOCKS_PER_TASK: usize = 8;
+
+/// What every block of a build shares.
+struct BuildConsts {
+    /// `v'` (the plan's table values), 16 lanes, zero past `V`.
+    vals: [f32; 16],
+    /// For `V <= 8`: byte indices into the first 8 products (32 bytes, a `vqtbl2q_u8` table)
+    /// that move the product of entry `i`'s digit `j` into lane `i`: `[j][4i + k] =
+    /// 4 digit_j(i) + k`.
+    pick: [[u8; 64]; 4],
+    /// Per tuple depth (regular, last): all ones in the lanes of entries that are built
+    /// (`i < plan.used_entries(r)`), else 0.
+    built: [[u32; 16]; 2],
+    /// Per tuple depth: all ones in the lanes whose entries count for the int8 scale
+    /// (`plan.stored_used(i, r)`).
+    counted: [[u32; 16]; 2],
+    /// `max |v'|`: with `max |x|` a bound on every entry.
+    vmax: f32,
+}
+
+impl BuildConsts {
+    fn new(plan: &Plan) -> BuildConsts {
+        let v = plan.levels;
+        let tp = plan.tuples;
+        let mut vals = [0f32; 16];
+        vals[..v.min(16)].copy_from_slice(&plan.table_values[..v.min(16)]);
+        let pick = std::array::from_fn(|j| {
+            std::array::from_fn(|b| (4 * ((b / 4 / v.pow(j as u32)) % v) + b % 4) as u8)
+        });
+        let depths = [tp.depth, tp.last_depth];
+        let mask = |on: bool| if on { u32::MAX } else { 0 };
+        let built = depths.map(|r| std::array::from_fn(|i| mask(i < plan.used_entries(r))));
+        let counted = depths.map(|r| std::array::from_fn(|i| mask(plan.stored_used(i, r))));
+        let vmax = plan.table_values.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        BuildConsts {
+            vals,
+            pick,
+            built,
+            counted,
+            vmax,
+        }
+    }
+}
+
+/// Builds `set` for a plan of [`build_supported`], bitwise equal to the scalar build.
+///
+/// # Safety
+/// NEON (baseline on aarch64).
+unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
+    let blen = set.block_len();
+    let consts = BuildConsts::new(plan);
+    let xg = table::block_activations(plan, set, xt);
+    let per_group = plan.tuples.per_group;
+    let TableData::I8(d) = &mut set.data else {
+        unreachable!("build_supported admits i8 plans only")
+    };
+    let meta: Vec<(f32, f32)> = map_blocks(
+        d,
+        blen,
+        Some((&mut set.mult, per_group)),
+        parallel,
+        MIN_BLOCKS_PER_TASK,
+        // SAFETY: NEON is baseline on aarch64.
+        |i, out, mult| unsafe { build_block_i8(plan, &consts, xg(i), out, mult) },
+    );
+    set.set_meta(meta);
+}
+
+/// The f32 entries of a tuple with activations `xs` (16 lanes in four vectors; lanes of
+/// entries not built are 0), with the scalar build's operations: products `v'[c] * x_j`, then
+/// entry = (product of digit 0 + product of digit 1) + ... in digit order.
+#[inline(always)]
+unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float32x4_t; 4] {
+    unsafe {
+        let vl: [float32x4_t; 4] = std::array::from_fn(|h| vld1q_f32(c.vals.as_ptr().add(4 * h)));
+        let mut e = if plan.levels > 8 {
+            // Depth 1 only (V^2 > 16): the products are the entries.
+            let x = vdupq_n_f32(xs[0]);
+            vl.map(|v| vmulq_f32(v, x))
+        } else {
+            let mut e = [vdupq_n_f32(0.0); 4];
+            for (j, &x) in xs.iter().enumerate() {
+                let x = vdupq_n_f32(x);
+                let prod = uint8x16x2_t(
+                    vreinterpretq_u8_f32(vmulq_f32(vl[0], x)),
+                    vreinterpretq_u8_f32(vmulq_f32(vl[1], x)),
+                );
+                for (h, eh) in e.iter_mut().enumerate() {
+                    let idx = vld1q_u8(c.pick[j].as_ptr().add(16 * h));
+                    let p = vreinterpretq_f32_u8(vqtbl2q_u8(prod, idx));
+                    *eh = if j == 0 { p } else { vaddq_f32(*eh, p) };
+                }
+            }
+            e
+        };
+        for (h, eh) in e.iter_mut().enumerate() {
+            let keep = vld1q_u32(c.built[w].as_ptr().add(4 * h));
+            *eh = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(*eh), keep));
+        }
+        e
+    }
+}
+
+/// `(max |x|, whether x holds a NaN)`.
+#[inline]
+unsafe fn maxabs_nan(xs: &[f32]) -> (f32, bool) {
+    unsafe {
+        let (mut m, mut bad) = (vdupq_n_f32(0.0), vdupq_n_u32(0));
+        let mut chunks = xs.chunks_exact(4);
+        for c in &mut chunks {
+            let v = vabsq_f32(vld1q_f32(c.as_ptr()));
+            // NaN is tracked apart (`vmaxq_f32` would propagate it).
+            bad = vorrq_u32(bad, vmvnq_u32(vceqq_f32(v, v)));
+            m = vmaxq_f32(m, v);
+        }
+        let mut nan = vmaxvq_u32(bad) != 0;
+        let mut xmax = vmaxvq_f32(m);
+        for &x in chunks.remainder() {
+            xmax = xmax.max(x.abs());
+            nan |= x.is_nan();
+        }
+        (xmax, nan)
+    }
+}
+
+/// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`] (the
+/// steps of the AVX2 build): the f32 entries of every tuple, their largest magnitude over the
+/// entries that can be looked up, the int8 scaling ([`i8_scaling`]), then the entries
+/// recomputed and rounded (`vcvtnq` rounds to nearest even, as `round_ties_even`; clamping to
+/// +-127 before rounding gives the scalar `clamp(round(clamp(v, +-127.5)), +-127)`).
+unsafe fn build_block_i8(
+    plan: &Plan,
+    c: &BuildConsts,
+    xg: &[f32],
+    out: &mut [i8],
+    mult: &mut [u8],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    // Entries that could overflow (and give infinities or NaN, which the scalar build's
+    // `f32::max` skips): the scalar build.
+    // SAFETY: NEON is baseline.
+    let (xmax, nan) = unsafe { maxabs_nan(xg) };
+    let bound = xmax * c.vmax * 16.0;
+    if nan || bound.is_nan() || bound >= 1e37 {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    let xs = |t: usize| &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+    let w = |t: usize| usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+    let mut amax = [0f32; MAX_TUPLES];
+    let mut rms = [0f32; MAX_TUPLES];
+    // SAFETY: NEON is baseline; the masks are 16 lanes.
+    unsafe {
+        for (t, a) in amax.iter_mut().enumerate().take(tp.per_group) {
+            let e = entries(plan, c, xs(t), w(t));
+            let mut m = vdupq_n_f32(0.0);
+            for (h, &eh) in e.iter().enumerate() {
+                let keep = vld1q_u32(c.counted[w(t)].as_ptr().add(4 * h));
+                let v = vreinterpretq_u32_f32(vabsq_f32(eh));
+                m = vmaxq_f32(m, vreinterpretq_f32_u32(vandq_u32(v, keep)));
+            }
+            *a = vmaxvq_f32(m);
+        }
+    }
+    // SAFETY: NEON is baseline.
+    let tsc = unsafe { i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]) };
+    // A subnormal largest entry: `127 / A` overflows (and `tscale` may underflow to 0), and the
+    // scalar build saturates the entries; checked before the all-zero case below.
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    if tsc == 0.0 {
+        // All entries 0, tscale 0, zsum 0 (as the scalar build).
+        out.fill(0);
+        return (0.0, 0.0);
+    }
+    // SAFETY: NEON is baseline; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-byte
+    // store at it stays inside `out` except near its end (copied instead).
+    unsafe {
+        let (lo, hi) = (vdupq_n_f32(-127.0), vdupq_n_f32(127.0));
+        for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
+            let e = entries(plan, c, xs(t), w(t));
+            let rv = vdupq_n_f32(rm);
+            let q = e.map(|eh| vcvtnq_s32_f32(vminq_f32(vmaxq_f32(vmulq_f32(eh, rv), lo), hi)));
+            let s01 = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1]));
+            let s23 = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
+            let bytes = vcombine_s8(vqmovn_s16(s01), vqmovn_s16(s23));
+            let dst = out.as_mut_ptr().add(t * slot);
+            if t * slot + 16 <= out.len() {
+                vst1q_s8(dst, bytes);
+            } else {
+                let mut buf = [0i8; 16];
+                vst1q_s8(buf.as_mut_ptr(), bytes);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
+            }
+        }
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg) / tsc
+    } else {
+        0.0
+    };
+    (tsc, zsum)
+}
+
+/// `table::ceil_127` on 4 lanes (the smallest integer `m >= 1` with `127 m >= v`, exact for
+/// `0 <= v <= 2^17`), as float: the same IEEE steps.
+#[inline(always)]
+unsafe fn ceil_127_x4(v: float32x4_t) -> float32x4_t {
+    unsafe {
+        let one = vdupq_n_f32(1.0);
+        let c127 = vdupq_n_f32(127.0);
+        let magic = vdupq_n_f32(12_582_912.0);
+        let and1 = |m: uint32x4_t| vreinterpretq_f32_u32(vandq_u32(m, vreinterpretq_u32_f32(one)));
+        let d = vmulq_f32(v, vdupq_n_f32(1.0 / 127.0));
+        let r = vsubq_f32(vaddq_f32(d, magic), magic);
+        let mut m = vmaxq_f32(vaddq_f32(r, and1(vcltq_f32(r, d))), one);
+        let down = vandq_u32(
+            vcgtq_f32(m, one),
+            vcgeq_f32(vmulq_f32(c127, vsubq_f32(m, one)), v),
+        );
+        m = vsubq_f32(m, and1(down));
+        let up = vcltq_f32(vmulq_f32(c127, m), v);
+        vaddq_f32(m, and1(up))
+    }
+}
+
+/// Lanes `i .. i + 4` of `v` below `n` (0 past it).
+#[inline(always)]
+unsafe fn load4(v: &[f32], i: usize, n: usize) -> float32x4_t {
+    unsafe {
+        if i + 4 <= n {
+            vld1q_f32(v.as_ptr().add(i))
+        } else {
+            let mut buf = [0f32; 4];
+            buf[..n - i].copy_from_slice(&v[i..n]);
+            vld1q_f32(buf.as_ptr())
+        }
+    }
+}
+
+/// [`table::i8_scaling`] with its per-tuple loops on 4 lanes: the same search for `M`
+/// ([`table::search_multiplier`]) and the same IEEE operations per tuple, so the same
+/// multipliers, factors and scale (a test compares them).
+unsafe fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
+    let n = amax.len();
+    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
+    let rcp = 127.0f32 / a;
+    if a == 0.0 || !rcp.is_finite() {
+        return table::i8_scaling(amax, mult, rm);
+    }
+    // q_p = amax_p * rcp, in `rm` (scratch until the end).
+    for (q, &x) in rm.iter_mut().zip(amax) {
+        *q = x * rcp;
+    }
+    let q = &*rm;
+    // SAFETY (closures below): NEON is baseline; `load4` reads lanes below `c1 <= n` only.
+    // Sum of the multipliers `ceil_127(q_p * mf)` of tuples `c0 .. c1`.
+    let lane = [0u32, 1, 2, 3];
+    let chunk_sum = |c0: usize, c1: usize, mf: float32x4_t| -> u32 {
+        unsafe {
+            let mut s = vdupq_n_u32(0);
+            for i in (c0..c1).step_by(4) {
+                let lanes = vcltq_u32(vld1q_u32(lane.as_ptr()), vdupq_n_u32((c1 - i) as u32));
+                let m = vcvtq_u32_f32(ceil_127_x4(vmulq_f32(load4(q, i, c1), mf)));
+                s = vaddq_u32(s, vandq_u32(m, lanes));
+            }
+            vaddvq_u32(s)
+        }
+    };
+    let feasible = |mm: u32| -> bool {
+        let mf = mm as f32;
+        (rcp * mf).is_finite()
+            && (0..n).step_by(I8_CHUNK).all(|c0| {
+                // SAFETY: NEON is baseline.
+                let mv = unsafe { vdupq_n_f32(mf) };
+                chunk_sum(c0, (c0 + I8_CHUNK).min(n), mv) <= table::I8_BUDGET
+            })
+    };
+    let m0 = table::start_multiplier((0..n).step_by(I8_CHUNK).map(|c0| {
+        let c1 = (c0 + I8_CHUNK).min(n);
+        (q[c0..c1].iter().sum(), c1 - c0)
+    }));
+    let mm = table::search_multiplier(m0, feasible);
+    let mf = mm as f32;
+    let rcp_m = rcp * mf;
+    for i in (0..n).step_by(4) {
+        let len = (n - i).min(4);
+        let mut mps = [0f32; 4];
+        // SAFETY: as above; a 4-float store into `mps`.
+        unsafe {
+            vst1q_f32(
+                mps.as_mut_ptr(),
+                ceil_127_x4(vmulq_f32(load4(rm, i, n), vdupq_n_f32(mf))),
+            )
+        };
+        for (j, &m) in mps.iter().enumerate().take(len) {
+            mult[i + j] = m as u8;
+            rm[i + j] = rcp_m / m;
+        }
+    }
+    a / (127.0 * mf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i8_scaling_equals_the_scalar_scaling() {
+        // SAFETY: NEON is baseline on aarch64.
+        table::check_i8_scaling(9, |a, m, r| unsafe { i8_scaling(a, m, r) });
     }
 }
