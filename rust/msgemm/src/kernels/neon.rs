@@ -12,9 +12,10 @@
 //!   summed in int32 (exact).
 //!
 //! Both read the paired layout (two tuples' 4-bit indices per byte) and use the scalar
-//! epilogue, so results are bitwise identical to the scalar kernel. `i8` tables of at most 16
-//! entries (`V^d <= 16`) are built in NEON (the AVX2 build's steps on 4 lanes: the same IEEE
-//! operations, so the same bits as the scalar build); other tables use the scalar build.
+//! epilogue, so results are bitwise identical to the scalar kernel. `i8` and `i16` tables of at
+//! most 16 entries (`V^d <= 16`) are built in NEON (the AVX2 build's steps on 4 lanes: the
+//! same IEEE operations, so the same bits as the scalar build); other tables use the scalar
+//! build.
 //! NEON is part of every Arm64 CPU (baseline of the `aarch64` targets).
 
 use std::arch::aarch64::*;
@@ -359,15 +360,19 @@ unsafe fn run_i16<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], 
 // Table build (i8 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
-/// Plans the NEON build takes: `i8` tables of at most 16 entries (`V^d <= 16`) in groups of at
-/// most [`MAX_TUPLES`] tuples. Others: the scalar build.
+/// Plans the NEON build takes: tables of at most 16 entries (`V^d <= 16`), `i8` in groups of
+/// at most [`MAX_TUPLES`] tuples, `i16` without mirror (as the kernel). Others: the scalar
+/// build.
 fn build_supported(plan: &Plan) -> bool {
-    plan.precision == TablePrecision::I8
-        && plan
-            .levels
-            .checked_pow(plan.depth() as u32)
-            .is_some_and(|e| e <= 16)
-        && plan.tuples.per_group <= MAX_TUPLES
+    let small = plan
+        .levels
+        .checked_pow(plan.depth() as u32)
+        .is_some_and(|e| e <= 16);
+    match plan.precision {
+        TablePrecision::I8 => small && plan.tuples.per_group <= MAX_TUPLES,
+        TablePrecision::I16 => small && plan.mirror.is_none(),
+        TablePrecision::F32 => false,
+    }
 }
 
 /// Tuples per group the build keeps on the stack.
@@ -427,8 +432,18 @@ unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
     let consts = BuildConsts::new(plan);
     let xg = table::block_activations(plan, set, xt);
     let per_group = plan.tuples.per_group;
-    let TableData::I8(d) = &mut set.data else {
-        unreachable!("build_supported admits i8 plans only")
+    let d = match &mut set.data {
+        TableData::I8(d) => d,
+        TableData::I16(d) => {
+            let meta: Vec<(f32, f32)> =
+                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                    // SAFETY: NEON is baseline on aarch64.
+                    unsafe { build_block_i16(plan, &consts, xg(i), out) }
+                });
+            set.set_meta(meta);
+            return;
+        }
+        TableData::F32(_) => unreachable!("build_supported admits no f32 plan"),
     };
     let meta: Vec<(f32, f32)> = map_blocks(
         d,
@@ -475,6 +490,101 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float3
         }
         e
     }
+}
+
+/// One `(group, column)` block of `i16` tables, equal to [`table::build_block`] (the AVX2
+/// build's steps): the activations quantized to int8 as [`table::quantize_activations`]
+/// (`vcvtnq` rounds to nearest even, as `round_small`), each tuple's entries the exact integer
+/// sums of the products `int_values[c] * xq` of its digits (order-free), 0 past its built
+/// entries.
+unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i16]) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    // SAFETY: NEON is baseline.
+    let (maxabs, nan) = unsafe { maxabs_nan(xg) };
+    let rcp = 127.0f32 / maxabs;
+    // Non-finite activations or a subnormal maximum (`127 / maxabs` overflows, and the scalar
+    // quantization's NaN products become 0): the scalar build, with its conventions.
+    if nan || !maxabs.is_finite() || (maxabs != 0.0 && !rcp.is_finite()) {
+        return table::build_block(plan, xg, BlockOut::I16(out));
+    }
+    let mut xq = vec![0i32; xg.len()];
+    if maxabs != 0.0 {
+        // SAFETY: NEON is baseline; 4-lane loads and stores inside `xg` / `xq`.
+        unsafe {
+            let (rv, lo, hi) = (vdupq_n_f32(rcp), vdupq_n_f32(-127.5), vdupq_n_f32(127.5));
+            let (qlo, qhi) = (vdupq_n_s32(-127), vdupq_n_s32(127));
+            let full = xg.len() / 4 * 4;
+            for i in (0..full).step_by(4) {
+                let v = vmulq_f32(vld1q_f32(xg.as_ptr().add(i)), rv);
+                let q = vcvtnq_s32_f32(vminq_f32(vmaxq_f32(v, lo), hi));
+                vst1q_s32(xq.as_mut_ptr().add(i), vminq_s32(vmaxq_s32(q, qlo), qhi));
+            }
+            for i in full..xg.len() {
+                xq[i] = table::round_small((xg[i] * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0)
+                    as i32;
+            }
+        }
+    }
+    let ints = plan
+        .int_values
+        .as_deref()
+        .expect("i16 plan has integer values");
+    let mut iv = [0i32; 16];
+    iv[..plan.levels].copy_from_slice(ints);
+    // SAFETY: NEON is baseline; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-entry
+    // store at it stays inside `out` except near its end (copied instead).
+    unsafe {
+        let vl: [int32x4_t; 4] = std::array::from_fn(|h| vld1q_s32(iv.as_ptr().add(4 * h)));
+        for t in 0..tp.per_group {
+            let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+            let xs = &xq[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+            let mut e = if plan.levels > 8 {
+                // Depth 1 only (V^2 > 16): the products are the entries.
+                let x = vdupq_n_s32(xs[0]);
+                vl.map(|v| vmulq_s32(v, x))
+            } else {
+                let mut e = [vdupq_n_s32(0); 4];
+                for (j, &x) in xs.iter().enumerate() {
+                    let x = vdupq_n_s32(x);
+                    let prod = uint8x16x2_t(
+                        vreinterpretq_u8_s32(vmulq_s32(vl[0], x)),
+                        vreinterpretq_u8_s32(vmulq_s32(vl[1], x)),
+                    );
+                    for (h, eh) in e.iter_mut().enumerate() {
+                        let idx = vld1q_u8(c.pick[j].as_ptr().add(16 * h));
+                        *eh = vaddq_s32(*eh, vreinterpretq_s32_u8(vqtbl2q_u8(prod, idx)));
+                    }
+                }
+                e
+            };
+            for (h, eh) in e.iter_mut().enumerate() {
+                let keep = vreinterpretq_s32_u32(vld1q_u32(c.built[w].as_ptr().add(4 * h)));
+                *eh = vandq_s32(*eh, keep);
+            }
+            // Entries fit int16 (the plan checks `depth * max|v| * 127`): the saturating
+            // narrowing is exact.
+            let v0 = vcombine_s16(vqmovn_s32(e[0]), vqmovn_s32(e[1]));
+            let v1 = vcombine_s16(vqmovn_s32(e[2]), vqmovn_s32(e[3]));
+            let dst = out.as_mut_ptr().add(t * slot);
+            if t * slot + 16 <= out.len() {
+                vst1q_s16(dst, v0);
+                vst1q_s16(dst.add(8), v1);
+            } else {
+                let mut buf = [0i16; 16];
+                vst1q_s16(buf.as_mut_ptr(), v0);
+                vst1q_s16(buf.as_mut_ptr().add(8), v1);
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
+            }
+        }
+    }
+    let scale = 2f32.powi(plan.int_exp);
+    let zsum = if plan.zero_term {
+        xq.iter().sum::<i32>() as f32 * scale
+    } else {
+        0.0
+    };
+    (maxabs / 127.0 / scale, zsum)
 }
 
 /// `(max |x|, whether x holds a NaN)`.
