@@ -371,7 +371,8 @@ def main() -> None:
     krows = []
     cases = [("int4 g128", dict(format="int4", group_size=128), "i8"), ("int4 g128", dict(format="int4", group_size=128), "i16"),
              ("int4 g128", dict(format="int4", group_size=128), "f32"), ("int2 g64", dict(format="int2", group_size=64), "i8"),
-             ("int2 g64", dict(format="int2", group_size=64), "i16"), ("nf4 g128", dict(format="nf4", group_size=128), "i8")]
+             ("int2 g64", dict(format="int2", group_size=64), "i16"), ("ternary g128", dict(format="ternary", group_size=128), "i8"),
+             ("nf4 g128", dict(format="nf4", group_size=128), "i8")]
     packed = {}
     for name, kw, table in cases[: 1 if args.quick else len(cases)]:
         if name not in packed:

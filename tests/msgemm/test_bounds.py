@@ -104,7 +104,8 @@ def test_i8_tables_within_the_deterministic_bound(fmt, depth, mirror):
     shift = pw.mirror[1] if (mirror or (pw.zeros is not None and pw.mirror is not None)) else 0.0
     cb = np.nan_to_num(pw.codebook.astype(np.float32), nan=0.0) - np.float32(shift)
     if mirror:
-        # Mirrored tables: the last digit spans the stored half; scaled over every code.
+        # Mirrored tables: the stored half holds one entry of every mirror pair, so the same
+        # largest magnitude as the whole table; scaled over every code.
         cb_used = cb
     else:
         cb_used = cb[np.unique(pw.codes)]
@@ -132,8 +133,10 @@ def test_i8_tables_within_the_deterministic_bound(fmt, depth, mirror):
 
 
 def _i8_scaling_mirror(cb, xg, depth):
-    """As :func:`_i8_scaling` for mirrored tables: the last digit of each tuple ranges over the
-    lower half of the (shifted, symmetric) codebook."""
+    """As :func:`_i8_scaling` for mirrored tables: the stored prefix holds one entry of every
+    mirror pair (``|T[mirror(i)]| = |T[i]|``), so its largest magnitude is the whole table's;
+    modelled with the last digit of each tuple over the lower half of the (shifted, symmetric)
+    codebook, which holds one of every pair as well."""
     half = cb[: -(-cb.size // 2)]
     f32 = np.float32
     g = xg.size

@@ -853,7 +853,9 @@ def op_counts(
         Weights carry zero points.
     mirror : bool
         Half tables by mirror symmetry (for int*/uint* this also turns on the zero-point term
-        that carries the codebook's half-step shift).
+        that carries the codebook's half-step shift). A call on int4 weights that never use
+        code 0 (-8) runs in label space instead, without that term (``plan_info`` says so);
+        these counts, which do not see the weights, count the shifted mirror.
     codebook : array_like, optional
         Values of ``format='codebook'``.
 

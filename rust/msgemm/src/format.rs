@@ -268,8 +268,8 @@ pub enum Involution {
 /// A mirror symmetry of a codebook: `v[inv(c)] - shift = -(v[c] - shift)` for every code.
 ///
 /// With the shifted codebook `v' = v - shift` a table satisfies `T[mirror(idx)] = -T[idx]`,
-/// so only the entries whose last (most significant) digit lies in the lower half are built;
-/// the zero point absorbs the shift: `v - z = v' - (z - shift)` (spec section 2, "Mirror").
+/// so only a prefix holding one entry of every mirror pair is built ([`Mirror::stored_entries`]:
+/// `ceil(V^r / 2)`); the zero point absorbs the shift: `v - z = v' - (z - shift)` (spec section 2, "Mirror").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mirror {
     pub involution: Involution,

@@ -3,7 +3,8 @@
 //! Supported plans: tables of at most 16 entries (`plan.slot <= 16`), i.e. depth 1 of every
 //! 4-bit or smaller format (the codebook-product tables of nf4 / fp4 / learned codebooks: no
 //! multiplies and no float unpacking in the inner loop), int2 at depth 2 and ternary at depth
-//! 2; `i8` and `f32` tables (any mirror) and `i16` tables (no mirror). Tables are built here
+//! 2 (depth 3 with mirror: 14 stored entries, indices up to 26 on the plain layout); `i8` and
+//! `f32` tables (any mirror) and `i16` tables (no mirror). Tables are built here
 //! for all three (`V^d <= 16`).
 //!
 //! - `i8`: the 16-byte table is broadcast to both 128-bit lanes; 32 lookups per `vpshufb`.

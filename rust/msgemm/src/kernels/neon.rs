@@ -2,7 +2,7 @@
 //! tables in one `tbl` (`vqtbl1q_s8`), 16 lookups per instruction.
 //!
 //! Supported plans: tables of at most 16 entries (`plan.slot <= 16`: depth 1 of every 4-bit or
-//! smaller format, int2 and ternary at depth 2), as the AVX2 kernel:
+//! smaller format, int2 and ternary at depth 2, ternary depth 3 with mirror), as the AVX2 kernel:
 //! - `i8` (any mirror): per tuple and 16 rows one `tbl`; mirrored lanes (`idx >= used`) map
 //!   their index with a select and negate the entry. Entries times the tuple's multiplier are
 //!   summed in int16 (`smlal`-style widening multiply-adds by a scalar), exact within a chunk
@@ -113,7 +113,9 @@ fn mirror_vectors(mir: &Mir) -> MirVec {
 }
 
 /// 16 lookups with the mirror applied (`KIND` 0 none, 1 xor, 2 reverse): `T[idx]` for
-/// `idx < used`, else `-T[mirror(idx)]`. `idx` holds indices below 16.
+/// `idx < used`, else `-T[mirror(idx)]`. The looked-up indices are below 16; `idx` itself may
+/// be larger on a plain layout with mirror (ternary depth 3: up to 26), which the byte-wide
+/// compare and map handle.
 #[inline(always)]
 unsafe fn look<const KIND: u8>(tb: int8x16_t, idx: uint8x16_t, mv: &MirVec, w: usize) -> int8x16_t {
     unsafe {
