@@ -28,7 +28,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{mirror_consts, Backend, LutKernel, RowJob, Zeros};
+use crate::kernels::{mirror_consts, Backend, LutKernel, RowJob, SmallTables, Zeros};
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
@@ -715,41 +715,21 @@ const MAX_TUPLES: usize = 256;
 /// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
 const MIN_BLOCKS_PER_TASK: usize = 8;
 
-/// What every block of a build shares: the codebook, the digits of every entry, and which
-/// entries each tuple depth may look up.
+/// What every block of a build shares: [`SmallTables`], and for `V <= 8` the digit `j` of
+/// entry `i` (`(i / V^j) % V`), `digits[j][i]`.
 struct BuildConsts {
-    /// `v'` (the plan's table values), 16 lanes, zero past `V`.
-    vals: [f32; 16],
-    /// Digit `j` of entry `i` (`(i / V^j) % V`), `[j][i]`, for `V <= 8`.
+    s: SmallTables,
     digits: [[i32; 16]; 4],
-    /// Per tuple depth `r` (regular, last): -1 in the lanes of entries that are built
-    /// (`i < plan.used_entries(r)`), else 0.
-    built: [[i32; 16]; 2],
-    /// Per tuple depth: -1 in the lanes whose entries count for the int8 scale
-    /// (`plan.stored_used(i, r)`).
-    counted: [[i32; 16]; 2],
-    /// `max |v'|`: with `max |x|` a bound on every entry.
-    vmax: f32,
 }
 
 impl BuildConsts {
     fn new(plan: &Plan) -> BuildConsts {
         let v = plan.levels;
-        let tp = plan.tuples;
-        let mut vals = [0f32; 16];
-        vals[..v.min(16)].copy_from_slice(&plan.table_values[..v.min(16)]);
         let digits =
             std::array::from_fn(|j| std::array::from_fn(|i| ((i / v.pow(j as u32)) % v) as i32));
-        let depths = [tp.depth, tp.last_depth];
-        let built = depths.map(|r| std::array::from_fn(|i| -i32::from(i < plan.used_entries(r))));
-        let counted = depths.map(|r| std::array::from_fn(|i| -i32::from(plan.stored_used(i, r))));
-        let vmax = plan.table_values.iter().fold(0f32, |m, &x| m.max(x.abs()));
         BuildConsts {
-            vals,
+            s: SmallTables::new(plan),
             digits,
-            built,
-            counted,
-            vmax,
         }
     }
 }
@@ -803,13 +783,13 @@ pub(crate) unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel
 #[inline(always)]
 unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256; 2] {
     unsafe {
-        let vl = _mm256_loadu_ps(c.vals.as_ptr());
+        let vl = _mm256_loadu_ps(c.s.vals.as_ptr());
         let mut e = if plan.levels > 8 {
             // Depth 1 only (V^2 > 16): the products are the entries.
             let x = _mm256_set1_ps(xs[0]);
             [
                 _mm256_mul_ps(vl, x),
-                _mm256_mul_ps(_mm256_loadu_ps(c.vals.as_ptr().add(8)), x),
+                _mm256_mul_ps(_mm256_loadu_ps(c.s.vals.as_ptr().add(8)), x),
             ]
         } else {
             let dig = |j: usize, h: usize| {
@@ -826,7 +806,7 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256
             e
         };
         for (h, eh) in e.iter_mut().enumerate() {
-            let keep = _mm256_loadu_si256(c.built[w].as_ptr().add(8 * h) as *const __m256i);
+            let keep = _mm256_loadu_si256(c.s.built[w].as_ptr().add(8 * h) as *const __m256i);
             *eh = _mm256_and_ps(*eh, _mm256_castsi256_ps(keep));
         }
         e
@@ -905,7 +885,7 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
                 e
             };
             for (h, eh) in e.iter_mut().enumerate() {
-                let keep = _mm256_loadu_si256(c.built[w].as_ptr().add(8 * h) as *const __m256i);
+                let keep = _mm256_loadu_si256(c.s.built[w].as_ptr().add(8 * h) as *const __m256i);
                 *eh = _mm256_and_si256(*eh, keep);
             }
             // Entries fit int16 (the plan checks `depth * max|v| * 127`): the saturating pack
@@ -1003,7 +983,7 @@ unsafe fn build_block_i8(
     // `f32::max` skips): the scalar build.
     // SAFETY: AVX2 is enabled.
     let (xmax, nan) = unsafe { maxabs_nan(xg) };
-    let bound = xmax * c.vmax * 16.0;
+    let bound = xmax * c.s.vmax * 16.0;
     if nan || bound.is_nan() || bound >= 1e37 {
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
@@ -1019,7 +999,7 @@ unsafe fn build_block_i8(
             let mut m = _mm256_setzero_ps();
             for (h, &eh) in e.iter().enumerate() {
                 let keep =
-                    _mm256_loadu_si256(c.counted[w(t)].as_ptr().add(8 * h) as *const __m256i);
+                    _mm256_loadu_si256(c.s.counted[w(t)].as_ptr().add(8 * h) as *const __m256i);
                 m = _mm256_max_ps(
                     m,
                     _mm256_and_ps(_mm256_and_ps(eh, abs), _mm256_castsi256_ps(keep)),

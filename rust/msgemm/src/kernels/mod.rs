@@ -148,6 +148,44 @@ pub(crate) fn mirror_consts(plan: &Plan) -> Mir {
     }
 }
 
+/// What every block of a build of tables of at most 16 entries shares (the AVX2 and NEON
+/// builds): the codebook, which entries each tuple depth builds and which count for the int8
+/// scale, and a bound on the entries.
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) struct SmallTables {
+    /// `v'` (the plan's table values), 16 lanes, zero past `V`.
+    pub vals: [f32; 16],
+    /// Per tuple depth (regular `[0]`, a group's last tuple `[1]`): all ones in the lanes of
+    /// entries that are built (`i < plan.used_entries(r)`), else 0.
+    pub built: [[u32; 16]; 2],
+    /// Per tuple depth: all ones in the lanes whose entries count for the int8 scale
+    /// (`plan.stored_used(i, r)`).
+    pub counted: [[u32; 16]; 2],
+    /// `max |v'|`: with `max |x|` a bound on every entry.
+    pub vmax: f32,
+}
+
+#[allow(dead_code)] // used by the kernels of some target architectures only
+impl SmallTables {
+    pub fn new(plan: &Plan) -> SmallTables {
+        let v = plan.levels;
+        let tp = plan.tuples;
+        let mut vals = [0f32; 16];
+        vals[..v.min(16)].copy_from_slice(&plan.table_values[..v.min(16)]);
+        let depths = [tp.depth, tp.last_depth];
+        let mask = |on: bool| if on { u32::MAX } else { 0 };
+        let built = depths.map(|r| std::array::from_fn(|i| mask(i < plan.used_entries(r))));
+        let counted = depths.map(|r| std::array::from_fn(|i| mask(plan.stored_used(i, r))));
+        let vmax = plan.table_values.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        SmallTables {
+            vals,
+            built,
+            counted,
+            vmax,
+        }
+    }
+}
+
 /// One unit of phase-2 work: a range of row blocks against one table set.
 ///
 /// The kernel adds, for every row `m` of the row blocks (rows past `plan.m` excluded), every

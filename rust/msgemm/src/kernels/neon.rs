@@ -21,7 +21,7 @@
 use std::arch::aarch64::*;
 
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{mirror_consts, Backend, LutKernel, Mir, RowJob};
+use crate::kernels::{mirror_consts, Backend, LutKernel, Mir, RowJob, SmallTables};
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet, I8_CHUNK};
@@ -383,44 +383,23 @@ const MAX_TUPLES: usize = 256;
 /// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
 const MIN_BLOCKS_PER_TASK: usize = 8;
 
-/// What every block of a build shares.
+/// What every block of a build shares: [`SmallTables`], and for `V <= 8` the byte indices of
+/// `vqtbl2q_u8` into the first 8 products (32 bytes) that move the product of entry `i`'s
+/// digit `j` into lane `i`: `pick[j][4i + k] = 4 digit_j(i) + k`.
 struct BuildConsts {
-    /// `v'` (the plan's table values), 16 lanes, zero past `V`.
-    vals: [f32; 16],
-    /// For `V <= 8`: byte indices into the first 8 products (32 bytes, a `vqtbl2q_u8` table)
-    /// that move the product of entry `i`'s digit `j` into lane `i`: `[j][4i + k] =
-    /// 4 digit_j(i) + k`.
+    s: SmallTables,
     pick: [[u8; 64]; 4],
-    /// Per tuple depth (regular, last): all ones in the lanes of entries that are built
-    /// (`i < plan.used_entries(r)`), else 0.
-    built: [[u32; 16]; 2],
-    /// Per tuple depth: all ones in the lanes whose entries count for the int8 scale
-    /// (`plan.stored_used(i, r)`).
-    counted: [[u32; 16]; 2],
-    /// `max |v'|`: with `max |x|` a bound on every entry.
-    vmax: f32,
 }
 
 impl BuildConsts {
     fn new(plan: &Plan) -> BuildConsts {
         let v = plan.levels;
-        let tp = plan.tuples;
-        let mut vals = [0f32; 16];
-        vals[..v.min(16)].copy_from_slice(&plan.table_values[..v.min(16)]);
         let pick = std::array::from_fn(|j| {
             std::array::from_fn(|b| (4 * ((b / 4 / v.pow(j as u32)) % v) + b % 4) as u8)
         });
-        let depths = [tp.depth, tp.last_depth];
-        let mask = |on: bool| if on { u32::MAX } else { 0 };
-        let built = depths.map(|r| std::array::from_fn(|i| mask(i < plan.used_entries(r))));
-        let counted = depths.map(|r| std::array::from_fn(|i| mask(plan.stored_used(i, r))));
-        let vmax = plan.table_values.iter().fold(0f32, |m, &x| m.max(x.abs()));
         BuildConsts {
-            vals,
+            s: SmallTables::new(plan),
             pick,
-            built,
-            counted,
-            vmax,
         }
     }
 }
@@ -465,7 +444,7 @@ unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
 #[inline(always)]
 unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float32x4_t; 4] {
     unsafe {
-        let vl: [float32x4_t; 4] = std::array::from_fn(|h| vld1q_f32(c.vals.as_ptr().add(4 * h)));
+        let vl: [float32x4_t; 4] = std::array::from_fn(|h| vld1q_f32(c.s.vals.as_ptr().add(4 * h)));
         let mut e = if plan.levels > 8 {
             // Depth 1 only (V^2 > 16): the products are the entries.
             let x = vdupq_n_f32(xs[0]);
@@ -487,7 +466,7 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float3
             e
         };
         for (h, eh) in e.iter_mut().enumerate() {
-            let keep = vld1q_u32(c.built[w].as_ptr().add(4 * h));
+            let keep = vld1q_u32(c.s.built[w].as_ptr().add(4 * h));
             *eh = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(*eh), keep));
         }
         e
@@ -561,7 +540,7 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
                 e
             };
             for (h, eh) in e.iter_mut().enumerate() {
-                let keep = vreinterpretq_s32_u32(vld1q_u32(c.built[w].as_ptr().add(4 * h)));
+                let keep = vreinterpretq_s32_u32(vld1q_u32(c.s.built[w].as_ptr().add(4 * h)));
                 *eh = vandq_s32(*eh, keep);
             }
             // Entries fit int16 (the plan checks `depth * max|v| * 127`): the saturating
@@ -629,7 +608,7 @@ unsafe fn build_block_i8(
     // `f32::max` skips): the scalar build.
     // SAFETY: NEON is baseline.
     let (xmax, nan) = unsafe { maxabs_nan(xg) };
-    let bound = xmax * c.vmax * 16.0;
+    let bound = xmax * c.s.vmax * 16.0;
     if nan || bound.is_nan() || bound >= 1e37 {
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
@@ -643,7 +622,7 @@ unsafe fn build_block_i8(
             let e = entries(plan, c, xs(t), w(t));
             let mut m = vdupq_n_f32(0.0);
             for (h, &eh) in e.iter().enumerate() {
-                let keep = vld1q_u32(c.counted[w(t)].as_ptr().add(4 * h));
+                let keep = vld1q_u32(c.s.counted[w(t)].as_ptr().add(4 * h));
                 let v = vreinterpretq_u32_f32(vabsq_f32(eh));
                 m = vmaxq_f32(m, vreinterpretq_f32_u32(vandq_u32(v, keep)));
             }
