@@ -425,6 +425,49 @@ pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
     a / (127.0 * mf)
 }
 
+/// [`i8_scaling`] with its per-tuple work on SIMD lanes (the AVX2 and NEON builds): the same
+/// search for `M` and the same IEEE operations per tuple, so the same multipliers, factors
+/// and scale (their tests compare them). `ceil_m(q, mf, out)` returns `sum_i ceil_127(q[i] *
+/// mf)` over a slice of at most [`I8_CHUNK`] values, and when `out` is given also writes each
+/// `ceil_127(q[i] * mf)` (as float) into it.
+#[inline(always)]
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) fn i8_scaling_by(
+    amax: &[f32],
+    mult: &mut [u8],
+    rm: &mut [f32],
+    ceil_m: impl Fn(&[f32], f32, Option<&mut [f32]>) -> u32,
+) -> f32 {
+    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
+    let rcp = 127.0f32 / a;
+    if a == 0.0 || !rcp.is_finite() {
+        return i8_scaling(amax, mult, rm);
+    }
+    // q_p = amax_p * rcp, in `rm` (scratch until the end).
+    for (q, &x) in rm.iter_mut().zip(amax) {
+        *q = x * rcp;
+    }
+    let q = &*rm;
+    let feasible = |mm: u32| -> bool {
+        let mf = mm as f32;
+        (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| ceil_m(c, mf, None) <= I8_BUDGET)
+    };
+    let m0 = start_multiplier(q.chunks(I8_CHUNK).map(|c| (c.iter().sum(), c.len())));
+    let mm = search_multiplier(m0, feasible);
+    let mf = mm as f32;
+    let rcp_m = rcp * mf;
+    let mut mp = [0f32; I8_CHUNK];
+    for (ms, rs) in mult.chunks_mut(I8_CHUNK).zip(rm.chunks_mut(I8_CHUNK)) {
+        let mp = &mut mp[..rs.len()];
+        ceil_m(rs, mf, Some(mp));
+        for ((m, r), &p) in ms.iter_mut().zip(rs.iter_mut()).zip(mp.iter()) {
+            *m = p as u8;
+            *r = rcp_m / p;
+        }
+    }
+    a / (127.0 * mf)
+}
+
 /// Rounds one table to int8 with the factor `rm`: `clamp(round_ties_even(T * rm), -127, 127)`.
 #[inline]
 pub fn round_table_i8(table: &[f32], rm: f32, out: &mut [i8]) {

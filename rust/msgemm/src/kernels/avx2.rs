@@ -1100,66 +1100,35 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
     }
 }
 
-/// [`table::i8_scaling`] with its per-tuple loops on 8 lanes: the same search for `M`
-/// ([`table::search_multiplier`]) and the same IEEE operations per tuple, so the same
-/// multipliers, factors and scale (a test compares them). The scalar loops were two thirds of
-/// the build.
+/// [`table::i8_scaling`] with its per-tuple loops on 8 lanes ([`table::i8_scaling_by`]): the
+/// same multipliers, factors and scale (a test compares them). The scalar loops were two
+/// thirds of the build.
 #[target_feature(enable = "avx2")]
 unsafe fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
-    let n = amax.len();
-    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
-    let rcp = 127.0f32 / a;
-    if a == 0.0 || !rcp.is_finite() {
-        return table::i8_scaling(amax, mult, rm);
-    }
-    // q_p = amax_p * rcp, in `rm` (scratch until the end).
-    for (q, &x) in rm.iter_mut().zip(amax) {
-        *q = x * rcp;
-    }
-    let q = &*rm;
-    // SAFETY (closures below): AVX2 is enabled; `load8` reads lanes below `c1 <= n` only.
-    // Sum of the multipliers `ceil_127(q_p * mf)` of tuples `c0 .. c1`.
-    let chunk_sum = |c0: usize, c1: usize, mf: __m256| -> u32 {
+    table::i8_scaling_by(amax, mult, rm, |q, mf, mut out| {
+        // SAFETY: AVX2 is enabled (the closure inherits it); `load8` reads lanes below
+        // `q.len()` only.
         unsafe {
+            let n = q.len();
+            let mfv = _mm256_set1_ps(mf);
             let mut s = _mm256_setzero_si256();
-            for i in (c0..c1).step_by(8) {
+            for i in (0..n).step_by(8) {
                 let lanes = _mm256_cmpgt_epi32(
-                    _mm256_set1_epi32((c1 - i) as i32),
+                    _mm256_set1_epi32((n - i) as i32),
                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                 );
-                let m = _mm256_cvtps_epi32(ceil_127_x8(_mm256_mul_ps(load8(q, i, c1), mf)));
-                s = _mm256_add_epi32(s, _mm256_and_si256(m, lanes));
+                let mp = ceil_127_x8(_mm256_mul_ps(load8(q, i, n), mfv));
+                s = _mm256_add_epi32(s, _mm256_and_si256(_mm256_cvtps_epi32(mp), lanes));
+                if let Some(o) = out.as_deref_mut() {
+                    let mut buf = [0f32; 8];
+                    _mm256_storeu_ps(buf.as_mut_ptr(), mp);
+                    let len = (n - i).min(8);
+                    o[i..i + len].copy_from_slice(&buf[..len]);
+                }
             }
             hsum_epi32(s) as u32
         }
-    };
-    let feasible = |mm: u32| -> bool {
-        let mf = mm as f32;
-        (rcp * mf).is_finite()
-            && (0..n).step_by(table::I8_CHUNK).all(|c0| {
-                chunk_sum(c0, (c0 + table::I8_CHUNK).min(n), _mm256_set1_ps(mf)) <= table::I8_BUDGET
-            })
-    };
-    let m0 = table::start_multiplier((0..n).step_by(table::I8_CHUNK).map(|c0| {
-        let c1 = (c0 + table::I8_CHUNK).min(n);
-        (q[c0..c1].iter().sum(), c1 - c0)
-    }));
-    let mm = table::search_multiplier(m0, feasible);
-    let mf = mm as f32;
-    let rcp_m = rcp * mf;
-    for i in (0..n).step_by(8) {
-        let len = (n - i).min(8);
-        // SAFETY: as above.
-        let mp = unsafe { ceil_127_x8(_mm256_mul_ps(load8(rm, i, n), _mm256_set1_ps(mf))) };
-        let mut mps = [0f32; 8];
-        // SAFETY: an 8-float store into `mps`.
-        unsafe { _mm256_storeu_ps(mps.as_mut_ptr(), mp) };
-        for (j, &m) in mps.iter().enumerate().take(len) {
-            mult[i + j] = m as u8;
-            rm[i + j] = rcp_m / m;
-        }
-    }
-    a / (127.0 * mf)
+    })
 }
 
 #[cfg(test)]

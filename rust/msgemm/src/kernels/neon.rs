@@ -706,67 +706,30 @@ unsafe fn load4(v: &[f32], i: usize, n: usize) -> float32x4_t {
     }
 }
 
-/// [`table::i8_scaling`] with its per-tuple loops on 4 lanes: the same search for `M`
-/// ([`table::search_multiplier`]) and the same IEEE operations per tuple, so the same
-/// multipliers, factors and scale (a test compares them).
+/// [`table::i8_scaling`] with its per-tuple loops on 4 lanes ([`table::i8_scaling_by`]): the
+/// same multipliers, factors and scale (a test compares them).
 unsafe fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
-    let n = amax.len();
-    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
-    let rcp = 127.0f32 / a;
-    if a == 0.0 || !rcp.is_finite() {
-        return table::i8_scaling(amax, mult, rm);
-    }
-    // q_p = amax_p * rcp, in `rm` (scratch until the end).
-    for (q, &x) in rm.iter_mut().zip(amax) {
-        *q = x * rcp;
-    }
-    let q = &*rm;
-    // SAFETY (closures below): NEON is baseline; `load4` reads lanes below `c1 <= n` only.
-    // Sum of the multipliers `ceil_127(q_p * mf)` of tuples `c0 .. c1`.
     let lane = [0u32, 1, 2, 3];
-    let chunk_sum = |c0: usize, c1: usize, mf: float32x4_t| -> u32 {
+    table::i8_scaling_by(amax, mult, rm, |q, mf, mut out| {
+        // SAFETY: NEON is baseline; `load4` reads lanes below `q.len()` only.
         unsafe {
+            let n = q.len();
+            let mfv = vdupq_n_f32(mf);
             let mut s = vdupq_n_u32(0);
-            for i in (c0..c1).step_by(4) {
-                let lanes = vcltq_u32(vld1q_u32(lane.as_ptr()), vdupq_n_u32((c1 - i) as u32));
-                let m = vcvtq_u32_f32(ceil_127_x4(vmulq_f32(load4(q, i, c1), mf)));
-                s = vaddq_u32(s, vandq_u32(m, lanes));
+            for i in (0..n).step_by(4) {
+                let lanes = vcltq_u32(vld1q_u32(lane.as_ptr()), vdupq_n_u32((n - i) as u32));
+                let mp = ceil_127_x4(vmulq_f32(load4(q, i, n), mfv));
+                s = vaddq_u32(s, vandq_u32(vcvtq_u32_f32(mp), lanes));
+                if let Some(o) = out.as_deref_mut() {
+                    let mut buf = [0f32; 4];
+                    vst1q_f32(buf.as_mut_ptr(), mp);
+                    let len = (n - i).min(4);
+                    o[i..i + len].copy_from_slice(&buf[..len]);
+                }
             }
             vaddvq_u32(s)
         }
-    };
-    let feasible = |mm: u32| -> bool {
-        let mf = mm as f32;
-        (rcp * mf).is_finite()
-            && (0..n).step_by(I8_CHUNK).all(|c0| {
-                // SAFETY: NEON is baseline.
-                let mv = unsafe { vdupq_n_f32(mf) };
-                chunk_sum(c0, (c0 + I8_CHUNK).min(n), mv) <= table::I8_BUDGET
-            })
-    };
-    let m0 = table::start_multiplier((0..n).step_by(I8_CHUNK).map(|c0| {
-        let c1 = (c0 + I8_CHUNK).min(n);
-        (q[c0..c1].iter().sum(), c1 - c0)
-    }));
-    let mm = table::search_multiplier(m0, feasible);
-    let mf = mm as f32;
-    let rcp_m = rcp * mf;
-    for i in (0..n).step_by(4) {
-        let len = (n - i).min(4);
-        let mut mps = [0f32; 4];
-        // SAFETY: as above; a 4-float store into `mps`.
-        unsafe {
-            vst1q_f32(
-                mps.as_mut_ptr(),
-                ceil_127_x4(vmulq_f32(load4(rm, i, n), vdupq_n_f32(mf))),
-            )
-        };
-        for (j, &m) in mps.iter().enumerate().take(len) {
-            mult[i + j] = m as u8;
-            rm[i + j] = rcp_m / m;
-        }
-    }
-    a / (127.0 * mf)
+    })
 }
 
 #[cfg(test)]
