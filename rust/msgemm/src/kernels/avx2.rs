@@ -28,7 +28,9 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{mirror_consts, Backend, LutKernel, RowJob, SmallTables, Zeros};
+use crate::kernels::{
+    mirror_consts, small_i8_block, Backend, LutKernel, RowJob, SmallTables, Zeros, SMALL_MAX_TUPLES,
+};
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
@@ -703,14 +705,11 @@ pub(crate) fn build_supported(plan: &Plan) -> bool {
         .checked_pow(plan.depth() as u32)
         .is_some_and(|e| e <= 16);
     match plan.precision {
-        TablePrecision::I8 => small && plan.tuples.per_group <= MAX_TUPLES,
+        TablePrecision::I8 => small && plan.tuples.per_group <= SMALL_MAX_TUPLES,
         TablePrecision::F32 => small,
         TablePrecision::I16 => small && plan.mirror.is_none(),
     }
 }
-
-/// Tuples per group the SIMD build keeps on the stack (longer groups: the scalar build).
-const MAX_TUPLES: usize = 256;
 
 /// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
 const MIN_BLOCKS_PER_TASK: usize = 8;
@@ -964,11 +963,12 @@ unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f
     (1.0, zsum)
 }
 
-/// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`]: the
-/// f32 entries of every tuple, their largest magnitude over the entries that can be looked up,
-/// the int8 scaling ([`table::i8_scaling`]), then the entries recomputed and rounded
-/// (`cvtps2dq` rounds to nearest even, the MXCSR default, as `round_ties_even`; clamping to
-/// +-127 before rounding gives the scalar `clamp(round(clamp(v, +-127.5)), +-127)`).
+/// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`]
+/// ([`small_i8_block`] on 8 lanes): the f32 entries of every tuple, their largest magnitude
+/// over the entries that can be looked up, the int8 scaling ([`i8_scaling`]), then the entries
+/// recomputed and rounded (`cvtps2dq` rounds to nearest even, the MXCSR default, as
+/// `round_ties_even`; clamping to +-127 before rounding gives the scalar
+/// `clamp(round(clamp(v, +-127.5)), +-127)`).
 #[target_feature(enable = "avx2")]
 unsafe fn build_block_i8(
     plan: &Plan,
@@ -977,29 +977,20 @@ unsafe fn build_block_i8(
     out: &mut [i8],
     mult: &mut [u8],
 ) -> (f32, f32) {
-    let tp = plan.tuples;
-    let slot = plan.slot;
-    // Entries that could overflow (and give infinities or NaN, which the scalar build's
-    // `f32::max` skips): the scalar build.
-    // SAFETY: AVX2 is enabled.
-    let (xmax, nan) = unsafe { maxabs_nan(xg) };
-    let bound = xmax * c.s.vmax * 16.0;
-    if nan || bound.is_nan() || bound >= 1e37 {
-        return table::build_block(plan, xg, BlockOut::I8(out, mult));
-    }
-    let xs = |t: usize| &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
-    let w = |t: usize| usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
-    let mut amax = [0f32; MAX_TUPLES];
-    let mut rms = [0f32; MAX_TUPLES];
-    // SAFETY: AVX2 is enabled; the masks are 16 lanes.
-    unsafe {
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
-        for (t, a) in amax.iter_mut().enumerate().take(tp.per_group) {
-            let e = entries(plan, c, xs(t), w(t));
+    // SAFETY (closures): AVX2 is enabled (they inherit it); the masks are 16 lanes.
+    small_i8_block(
+        plan,
+        xg,
+        out,
+        mult,
+        c.s.vmax,
+        |xg| unsafe { maxabs_nan(xg) },
+        |xs, w| unsafe {
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+            let e = entries(plan, c, xs, w);
             let mut m = _mm256_setzero_ps();
             for (h, &eh) in e.iter().enumerate() {
-                let keep =
-                    _mm256_loadu_si256(c.s.counted[w(t)].as_ptr().add(8 * h) as *const __m256i);
+                let keep = _mm256_loadu_si256(c.s.counted[w].as_ptr().add(8 * h) as *const __m256i);
                 m = _mm256_max_ps(
                     m,
                     _mm256_and_ps(_mm256_and_ps(eh, abs), _mm256_castsi256_ps(keep)),
@@ -1007,51 +998,26 @@ unsafe fn build_block_i8(
             }
             let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
             let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            *a = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
-        }
-    }
-    // SAFETY: AVX2 is enabled.
-    let tsc = unsafe { i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]) };
-    // A subnormal largest entry: `127 / A` overflows (and `tscale` may underflow to 0), and the
-    // scalar build saturates the entries; checked before the all-zero case below.
-    if !rms[0].is_finite() {
-        return table::build_block(plan, xg, BlockOut::I8(out, mult));
-    }
-    if tsc == 0.0 {
-        // All entries 0, tscale 0, zsum 0 (as the scalar build).
-        out.fill(0);
-        return (0.0, 0.0);
-    }
-    // SAFETY: AVX2 is enabled; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-byte
-    // store at it stays inside `out` except for the last tuple (copied instead).
-    unsafe {
-        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-        for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
-            let e = entries(plan, c, xs(t), w(t));
+            _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)))
+        },
+        |a, m, r| unsafe { i8_scaling(a, m, r) },
+        |xs, w, rm| unsafe {
+            let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
             let rv = _mm256_set1_ps(rm);
-            let q = e.map(|eh| {
+            let q = entries(plan, c, xs, w).map(|eh| {
                 _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(eh, rv), lo), hi))
             });
             let half = |v: __m256i| {
                 _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
             };
-            let bytes = _mm_packs_epi16(half(q[0]), half(q[1]));
-            let dst = out.as_mut_ptr().add(t * slot);
-            if (t + 1) * slot + 16 - slot <= out.len() {
-                _mm_storeu_si128(dst as *mut __m128i, bytes);
-            } else {
-                let mut buf = [0i8; 16];
-                _mm_storeu_si128(buf.as_mut_ptr() as *mut __m128i, bytes);
-                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
-            }
-        }
-    }
-    let zsum = if plan.zero_term {
-        table::seq_sum(xg) / tsc
-    } else {
-        0.0
-    };
-    (tsc, zsum)
+            let mut bytes = [0i8; 16];
+            _mm_storeu_si128(
+                bytes.as_mut_ptr() as *mut __m128i,
+                _mm_packs_epi16(half(q[0]), half(q[1])),
+            );
+            bytes
+        },
+    )
 }
 
 /// Lanes `i .. i + 8` of `v` below `n` (0 past it).

@@ -15,7 +15,7 @@ use maleki_common::{Error, Result};
 use crate::format::Involution;
 use crate::layout::{LayoutKind, TileLayout};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::TableSet;
+use crate::table::{self, BlockOut, TableSet};
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -184,6 +184,79 @@ impl SmallTables {
             vmax,
         }
     }
+}
+
+/// Tuples per group the 16-entry `i8` builds keep on the stack (longer groups: the scalar
+/// build).
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) const SMALL_MAX_TUPLES: usize = 256;
+
+/// One `(group, column)` block of `i8` tables of at most 16 entries, bitwise equal to
+/// [`table::build_block`]: the steps the AVX2 and NEON builds share, their lanes doing the
+/// work. `maxabs_nan(xg)`: `(max |x|, whether x holds a NaN)`; `amax(xs, w)`: the largest
+/// magnitude of the f32 entries of the tuple with activations `xs` (`w`: 1 for a shorter last
+/// tuple) over those that count for the scale (`SmallTables::counted`); `scaling`:
+/// [`table::i8_scaling`]'s result; `round(xs, w, rm)`: the tuple's entries times `rm`,
+/// rounded to nearest even and clamped to +-127 (0 past its built entries).
+///
+/// Entries that could overflow (and give infinities or NaN, which the scalar build's
+/// `f32::max` skips) and a subnormal largest entry (`127 / A` overflows, and the scalar build
+/// saturates the entries) take the scalar build.
+#[inline(always)]
+#[allow(dead_code)] // used by the kernels of some target architectures only
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn small_i8_block(
+    plan: &Plan,
+    xg: &[f32],
+    out: &mut [i8],
+    mult: &mut [u8],
+    vmax: f32,
+    maxabs_nan: impl FnOnce(&[f32]) -> (f32, bool),
+    amax: impl Fn(&[f32], usize) -> f32,
+    scaling: impl FnOnce(&[f32], &mut [u8], &mut [f32]) -> f32,
+    round: impl Fn(&[f32], usize, f32) -> [i8; 16],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let (slot, n) = (plan.slot, tp.per_group);
+    assert!(n <= SMALL_MAX_TUPLES && slot <= 16);
+    let (xmax, nan) = maxabs_nan(xg);
+    let bound = xmax * vmax * 16.0;
+    if nan || bound.is_nan() || bound >= 1e37 {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    let xs = |t: usize| &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+    let w = |t: usize| usize::from(t + 1 == n && tp.last_depth != tp.depth);
+    let mut am = [0f32; SMALL_MAX_TUPLES];
+    let mut rms = [0f32; SMALL_MAX_TUPLES];
+    for (t, a) in am[..n].iter_mut().enumerate() {
+        *a = amax(xs(t), w(t));
+    }
+    let tsc = scaling(&am[..n], mult, &mut rms[..n]);
+    if !rms[0].is_finite() {
+        return table::build_block(plan, xg, BlockOut::I8(out, mult));
+    }
+    if tsc == 0.0 {
+        // All entries 0, tscale 0, zsum 0 (as the scalar build).
+        out.fill(0);
+        return (0.0, 0.0);
+    }
+    for (t, &rm) in rms[..n].iter().enumerate() {
+        let bytes = round(xs(t), w(t), rm);
+        let o = t * slot;
+        if o + 16 <= out.len() {
+            // Past the slot: entries of the next tuple, which it then overwrites.
+            // SAFETY: bytes `o .. o + 16` lie inside `out`.
+            unsafe { std::ptr::write_unaligned(out.as_mut_ptr().add(o) as *mut [i8; 16], bytes) };
+        } else {
+            out[o..o + slot].copy_from_slice(&bytes[..slot]);
+        }
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg) / tsc
+    } else {
+        0.0
+    };
+    (tsc, zsum)
 }
 
 /// One unit of phase-2 work: a range of row blocks against one table set.

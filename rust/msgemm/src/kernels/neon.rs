@@ -21,7 +21,9 @@
 use std::arch::aarch64::*;
 
 use crate::kernels::scalar::epilogue;
-use crate::kernels::{mirror_consts, Backend, LutKernel, Mir, RowJob, SmallTables};
+use crate::kernels::{
+    mirror_consts, small_i8_block, Backend, LutKernel, Mir, RowJob, SmallTables, SMALL_MAX_TUPLES,
+};
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet, I8_CHUNK};
@@ -363,7 +365,7 @@ unsafe fn run_i16<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], 
 // ---------------------------------------------------------------------------------------------
 
 /// Plans the NEON build takes: tables of at most 16 entries (`V^d <= 16`), `i8` in groups of
-/// at most [`MAX_TUPLES`] tuples, `i16` without mirror (as the kernel). Others: the scalar
+/// at most [`SMALL_MAX_TUPLES`] tuples, `i16` without mirror (as the kernel). Others: the scalar
 /// build.
 fn build_supported(plan: &Plan) -> bool {
     let small = plan
@@ -371,14 +373,11 @@ fn build_supported(plan: &Plan) -> bool {
         .checked_pow(plan.depth() as u32)
         .is_some_and(|e| e <= 16);
     match plan.precision {
-        TablePrecision::I8 => small && plan.tuples.per_group <= MAX_TUPLES,
+        TablePrecision::I8 => small && plan.tuples.per_group <= SMALL_MAX_TUPLES,
         TablePrecision::I16 => small && plan.mirror.is_none(),
         TablePrecision::F32 => false,
     }
 }
-
-/// Tuples per group the build keeps on the stack.
-const MAX_TUPLES: usize = 256;
 
 /// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
 const MIN_BLOCKS_PER_TASK: usize = 8;
@@ -590,9 +589,9 @@ unsafe fn maxabs_nan(xs: &[f32]) -> (f32, bool) {
     }
 }
 
-/// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`] (the
-/// steps of the AVX2 build): the f32 entries of every tuple, their largest magnitude over the
-/// entries that can be looked up, the int8 scaling ([`i8_scaling`]), then the entries
+/// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`]
+/// ([`small_i8_block`] on 4 lanes): the f32 entries of every tuple, their largest magnitude
+/// over the entries that can be looked up, the int8 scaling ([`i8_scaling`]), then the entries
 /// recomputed and rounded (`vcvtnq` rounds to nearest even, as `round_ties_even`; clamping to
 /// +-127 before rounding gives the scalar `clamp(round(clamp(v, +-127.5)), +-127)`).
 unsafe fn build_block_i8(
@@ -602,72 +601,40 @@ unsafe fn build_block_i8(
     out: &mut [i8],
     mult: &mut [u8],
 ) -> (f32, f32) {
-    let tp = plan.tuples;
-    let slot = plan.slot;
-    // Entries that could overflow (and give infinities or NaN, which the scalar build's
-    // `f32::max` skips): the scalar build.
-    // SAFETY: NEON is baseline.
-    let (xmax, nan) = unsafe { maxabs_nan(xg) };
-    let bound = xmax * c.s.vmax * 16.0;
-    if nan || bound.is_nan() || bound >= 1e37 {
-        return table::build_block(plan, xg, BlockOut::I8(out, mult));
-    }
-    let xs = |t: usize| &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
-    let w = |t: usize| usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
-    let mut amax = [0f32; MAX_TUPLES];
-    let mut rms = [0f32; MAX_TUPLES];
-    // SAFETY: NEON is baseline; the masks are 16 lanes.
-    unsafe {
-        for (t, a) in amax.iter_mut().enumerate().take(tp.per_group) {
-            let e = entries(plan, c, xs(t), w(t));
+    // SAFETY (closures): NEON is baseline; the masks are 16 lanes.
+    small_i8_block(
+        plan,
+        xg,
+        out,
+        mult,
+        c.s.vmax,
+        |xg| unsafe { maxabs_nan(xg) },
+        |xs, w| unsafe {
+            let e = entries(plan, c, xs, w);
             let mut m = vdupq_n_f32(0.0);
             for (h, &eh) in e.iter().enumerate() {
-                let keep = vld1q_u32(c.s.counted[w(t)].as_ptr().add(4 * h));
+                let keep = vld1q_u32(c.s.counted[w].as_ptr().add(4 * h));
                 let v = vreinterpretq_u32_f32(vabsq_f32(eh));
                 m = vmaxq_f32(m, vreinterpretq_f32_u32(vandq_u32(v, keep)));
             }
-            *a = vmaxvq_f32(m);
-        }
-    }
-    // SAFETY: NEON is baseline.
-    let tsc = unsafe { i8_scaling(&amax[..tp.per_group], mult, &mut rms[..tp.per_group]) };
-    // A subnormal largest entry: `127 / A` overflows (and `tscale` may underflow to 0), and the
-    // scalar build saturates the entries; checked before the all-zero case below.
-    if !rms[0].is_finite() {
-        return table::build_block(plan, xg, BlockOut::I8(out, mult));
-    }
-    if tsc == 0.0 {
-        // All entries 0, tscale 0, zsum 0 (as the scalar build).
-        out.fill(0);
-        return (0.0, 0.0);
-    }
-    // SAFETY: NEON is baseline; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-byte
-    // store at it stays inside `out` except near its end (copied instead).
-    unsafe {
-        let (lo, hi) = (vdupq_n_f32(-127.0), vdupq_n_f32(127.0));
-        for (t, &rm) in rms.iter().enumerate().take(tp.per_group) {
-            let e = entries(plan, c, xs(t), w(t));
+            vmaxvq_f32(m)
+        },
+        |a, m, r| unsafe { i8_scaling(a, m, r) },
+        |xs, w, rm| unsafe {
+            let (lo, hi) = (vdupq_n_f32(-127.0), vdupq_n_f32(127.0));
             let rv = vdupq_n_f32(rm);
-            let q = e.map(|eh| vcvtnq_s32_f32(vminq_f32(vmaxq_f32(vmulq_f32(eh, rv), lo), hi)));
+            let q = entries(plan, c, xs, w)
+                .map(|eh| vcvtnq_s32_f32(vminq_f32(vmaxq_f32(vmulq_f32(eh, rv), lo), hi)));
             let s01 = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1]));
             let s23 = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
-            let bytes = vcombine_s8(vqmovn_s16(s01), vqmovn_s16(s23));
-            let dst = out.as_mut_ptr().add(t * slot);
-            if t * slot + 16 <= out.len() {
-                vst1q_s8(dst, bytes);
-            } else {
-                let mut buf = [0i8; 16];
-                vst1q_s8(buf.as_mut_ptr(), bytes);
-                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
-            }
-        }
-    }
-    let zsum = if plan.zero_term {
-        table::seq_sum(xg) / tsc
-    } else {
-        0.0
-    };
-    (tsc, zsum)
+            let mut bytes = [0i8; 16];
+            vst1q_s8(
+                bytes.as_mut_ptr(),
+                vcombine_s8(vqmovn_s16(s01), vqmovn_s16(s23)),
+            );
+            bytes
+        },
+    )
 }
 
 /// `table::ceil_127` on 4 lanes (the smallest integer `m >= 1` with `127 m >= v`, exact for
