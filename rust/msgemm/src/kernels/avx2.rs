@@ -29,11 +29,12 @@ use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_i8_block, Backend, LutKernel, RowJob, SmallTables, Zeros, SMALL_MAX_TUPLES,
+    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, RowJob, SmallTables, Zeros,
+    SMALL_MAX_TUPLES,
 };
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
+use crate::table::{self, map_blocks, TableData, TableSet};
 
 /// The AVX2 kernel.
 pub struct Avx2;
@@ -812,26 +813,26 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256
     }
 }
 
-/// One `(group, column)` block of `i16` tables, equal to [`table::build_block`]: the
-/// activations quantized to int8 as [`table::quantize_activations`] (`cvtps2dq` rounds to
-/// nearest even, as `round_small`), each tuple's entries the exact integer sums of the products
-/// `int_values[c] * xq` of its digits (order-free), 0 past its built entries.
+/// One `(group, column)` block of `i16` tables, equal to [`table::build_block`]
+/// ([`small_i16_block`] on 8 lanes): the activations quantized (`cvtps2dq` rounds to nearest
+/// even, as `round_small`; clamped to +-127.5 before and +-127 after), each tuple's entries
+/// the exact integer sums of the products `int_values[c] * xq` of its digits (order-free).
 #[target_feature(enable = "avx2")]
 unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i16]) -> (f32, f32) {
-    let tp = plan.tuples;
-    let slot = plan.slot;
-    // SAFETY: AVX2 is enabled.
-    let (maxabs, nan) = unsafe { maxabs_nan(xg) };
-    let rcp = 127.0f32 / maxabs;
-    // Non-finite activations or a subnormal maximum (`127 / maxabs` overflows, and the scalar
-    // quantization's NaN products become 0): the scalar build, with its conventions.
-    if nan || !maxabs.is_finite() || (maxabs != 0.0 && !rcp.is_finite()) {
-        return table::build_block(plan, xg, BlockOut::I16(out));
-    }
-    let mut xq = vec![0i32; xg.len()];
-    if maxabs != 0.0 {
-        // SAFETY: AVX2 is enabled; 8-lane loads and stores inside `xg` / `xq`.
-        unsafe {
+    let ints = plan
+        .int_values
+        .as_deref()
+        .expect("i16 plan has integer values");
+    let mut iv = [0i32; 16];
+    iv[..plan.levels].copy_from_slice(ints);
+    // SAFETY (closures): AVX2 is enabled (they inherit it); 8-lane loads and stores inside
+    // `xg` / `xq`, 16-lane digit rows and masks.
+    small_i16_block(
+        plan,
+        xg,
+        out,
+        |xg| unsafe { maxabs_nan(xg) },
+        |xg, rcp, xq| unsafe {
             let (rv, lo, hi) = (
                 _mm256_set1_ps(rcp),
                 _mm256_set1_ps(-127.5),
@@ -845,28 +846,13 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
                 let q = _mm256_min_epi32(_mm256_max_epi32(q, qlo), qhi);
                 _mm256_storeu_si256(xq.as_mut_ptr().add(i) as *mut __m256i, q);
             }
-            for i in full..xg.len() {
-                xq[i] = table::round_small((xg[i] * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0)
-                    as i32;
-            }
-        }
-    }
-    let ints = plan
-        .int_values
-        .as_deref()
-        .expect("i16 plan has integer values");
-    let mut iv = [0i32; 16];
-    iv[..plan.levels].copy_from_slice(ints);
-    // SAFETY: AVX2 is enabled; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-entry
-    // store at it stays inside `out` except near its end (copied instead).
-    unsafe {
-        let vl = [
-            _mm256_loadu_si256(iv.as_ptr() as *const __m256i),
-            _mm256_loadu_si256(iv.as_ptr().add(8) as *const __m256i),
-        ];
-        for t in 0..tp.per_group {
-            let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
-            let xs = &xq[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+            full
+        },
+        |xs, w| unsafe {
+            let vl = [
+                _mm256_loadu_si256(iv.as_ptr() as *const __m256i),
+                _mm256_loadu_si256(iv.as_ptr().add(8) as *const __m256i),
+            ];
             let mut e = if plan.levels > 8 {
                 // Depth 1 only (V^2 > 16): the products are the entries.
                 let x = _mm256_set1_epi32(xs[0]);
@@ -890,23 +876,11 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
             // Entries fit int16 (the plan checks `depth * max|v| * 127`): the saturating pack
             // is exact; its per-lane interleave undone by the qword permutation.
             let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(e[0], e[1]));
-            let dst = out.as_mut_ptr().add(t * slot);
-            if t * slot + 16 <= out.len() {
-                _mm256_storeu_si256(dst as *mut __m256i, v);
-            } else {
-                let mut buf = [0i16; 16];
-                _mm256_storeu_si256(buf.as_mut_ptr() as *mut __m256i, v);
-                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
-            }
-        }
-    }
-    let scale = 2f32.powi(plan.int_exp);
-    let zsum = if plan.zero_term {
-        xq.iter().sum::<i32>() as f32 * scale
-    } else {
-        0.0
-    };
-    (maxabs / 127.0 / scale, zsum)
+            let mut out = [0i16; 16];
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+            out
+        },
+    )
 }
 
 /// `(max |x|, whether x holds a NaN)` (a scalar fold with `f32::max`, which skips NaN, and a

@@ -259,6 +259,60 @@ pub(crate) fn small_i8_block(
     (tsc, zsum)
 }
 
+/// One `(group, column)` block of `i16` tables of at most 16 entries, equal to
+/// [`table::build_block`]: the steps the AVX2 and NEON builds share, their lanes doing the
+/// work. The activations are quantized to int8 as [`table::quantize_activations`]:
+/// `quantize(xg, rcp, xq)` writes `clamp(round_ties_even(x * rcp), -127, 127)` for a prefix of
+/// `xg` and returns its length (the rest here); `entries(xq, w)` gives the exact integer
+/// entries of the tuple with quantized activations `xq` (`w`: 1 for a shorter last tuple; 0
+/// past its built entries). Non-finite activations or a subnormal maximum (`127 / maxabs`
+/// overflows, and the scalar quantization's NaN products become 0) take the scalar build.
+#[inline(always)]
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) fn small_i16_block(
+    plan: &Plan,
+    xg: &[f32],
+    out: &mut [i16],
+    maxabs_nan: impl FnOnce(&[f32]) -> (f32, bool),
+    quantize: impl FnOnce(&[f32], f32, &mut [i32]) -> usize,
+    entries: impl Fn(&[i32], usize) -> [i16; 16],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    assert!(slot <= 16);
+    let (maxabs, nan) = maxabs_nan(xg);
+    let rcp = 127.0f32 / maxabs;
+    if nan || !maxabs.is_finite() || (maxabs != 0.0 && !rcp.is_finite()) {
+        return table::build_block(plan, xg, BlockOut::I16(out));
+    }
+    let mut xq = vec![0i32; xg.len()];
+    if maxabs != 0.0 {
+        let done = quantize(xg, rcp, &mut xq);
+        for (q, &x) in xq[done..].iter_mut().zip(&xg[done..]) {
+            *q = table::round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i32;
+        }
+    }
+    for t in 0..tp.per_group {
+        let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+        let e = entries(&xq[t * tp.depth..t * tp.depth + tp.depth_of(t)], w);
+        let o = t * slot;
+        if o + 16 <= out.len() {
+            // Past the slot: entries of the next tuple, which it then overwrites.
+            // SAFETY: entries `o .. o + 16` lie inside `out`.
+            unsafe { std::ptr::write_unaligned(out.as_mut_ptr().add(o) as *mut [i16; 16], e) };
+        } else {
+            out[o..o + slot].copy_from_slice(&e[..slot]);
+        }
+    }
+    let scale = 2f32.powi(plan.int_exp);
+    let zsum = if plan.zero_term {
+        xq.iter().sum::<i32>() as f32 * scale
+    } else {
+        0.0
+    };
+    (maxabs / 127.0 / scale, zsum)
+}
+
 /// One unit of phase-2 work: a range of row blocks against one table set.
 ///
 /// The kernel adds, for every row `m` of the row blocks (rows past `plan.m` excluded), every

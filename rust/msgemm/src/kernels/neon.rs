@@ -22,11 +22,12 @@ use std::arch::aarch64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_i8_block, Backend, LutKernel, Mir, RowJob, SmallTables, SMALL_MAX_TUPLES,
+    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, Mir, RowJob, SmallTables,
+    SMALL_MAX_TUPLES,
 };
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{self, map_blocks, BlockOut, TableData, TableSet, I8_CHUNK};
+use crate::table::{self, map_blocks, TableData, TableSet, I8_CHUNK};
 
 /// The NEON kernel.
 pub struct Neon;
@@ -472,26 +473,25 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float3
     }
 }
 
-/// One `(group, column)` block of `i16` tables, equal to [`table::build_block`] (the AVX2
-/// build's steps): the activations quantized to int8 as [`table::quantize_activations`]
-/// (`vcvtnq` rounds to nearest even, as `round_small`), each tuple's entries the exact integer
-/// sums of the products `int_values[c] * xq` of its digits (order-free), 0 past its built
-/// entries.
+/// One `(group, column)` block of `i16` tables, equal to [`table::build_block`]
+/// ([`small_i16_block`] on 4 lanes): the activations quantized (`vcvtnq` rounds to nearest
+/// even, as `round_small`; clamped to +-127.5 before and +-127 after), each tuple's entries the
+/// exact integer sums of the products `int_values[c] * xq` of its digits (order-free).
 unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i16]) -> (f32, f32) {
-    let tp = plan.tuples;
-    let slot = plan.slot;
-    // SAFETY: NEON is baseline.
-    let (maxabs, nan) = unsafe { maxabs_nan(xg) };
-    let rcp = 127.0f32 / maxabs;
-    // Non-finite activations or a subnormal maximum (`127 / maxabs` overflows, and the scalar
-    // quantization's NaN products become 0): the scalar build, with its conventions.
-    if nan || !maxabs.is_finite() || (maxabs != 0.0 && !rcp.is_finite()) {
-        return table::build_block(plan, xg, BlockOut::I16(out));
-    }
-    let mut xq = vec![0i32; xg.len()];
-    if maxabs != 0.0 {
-        // SAFETY: NEON is baseline; 4-lane loads and stores inside `xg` / `xq`.
-        unsafe {
+    let ints = plan
+        .int_values
+        .as_deref()
+        .expect("i16 plan has integer values");
+    let mut iv = [0i32; 16];
+    iv[..plan.levels].copy_from_slice(ints);
+    // SAFETY (closures): NEON is baseline; 4-lane loads and stores inside `xg` / `xq`, 16-lane
+    // masks.
+    small_i16_block(
+        plan,
+        xg,
+        out,
+        |xg| unsafe { maxabs_nan(xg) },
+        |xg, rcp, xq| unsafe {
             let (rv, lo, hi) = (vdupq_n_f32(rcp), vdupq_n_f32(-127.5), vdupq_n_f32(127.5));
             let (qlo, qhi) = (vdupq_n_s32(-127), vdupq_n_s32(127));
             let full = xg.len() / 4 * 4;
@@ -500,25 +500,10 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
                 let q = vcvtnq_s32_f32(vminq_f32(vmaxq_f32(v, lo), hi));
                 vst1q_s32(xq.as_mut_ptr().add(i), vminq_s32(vmaxq_s32(q, qlo), qhi));
             }
-            for i in full..xg.len() {
-                xq[i] = table::round_small((xg[i] * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0)
-                    as i32;
-            }
-        }
-    }
-    let ints = plan
-        .int_values
-        .as_deref()
-        .expect("i16 plan has integer values");
-    let mut iv = [0i32; 16];
-    iv[..plan.levels].copy_from_slice(ints);
-    // SAFETY: NEON is baseline; tuple `t`'s slot is `out[t * slot..][..slot]`, and a 16-entry
-    // store at it stays inside `out` except near its end (copied instead).
-    unsafe {
-        let vl: [int32x4_t; 4] = std::array::from_fn(|h| vld1q_s32(iv.as_ptr().add(4 * h)));
-        for t in 0..tp.per_group {
-            let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
-            let xs = &xq[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+            full
+        },
+        |xs, w| unsafe {
+            let vl: [int32x4_t; 4] = std::array::from_fn(|h| vld1q_s32(iv.as_ptr().add(4 * h)));
             let mut e = if plan.levels > 8 {
                 // Depth 1 only (V^2 > 16): the products are the entries.
                 let x = vdupq_n_s32(xs[0]);
@@ -544,27 +529,18 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
             }
             // Entries fit int16 (the plan checks `depth * max|v| * 127`): the saturating
             // narrowing is exact.
-            let v0 = vcombine_s16(vqmovn_s32(e[0]), vqmovn_s32(e[1]));
-            let v1 = vcombine_s16(vqmovn_s32(e[2]), vqmovn_s32(e[3]));
-            let dst = out.as_mut_ptr().add(t * slot);
-            if t * slot + 16 <= out.len() {
-                vst1q_s16(dst, v0);
-                vst1q_s16(dst.add(8), v1);
-            } else {
-                let mut buf = [0i16; 16];
-                vst1q_s16(buf.as_mut_ptr(), v0);
-                vst1q_s16(buf.as_mut_ptr().add(8), v1);
-                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, slot);
-            }
-        }
-    }
-    let scale = 2f32.powi(plan.int_exp);
-    let zsum = if plan.zero_term {
-        xq.iter().sum::<i32>() as f32 * scale
-    } else {
-        0.0
-    };
-    (maxabs / 127.0 / scale, zsum)
+            let mut out = [0i16; 16];
+            vst1q_s16(
+                out.as_mut_ptr(),
+                vcombine_s16(vqmovn_s32(e[0]), vqmovn_s32(e[1])),
+            );
+            vst1q_s16(
+                out.as_mut_ptr().add(8),
+                vcombine_s16(vqmovn_s32(e[2]), vqmovn_s32(e[3])),
+            );
+            out
+        },
+    )
 }
 
 /// `(max |x|, whether x holds a NaN)`.
