@@ -329,12 +329,6 @@ fn ceil_127(v: f32) -> u32 {
     m as u32
 }
 
-/// `sum_p m_p(M)` of one chunk is within the int16 budget.
-#[inline(always)]
-fn chunk_fits(q: &[f32], mf: f32) -> bool {
-    q.iter().map(|&v| ceil_127(v * mf)).sum::<u32>() <= I8_BUDGET
-}
-
 /// Where [`search_multiplier`] starts: the bound `m_p < q_p M / 127 + 1` makes
 /// `floor((258 - n_c) 127 / s_c)` feasible for a chunk of `n_c` tuples whose `q_p` sum to
 /// `s_c` (with a margin for the float arithmetic); the smallest over the chunks, in
@@ -392,6 +386,28 @@ pub(crate) fn search_multiplier(m0: u32, feasible: impl Fn(u32) -> bool) -> u32 
 /// The AVX-512 build runs the same search with its per-tuple loops on 16 lanes
 /// (`kernels::avx512`, compared with this function bit for bit by a test).
 pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
+    i8_scaling_by(amax, mult, rm, |q, mf, out| match out {
+        None => q.iter().map(|&v| ceil_127(v * mf)).sum(),
+        Some(out) => q.iter().zip(out).fold(0, |s, (&v, o)| {
+            let m = ceil_127(v * mf);
+            *o = m as f32;
+            s + m
+        }),
+    })
+}
+
+/// [`i8_scaling`] with its per-tuple work done by `ceil_m` (the AVX2 and NEON builds run it
+/// on their SIMD lanes): the same search for `M` and the same IEEE operations per tuple, so
+/// the same multipliers, factors and scale (their tests compare them). `ceil_m(q, mf, out)`
+/// returns `sum_i ceil_127(q[i] * mf)` over a slice of at most [`I8_CHUNK`] values, and when
+/// `out` is given also writes each `ceil_127(q[i] * mf)` (as float) into it.
+#[inline(always)]
+pub(crate) fn i8_scaling_by(
+    amax: &[f32],
+    mult: &mut [u8],
+    rm: &mut [f32],
+    ceil_m: impl Fn(&[f32], f32, Option<&mut [f32]>) -> u32,
+) -> f32 {
     let a = amax.iter().fold(0f32, |m, &x| m.max(x));
     if a == 0.0 {
         mult.fill(1);
@@ -403,45 +419,6 @@ pub fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
         mult.fill(1);
         rm.fill(rcp);
         return a / 127.0;
-    }
-    // q_p in `rm` (scratch until the end).
-    for (q, &x) in rm.iter_mut().zip(amax) {
-        *q = x * rcp;
-    }
-    let q = &*rm;
-    let feasible = |mm: u32| -> bool {
-        let mf = mm as f32;
-        (rcp * mf).is_finite() && q.chunks(I8_CHUNK).all(|c| chunk_fits(c, mf))
-    };
-    let m0 = start_multiplier(q.chunks(I8_CHUNK).map(|c| (c.iter().sum(), c.len())));
-    let mm = search_multiplier(m0, feasible);
-    let mf = mm as f32;
-    let rcp_m = rcp * mf;
-    for (m, r) in mult.iter_mut().zip(rm.iter_mut()) {
-        let mp = ceil_127(*r * mf);
-        *m = mp as u8;
-        *r = rcp_m / mp as f32;
-    }
-    a / (127.0 * mf)
-}
-
-/// [`i8_scaling`] with its per-tuple work on SIMD lanes (the AVX2 and NEON builds): the same
-/// search for `M` and the same IEEE operations per tuple, so the same multipliers, factors
-/// and scale (their tests compare them). `ceil_m(q, mf, out)` returns `sum_i ceil_127(q[i] *
-/// mf)` over a slice of at most [`I8_CHUNK`] values, and when `out` is given also writes each
-/// `ceil_127(q[i] * mf)` (as float) into it.
-#[inline(always)]
-#[allow(dead_code)] // used by the kernels of some target architectures only
-pub(crate) fn i8_scaling_by(
-    amax: &[f32],
-    mult: &mut [u8],
-    rm: &mut [f32],
-    ceil_m: impl Fn(&[f32], f32, Option<&mut [f32]>) -> u32,
-) -> f32 {
-    let a = amax.iter().fold(0f32, |m, &x| m.max(x));
-    let rcp = 127.0f32 / a;
-    if a == 0.0 || !rcp.is_finite() {
-        return i8_scaling(amax, mult, rm);
     }
     // q_p = amax_p * rcp, in `rm` (scratch until the end).
     for (q, &x) in rm.iter_mut().zip(amax) {

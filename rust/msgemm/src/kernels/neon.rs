@@ -362,7 +362,7 @@ unsafe fn run_i16<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Table build (i8 tables of at most 16 entries)
+// Table build (i8 and i16 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
 /// Plans the NEON build takes: tables of at most 16 entries (`V^d <= 16`), `i8` in groups of
