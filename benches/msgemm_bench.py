@@ -167,6 +167,13 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     return {k: {"min": min(v), "median": statistics.median(v)} for k, v in times.items()}
 
 
+def read_bytes(pw: mg.PackedWeights) -> int:
+    """Bytes a GEMV reads from the weights: packed codes, scales at the precision the kernels
+    read them in (float16 when every scale is a float16 value), float32 zero points."""
+    per_scale = 2 if pw.scale_dtype == np.float16 else 4
+    return pw.packed.nbytes + per_scale * pw.scales.size + (0 if pw.zeros is None else 4 * pw.zeros.size)
+
+
 def fmt_ms(t: dict[str, float]) -> str:
     return f"{t['min'] * 1e3:.3f} / {t['median'] * 1e3:.3f}"
 
@@ -252,13 +259,13 @@ def main() -> None:
             int4_per_weight = per_weight
             headline["int4"] = t_ours["min"]
             headline["a0"] = t_a0["min"]
-            headline["int4 bytes"] = pw.nbytes
+            headline["int4 bytes"] = read_bytes(pw)
         speed_vs_int4 = f"{int4_per_weight / per_weight:.2f}x" if int4_per_weight else "—"
         rows.append(
             [
                 name,
                 fmt_ms(t_ours),
-                gbs(pw.nbytes, t_ours),
+                gbs(read_bytes(pw), t_ours),
                 f"{err:.1e}",
                 fmt_ms(t_a0),
                 f"{t_a0['min'] / t_ours['min']:.1f}x",
@@ -277,7 +284,7 @@ def main() -> None:
             [
                 "format",
                 "ours ms (min / median)",
-                "ours GB/s",
+                "ours GB/s (bytes read)",
                 "rel. L1 err (i8)",
                 "A0 numpy f32 ms",
                 "ours vs A0",
@@ -307,7 +314,7 @@ def main() -> None:
 
         t_cold = _report.timeit(cold_call, repeat=rep, number=len(pws))
         t_warm = _report.timeit(lambda p=pws[0]: mg.msgemm(p, x), repeat=rep, number=5)
-        nb = pws[0].nbytes
+        nb = read_bytes(pws[0])
         cold_rows.append([name, f"{sets} x {nb / 2**20:.1f} MiB = {total / 2**20:.0f} MiB", fmt_ms(t_warm), gbs(nb, t_warm), fmt_ms(t_cold), gbs(nb, t_cold)])
         print("cold", cold_rows[-1], flush=True)
         if name == "int4 g128":
@@ -324,6 +331,31 @@ def main() -> None:
             ["format", "rotation", "warm ms", "warm GB/s", "cold ms", "cold GB/s"],
             cold_rows + [["A0 numpy f32 (64 MiB per matrix)", "rotating", "—", "—", fmt_ms(t_a0_cold), gbs(m * k * 4, t_a0_cold)]],
         )
+    )
+
+    # --- float32 against float16 scales ------------------------------------------------------
+    # The same weights quantized with float32 and with float16 scales (the smallest float16 at
+    # or above each computed scale), timed in the same rounds: the kernels read float16 scales
+    # as float16, half the scale bytes. fp4's MX scales are float16 values either way.
+    srows = []
+    scases = [("int4 g128", dict(format="int4", group_size=128)), ("uint4+zp g128", dict(format="uint4", group_size=128)),
+              ("int2 g64", dict(format="int2", group_size=64)), ("ternary g128", dict(format="ternary", group_size=128)),
+              ("nf4 g128", dict(format="nf4", group_size=128))]
+    for name, kw in scases[: 2 if args.quick else len(scases)]:
+        p32 = mg.quantize(w, **kw)
+        p16 = mg.quantize(w, **kw, scale_dtype=np.float16)
+        assert p32.scale_dtype == np.float32 and p16.scale_dtype == np.float16
+        tt = timeit_rounds({"f32": lambda p=p32: mg.msgemm(p, x), "f16": lambda p=p16: mg.msgemm(p, x)},
+                           repeat=max(3, rep // 2), number=3, rounds=8)
+        qerr = [float(np.abs(p.dequantize() - w).sum() / np.abs(w).sum()) for p in (p32, p16)]
+        srows.append([name, f"{read_bytes(p32) / 2**20:.2f}", fmt_ms(tt["f32"]), gbs(read_bytes(p32), tt["f32"]),
+                      f"{read_bytes(p16) / 2**20:.2f}", fmt_ms(tt["f16"]), gbs(read_bytes(p16), tt["f16"]),
+                      f"{tt['f32']['min'] / tt['f16']['min']:.2f}x", f"{qerr[0]:.4e} / {qerr[1]:.4e}"])
+        print("scales", srows[-1], flush=True)
+    lines.append(f"\n### Float32 against float16 scales: GEMV {m}x{k}, {th} threads, warm (same rounds)\n")
+    lines.append(
+        _report.table(["format", "f32 scales: MiB read", "ms", "GB/s", "f16 scales: MiB read", "ms", "GB/s",
+                       "f16 faster by", "quantization rel. L1 error f32 / f16"], srows)
     )
 
     # --- batches -----------------------------------------------------------------------------
@@ -439,6 +471,9 @@ def main() -> None:
         "`s * (v[c] - z)` per row and group, one `vpermps` and one FMA per 16 weights, on AVX-512 "
         "with group sizes that are multiples of 32; a scalar loop otherwise) and so does "
         "everything but share the tables across rows; its table setup is float64, as `dequantize`. "
+        "GB/s count the bytes a call reads: packed codes, scales as the kernels read them (float16 for "
+        "fp4, whose MX scales are float16 values, and with `scale_dtype=np.float16`; float32 otherwise), "
+        "float32 zero points. "
         "ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
         "or fp4, hence the dashes. Ours uses `i8` tables (rel. L1 errors above); `table='f32'` is the "
         "exact-to-float32 mode. This 2-vCPU VM is shared with other jobs: ours and the anchors are timed "

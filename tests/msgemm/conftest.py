@@ -42,15 +42,23 @@ def valid_codes(fmt: str, rng: np.random.Generator, shape: tuple[int, int]) -> n
 
 
 def integer_weights(fmt: str, rng: np.random.Generator, m: int, k: int, g: int, *, zeros: bool,
-                    perm: bool = False) -> mg.PackedWeights:
-    """Packed weights with power-of-two scales and integer zero points (exact arithmetic)."""
+                    perm: bool = False, f16_scales: bool = True) -> mg.PackedWeights:
+    """Packed weights with power-of-two scales and integer zero points (exact arithmetic).
+
+    The scales are float16 values, so the kernels read them as float16, unless ``f16_scales``
+    is false: then row 0's scales are scaled by 2^-30 (still exact: the row's sums scale
+    with them), below float16's range, and the kernels read float32 scales."""
     codes = valid_codes(fmt, rng, (m, k))
     scales = np.ldexp(1.0, rng.integers(-2, 2, size=(m, k // g))).astype(np.float32)
     scales *= rng.choice([-1.0, 1.0], size=scales.shape).astype(np.float32)
+    if not f16_scales:
+        scales[0] *= np.float32(2.0**-30)
     z = rng.integers(-2, 4, size=(m, k // g)).astype(np.float32) if zeros else None
     kp = rng.permutation(k).astype(np.uint32) if perm else None
-    return mg.PackedWeights.from_arrays(codes, scales, z, format=fmt,
-                                        codebook=CUSTOM if fmt == "codebook" else None, k_perm=kp)
+    pw = mg.PackedWeights.from_arrays(codes, scales, z, format=fmt,
+                                      codebook=CUSTOM if fmt == "codebook" else None, k_perm=kp)
+    assert pw.scale_dtype == (np.float16 if f16_scales else np.float32)
+    return pw
 
 
 def integer_x(rng: np.random.Generator, k: int, n: int | None) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Oracle 1 (spec section 8.1): on integer data with dyadic codebooks, power-of-two scales and
 integer zero points every partial sum is exact, so ``msgemm(..., table="f32")`` must equal the
 float64 ``pw.dequantize() @ x`` bit for bit, for every format, depth, backend, group size,
-column count and ragged M (rows not a multiple of 64)."""
+column count and ragged M (rows not a multiple of 64), with scales read as float16 and as
+float32."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _cases():
 def test_f32_tables_reproduce_the_float64_product_exactly(fmt, depth, group_size):
     rng = np.random.default_rng(hash((fmt, depth, group_size)) % 2**32)
     zeros = fmt.startswith("uint") or group_size == 64  # zero points on every format somewhere
-    pw = integer_weights(fmt, rng, M, K, group_size, zeros=zeros)
+    # Float32 scales (row 0 below float16's range) for g = 32, float16 ones otherwise.
+    pw = integer_weights(fmt, rng, M, K, group_size, zeros=zeros, f16_scales=group_size != 32)
     wd = pw.dequantize()
     has_mirror = pw.mirror is not None
     for n in (None, 3, 17):

@@ -296,3 +296,50 @@ def test_dequantize_out_is_validated():
         pw.dequantize(out=np.zeros((64, 8), np.float32).T)
     with pytest.raises(TypeError, match="out"):
         pw.dequantize(out=[[0.0] * 64] * 8)
+
+
+# ------------------------------------------------------------------------- float16 scales
+@pytest.mark.parametrize("fmt", RTN + ["nf4", "fp4"])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_float16_scales_are_the_float16_at_or_above_and_keep_the_half_step_bound(fmt, group_size):
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((40, 256)) * rng.uniform(0.01, 30, size=(40, 1))
+    p32 = mg.quantize(w, fmt, group_size)
+    p16 = mg.quantize(w, fmt, group_size, scale_dtype=np.float16)
+    assert p16.scale_dtype == np.float16 and p16.scales.dtype == np.float32
+    s16, s32 = p16.scales.astype(np.float64), p32.scales.astype(np.float64)
+    np.testing.assert_array_equal(s16.astype(np.float16).astype(np.float64), s16)  # float16 values
+    # The smallest float16 at or above the computed scale, whose float32 rounding is s32.
+    assert (s16 >= s32).all()
+    below = np.nextafter(s16.astype(np.float16), np.float16(0)).astype(np.float64)
+    assert (below < s32 * (1 + 2.0**-23)).all()
+    if fmt == "fp4":  # powers of two in float16's range: the same scales either way
+        assert p32.scale_dtype == np.float16
+        np.testing.assert_array_equal(s16, s32)
+    if fmt in RTN:  # codes are rounded against the stored scale
+        assert (np.abs(p16.dequantize() - w) <= _expand(s16, group_size) / 2 * (1 + 1e-6)).all()
+    x = rng.standard_normal((256, 3)).astype(np.float32)
+    np.testing.assert_allclose(mg.msgemm(p16, x, table="f32"), p16.dequantize() @ x, rtol=1e-4, atol=1e-3)
+    p2 = pickle.loads(pickle.dumps(p16))
+    assert p2.scale_dtype == np.float16 and "float16 scales" in repr(p2)
+
+
+def test_scale_dtype_of_loaded_and_hand_built_weights():
+    codes = np.zeros((4, 64), np.uint8)
+    half = np.full((4, 2), 0.1, np.float16).astype(np.float32)  # float16 values, e.g. GPTQ's scales
+    assert mg.PackedWeights.from_arrays(codes, half, format="int4").scale_dtype == np.float16
+    assert mg.PackedWeights.from_arrays(codes, np.full((4, 2), 0.1, np.float32), format="int4").scale_dtype == np.float32
+    assert mg.PackedWeights.from_arrays(codes, np.full((4, 2), 1e5, np.float32), format="int4").scale_dtype == np.float32
+
+
+def test_float16_scale_errors():
+    w = np.random.default_rng(0).standard_normal((3, 64))
+    with pytest.raises(ValueError, match="row 1, group 0 overflows float16"):
+        mg.quantize(w * np.array([[1.0], [1e6], [1.0]]), "int4", 32, scale_dtype=np.float16)
+    with pytest.raises(ValueError, match="below float16"):  # MX scale 2^-32
+        mg.quantize(w * 2.0**-30, "fp4", 32, scale_dtype=np.float16)
+    assert mg.quantize(w * 2.0**-30, "fp4", 32).scale_dtype == np.float32
+    with pytest.raises(ValueError, match="scale_dtype"):
+        mg.quantize(w, "int4", 32, scale_dtype=np.float64)
+    with pytest.raises(TypeError, match="scale_dtype"):
+        mg.quantize(w, "int4", 32, scale_dtype="half-ish")

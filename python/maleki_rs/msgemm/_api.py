@@ -244,7 +244,16 @@ class PackedWeights:
 
     @property
     def scales(self) -> npt.NDArray[np.float32]:
+        """Scales, shape ``(M, K // group_size)`` float32."""
         return self._cached("scales", self._raw.scales)
+
+    @property
+    def scale_dtype(self) -> np.dtype:
+        """``float16`` when every scale is a float16 value (GPTQ, AWQ and ONNX Runtime
+        scales, MX scales in float16's range, ``quantize(..., scale_dtype=np.float16)``): the
+        kernels then read the scales as float16, half the bytes, with the same results.
+        ``float32`` otherwise. :attr:`scales` is float32 either way."""
+        return np.dtype(np.float16 if self._cached("scales_are_f16", lambda: self._raw.scales_are_f16) else np.float32)
 
     @property
     def zeros(self) -> npt.NDArray[np.float32] | None:
@@ -359,6 +368,7 @@ class PackedWeights:
     def __repr__(self) -> str:
         m, k = self.shape
         zp = ", zero points" if self.zeros is not None else ""
+        zp += ", float16 scales" if self.scale_dtype == np.float16 else ""
         perm = ", act-order" if self.k_perm is not None else ""
         return (f"PackedWeights(shape=({m}, {k}), format={self.format!r}, group_size={self.group_size}"
                 f"{zp}{perm}, nbytes={self.nbytes})")
@@ -561,6 +571,7 @@ def quantize(
     *,
     symmetric: bool | None = None,
     codebook: npt.ArrayLike | None = None,
+    scale_dtype: npt.DTypeLike = np.float32,
 ) -> PackedWeights:
     """Quantizes a weight matrix.
 
@@ -583,6 +594,12 @@ def quantize(
         ``True`` with ``uint*`` fixes the zero point at ``2^(b-1)`` (GPTQ ``sym=True``).
     codebook : array_like, shape (V,), optional
         The 2 to 16 values of ``format='codebook'``.
+    scale_dtype : ``np.float32`` (default) or ``np.float16``
+        Precision of the scales. ``float16`` stores the smallest float16 value at or above
+        each computed scale (as GPTQ, AWQ and ONNX Runtime keep scales): the kernels then read
+        half the scale bytes, worth most for small groups (int2 g64, fp4 g32). Scales must fit
+        float16 (at most 65504; MX scales at least 2^-24), else ``ValueError``. MX (fp4) scales
+        are powers of two: float16 values already whenever they lie in that range.
 
     Returns
     -------
@@ -590,21 +607,33 @@ def quantize(
 
     Notes
     -----
-    Codes are rounded against the stored float32 scale, so for the RTN formats
+    Codes are rounded against the stored scale, so for the RTN formats
     ``|dequantize() - w| <= scale / 2`` elementwise.
     """
     fmt, cb = _check_format(format, codebook)
     arr = _float_array(w, "w", (2,))
     sym = None if symmetric is None else check_bool(symmetric, "symmetric")
     g = _check_group_size(group_size, arr.shape[1])
+    sdt = _check_scale_dtype(scale_dtype)
     if arr.dtype == np.float64:
         w64 = np.require(arr, np.float64, "CA")
         if not np.isfinite(w64).all():
             _check_finite32(w64, "w")
-        raw = _m.Packed.quantize_f64(w64, fmt, g, sym, cb)
+        raw = _m.Packed.quantize_f64(w64, fmt, g, sym, cb, sdt)
     else:
-        raw = _m.Packed.quantize_f32(_as_f32(arr, "w"), fmt, g, sym, cb)
+        raw = _m.Packed.quantize_f32(_as_f32(arr, "w"), fmt, g, sym, cb, sdt)
     return PackedWeights(raw)
+
+
+def _check_scale_dtype(scale_dtype: Any) -> str:
+    """``'float32'`` or ``'float16'`` from a dtype-like."""
+    try:
+        dt = np.dtype(scale_dtype)
+    except TypeError as e:
+        raise TypeError(f"scale_dtype: expected np.float32 or np.float16, got {scale_dtype!r}") from e
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise ValueError(f"scale_dtype: must be float32 or float16, got {dt}")
+    return dt.name
 
 
 def _check_pw(pw: Any) -> PackedWeights:

@@ -9,7 +9,7 @@ use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout, YLayou
 use maleki_msgemm::interop::{self, NBitsZeros};
 use maleki_msgemm::kernels::{self, Backend};
 use maleki_msgemm::layout::LayoutKind;
-use maleki_msgemm::quantize::{quantize, QuantizeOptions};
+use maleki_msgemm::quantize::{quantize, QuantizeOptions, ScaleDtype};
 use maleki_msgemm::{Codebook, Format, PackedWeights, TablePrecision};
 use numpy::ndarray::{Array1, Array2};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
@@ -114,22 +114,18 @@ fn owned_group_data(
 fn quantize_array<T: numpy::Element + Copy + Into<f64> + Sync>(
     py: Python<'_>,
     w: Ro2<'_, T>,
-    format: &str,
-    group_size: Option<usize>,
-    symmetric: Option<bool>,
-    codebook: Option<Vec<f32>>,
+    opts: &QuantizeOptions,
 ) -> PyResult<Packed> {
     let (m, k) = (w.shape()[0], w.shape()[1]);
     let data = slice(&w, "w")?;
-    let opts = quant_opts(format, group_size, symmetric, codebook).map_err(to_pyerr)?;
-    run_quick(py, || quantize(data, m, k, &opts)).map(Packed::wrap)
+    run_quick(py, || quantize(data, m, k, opts)).map(Packed::wrap)
 }
 
 #[pymethods]
 impl Packed {
     /// Quantizes float32 `w` (M, K).
     #[staticmethod]
-    #[pyo3(signature = (w, format, group_size, symmetric, codebook))]
+    #[pyo3(signature = (w, format, group_size, symmetric, codebook, scale_dtype))]
     fn quantize_f32(
         py: Python<'_>,
         w: Ro2<'_, f32>,
@@ -137,13 +133,16 @@ impl Packed {
         group_size: Option<usize>,
         symmetric: Option<bool>,
         codebook: Option<Vec<f32>>,
+        scale_dtype: &str,
     ) -> PyResult<Packed> {
-        quantize_array(py, w, format, group_size, symmetric, codebook)
+        let opts =
+            quant_opts(format, group_size, symmetric, codebook, scale_dtype).map_err(to_pyerr)?;
+        quantize_array(py, w, &opts)
     }
 
     /// Quantizes float64 `w` (M, K).
     #[staticmethod]
-    #[pyo3(signature = (w, format, group_size, symmetric, codebook))]
+    #[pyo3(signature = (w, format, group_size, symmetric, codebook, scale_dtype))]
     fn quantize_f64(
         py: Python<'_>,
         w: Ro2<'_, f64>,
@@ -151,8 +150,11 @@ impl Packed {
         group_size: Option<usize>,
         symmetric: Option<bool>,
         codebook: Option<Vec<f32>>,
+        scale_dtype: &str,
     ) -> PyResult<Packed> {
-        quantize_array(py, w, format, group_size, symmetric, codebook)
+        let opts =
+            quant_opts(format, group_size, symmetric, codebook, scale_dtype).map_err(to_pyerr)?;
+        quantize_array(py, w, &opts)
     }
 
     /// From unpacked codes (M, K) uint8, scales (M, K/G) float32, zeros (M, K/G) or None.
@@ -359,6 +361,11 @@ impl Packed {
     fn nbytes(&self) -> usize {
         self.get().nbytes()
     }
+    /// Whether every scale is a float16 value (then the kernels read them as float16).
+    #[getter]
+    fn scales_are_f16(&self) -> bool {
+        self.get().scales_are_f16()
+    }
     /// Bytes of the caches built on first use (tile layouts, tiled scales and zero points).
     #[getter]
     fn cache_bytes(&self) -> usize {
@@ -471,12 +478,24 @@ fn quant_opts(
     group_size: Option<usize>,
     symmetric: Option<bool>,
     codebook: Option<Vec<f32>>,
+    scale_dtype: &str,
 ) -> CoreResult<QuantizeOptions> {
+    let scale_dtype = match scale_dtype {
+        "float32" => ScaleDtype::F32,
+        "float16" => ScaleDtype::F16,
+        other => {
+            return Err(maleki_common::Error::invalid(
+                "scale_dtype",
+                format!("must be float32 or float16, got {other:?}"),
+            ))
+        }
+    };
     Ok(QuantizeOptions {
         format: Format::from_name(format)?,
         group_size,
         symmetric,
         codebook,
+        scale_dtype,
     })
 }
 

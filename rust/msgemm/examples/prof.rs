@@ -3,13 +3,14 @@
 //! Environment: `M` rows and `K` inputs (default 4096), `G` group size, `D` depth; `TOTAL_ONLY=1` only the whole call, from this thread
 //! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets;
 //! `BACKEND=avx2` a named kernel; `TABLE=i16` a table precision; `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
+//! `SCALES=f16` scales rounded to float16 (the kernels read them as float16),
 //! on this thread. Whole calls are made from this thread, as the Python binding makes them.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
 use maleki_msgemm::kernels::{self, Backend, RowJob};
 use maleki_msgemm::table::TableSet;
 use maleki_msgemm::{
-    gemm_into, quantize, Depth, Format, GemmOptions, QuantizeOptions, TablePrecision,
+    gemm_into, quantize, Depth, Format, GemmOptions, QuantizeOptions, ScaleDtype, TablePrecision,
 };
 use std::time::Instant;
 
@@ -77,6 +78,10 @@ fn main() {
     let qo = QuantizeOptions {
         group_size: Some(g),
         symmetric: Some(fmt != "uint4"),
+        scale_dtype: match std::env::var("SCALES").as_deref() {
+            Ok("f16") => ScaleDtype::F16,
+            _ => ScaleDtype::F32,
+        },
         ..QuantizeOptions::new(f)
     };
     let pw = quantize(&w, m, k, &qo).unwrap();

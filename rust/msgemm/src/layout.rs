@@ -367,9 +367,9 @@ impl TileLayout {
 
 /// Per-(row, group) values `(M, groups)` row-major, re-laid out as `[g][rb][64]` with zero
 /// padding past M.
-pub fn tile_per_group(values: &[f32], m: usize, groups: usize) -> AlignedVec<f32> {
+pub fn tile_per_group<T: bytemuck::Pod>(values: &[T], m: usize, groups: usize) -> AlignedVec<T> {
     let row_blocks = m.div_ceil(ROW_BLOCK);
-    let mut out = AlignedVec::<f32>::zeroed(groups * row_blocks * ROW_BLOCK);
+    let mut out = AlignedVec::<T>::zeroed(groups * row_blocks * ROW_BLOCK);
     for (row, vals) in values.chunks(groups.max(1)).enumerate().take(m) {
         for (g, &v) in vals.iter().enumerate() {
             out[(g * row_blocks + row / ROW_BLOCK) * ROW_BLOCK + row % ROW_BLOCK] = v;

@@ -33,4 +33,4 @@ pub use gemm::{
 pub use kernels::Backend;
 pub use packed::PackedWeights;
 pub use plan::{Plan, TablePrecision};
-pub use quantize::{quantize, QuantizeOptions};
+pub use quantize::{quantize, QuantizeOptions, ScaleDtype};

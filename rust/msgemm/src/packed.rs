@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
 use crate::format::{Codebook, Packing, MAX_DEPTH};
+use crate::kernels::TiledScales;
 use crate::layout::{tile_per_group, IndexData, LayoutKind, TileLayout};
 use crate::plan::Plan;
 
@@ -31,7 +32,7 @@ pub struct PackedWeights {
     k_perm: Option<Arc<[u32]>>,
     /// The tile layouts built so far, by variant ([`LayoutVariant`]) and depth.
     layouts: [[OnceLock<TileLayout>; MAX_DEPTH + 1]; LayoutVariant::COUNT],
-    tiled_scales: OnceLock<AlignedVec<f32>>,
+    tiled_scales: OnceLock<ScaleTiles>,
     tiled_zeros: OnceLock<Option<AlignedVec<f32>>>,
     tiled_mirror_zeros: OnceLock<AlignedVec<f32>>,
     used_codes: OnceLock<Vec<bool>>,
@@ -55,6 +56,19 @@ impl Clone for PackedWeights {
             used_codes: OnceLock::new(),
         }
     }
+}
+
+/// Tiled scales: float16 bits when every scale is a float16 value ([`TiledScales`]).
+#[derive(Debug)]
+enum ScaleTiles {
+    F32(AlignedVec<f32>),
+    F16(AlignedVec<u16>),
+}
+
+/// The float16 bits of `s` when `s` is a float16 value (finite, exactly representable).
+fn exact_f16(s: f32) -> Option<u16> {
+    let h = half::f16::from_f32(s);
+    (h.is_finite() && h.to_f32() == s).then(|| h.to_bits())
 }
 
 /// The cached forms of a tile layout: its [`LayoutKind`] and whether its indices are formed
@@ -355,10 +369,13 @@ impl PackedWeights {
             .flat_map(|set| set.iter())
             .filter_map(|c| c.get().map(layout))
             .sum();
-        let floats = [&self.tiled_scales, &self.tiled_mirror_zeros]
-            .iter()
-            .filter_map(|c| c.get().map(|v| v.capacity_bytes()))
-            .sum::<usize>()
+        let floats = self.tiled_scales.get().map_or(0, |t| match t {
+            ScaleTiles::F32(v) => v.capacity_bytes(),
+            ScaleTiles::F16(v) => v.capacity_bytes(),
+        }) + self
+            .tiled_mirror_zeros
+            .get()
+            .map_or(0, |v| v.capacity_bytes())
             + self
                 .tiled_zeros
                 .get()
@@ -640,12 +657,33 @@ impl PackedWeights {
         layout.get().is_some() && self.tiled_scales.get().is_some() && zeros
     }
 
-    /// Scales tiled `[g][row_block][64]`.
-    pub fn tiled_scales(&self) -> &[f32] {
-        let tiled: &AlignedVec<f32> = fill(&self.tiled_scales, || {
-            tile_per_group(&self.scales, self.m, self.groups())
+    /// Scales tiled `[g][row_block][64]`: as float16 bits when every scale is a float16
+    /// value (the kernels then read half the bytes for the same results), float32 otherwise.
+    pub fn tiled_scales(&self) -> TiledScales<'_> {
+        let tiled = fill(&self.tiled_scales, || {
+            let (m, groups) = (self.m, self.groups());
+            match self
+                .scales
+                .iter()
+                .map(|&s| exact_f16(s))
+                .collect::<Option<Vec<u16>>>()
+            {
+                Some(bits) => ScaleTiles::F16(tile_per_group(&bits, m, groups)),
+                None => ScaleTiles::F32(tile_per_group(&self.scales, m, groups)),
+            }
         });
-        tiled
+        match tiled {
+            ScaleTiles::F32(v) => TiledScales::F32(v),
+            ScaleTiles::F16(v) => TiledScales::F16(v),
+        }
+    }
+
+    /// Whether every scale is a float16 value, so that the kernels read them as float16.
+    pub fn scales_are_f16(&self) -> bool {
+        match self.tiled_scales.get() {
+            Some(t) => matches!(t, ScaleTiles::F16(_)),
+            None => self.scales.iter().all(|&s| exact_f16(s).is_some()),
+        }
     }
 
     /// Zero points tiled `[g][row_block][64]` (value units of the plain codebook).

@@ -21,6 +21,41 @@ pub struct QuantizeOptions {
     pub symmetric: Option<bool>,
     /// Values of a `Format::Codebook` (2..=16 distinct finite values).
     pub codebook: Option<Vec<f32>>,
+    /// The precision of the stored scales.
+    pub scale_dtype: ScaleDtype,
+}
+
+/// The precision of the scales [`quantize`] stores (always as float32 values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScaleDtype {
+    /// The float32 nearest the computed scale.
+    #[default]
+    F32,
+    /// The smallest float16 value at or above the computed scale (so the largest weight of a
+    /// group still maps inside the code range), as GPTQ, AWQ and ONNX Runtime store scales; the
+    /// kernels then read half the scale bytes. MX (fp4) scales are powers of two and must lie
+    /// in float16's range, `2^-24 ..= 2^15`.
+    F16,
+}
+
+impl ScaleDtype {
+    /// The stored scale for a computed scale `x >= 0` (infinite when it overflows).
+    fn fit(self, x: f64) -> f32 {
+        match self {
+            ScaleDtype::F32 => x as f32,
+            ScaleDtype::F16 => {
+                let h = half::f16::from_f64(x);
+                // Round up: `from_f64` rounds to nearest. `x >= 0`, so the next float16 up is
+                // the next bit pattern (65504 -> infinity).
+                let h = if h.to_f64() < x {
+                    half::f16::from_bits(h.to_bits() + 1)
+                } else {
+                    h
+                };
+                h.to_f32()
+            }
+        }
+    }
 }
 
 impl QuantizeOptions {
@@ -30,6 +65,7 @@ impl QuantizeOptions {
             group_size: Some(128),
             symmetric: None,
             codebook: None,
+            scale_dtype: ScaleDtype::F32,
         }
     }
 }
@@ -206,6 +242,7 @@ fn quantize_group<T: Copy + Into<f64>>(
     scheme: Scheme,
     levels: &Levels,
     cb: &Codebook,
+    fit: ScaleDtype,
     codes: &mut [u8],
 ) -> (f32, Option<f32>) {
     let maxabs = w.iter().fold(0f64, |m, &x| m.max(x.into().abs()));
@@ -214,7 +251,7 @@ fn quantize_group<T: Copy + Into<f64>>(
         Scheme::Symmetric { bits } | Scheme::UnsignedSymmetric { bits } => {
             let half = 1i32 << (bits - 1);
             let qmax = half - 1;
-            let s = (maxabs / f64::from(qmax)) as f32;
+            let s = fit.fit(maxabs / f64::from(qmax));
             for (c, &x) in codes.iter_mut().zip(w) {
                 let q = if s == 0.0 {
                     0
@@ -230,7 +267,7 @@ fn quantize_group<T: Copy + Into<f64>>(
             let top = f64::from((1u32 << bits) - 1);
             let lo = w.iter().fold(0f64, |m, &x| m.min(x.into()));
             let hi = w.iter().fold(0f64, |m, &x| m.max(x.into()));
-            let s = ((hi - lo) / top) as f32;
+            let s = fit.fit((hi - lo) / top);
             if s == 0.0 {
                 codes.fill(0);
                 return (0.0, Some(0.0));
@@ -243,7 +280,7 @@ fn quantize_group<T: Copy + Into<f64>>(
             (s, Some(z as f32))
         }
         Scheme::Ternary => {
-            let s = maxabs as f32;
+            let s = fit.fit(maxabs);
             for (c, &x) in codes.iter_mut().zip(w) {
                 let t = if s == 0.0 {
                     0.0
@@ -256,7 +293,7 @@ fn quantize_group<T: Copy + Into<f64>>(
         }
         Scheme::Nearest => {
             let vmax = levels.max_abs();
-            let s = (maxabs / vmax) as f32;
+            let s = fit.fit(maxabs / vmax);
             for (c, &x) in codes.iter_mut().zip(w) {
                 *c = if s == 0.0 {
                     levels.nearest(0.0)
@@ -336,12 +373,31 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(
                     scheme,
                     &levels,
                     &cb,
+                    opts.scale_dtype,
                     &mut c[gi * g..(gi + 1) * g],
                 );
                 s[gi] = sc;
                 z[gi] = zp.unwrap_or(0.0);
             }
         });
+    if opts.scale_dtype == ScaleDtype::F16 {
+        let f16_value = |s: f32| s.is_finite() && half::f16::from_f32(s).to_f32() == s;
+        if let Some(i) = scales.iter().position(|&s| !f16_value(s)) {
+            let (row, group) = (i / groups, i % groups);
+            let why = if scales[i].is_finite() {
+                format!(
+                    "({:e}) is below float16's range (MX scales down to 2^-24)",
+                    scales[i]
+                )
+            } else {
+                "overflows float16 (largest value 65504)".to_string()
+            };
+            return Err(Error::invalid(
+                "scale_dtype",
+                format!("the scale of row {row}, group {group} {why}: use float32 scales"),
+            ));
+        }
+    }
     if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
         return Err(Error::invalid(
             "w",
@@ -433,7 +489,10 @@ mod tests {
             Format::Uint4,
             Format::Ternary,
         ] {
-            for sym in [None, Some(false)] {
+            for (sym, dt) in [None, Some(false)]
+                .into_iter()
+                .flat_map(|s| [(s, ScaleDtype::F32), (s, ScaleDtype::F16)])
+            {
                 if f == Format::Ternary && sym == Some(false) {
                     continue;
                 }
@@ -442,18 +501,76 @@ mod tests {
                     group_size: Some(32),
                     symmetric: sym,
                     codebook: None,
+                    scale_dtype: dt,
                 };
                 let pw = quantize(&w, m, k, &opts).unwrap();
+                assert_eq!(pw.scales_are_f16(), dt == ScaleDtype::F16, "{f:?} {sym:?}");
                 let wd = pw.dequantize();
                 for i in 0..m * k {
                     let s = f64::from(pw.scales()[(i / k) * 2 + (i % k) / 32]);
                     assert!(
                         (wd[i] - w[i]).abs() <= s / 2.0 * (1.0 + 1e-12),
-                        "{f:?} {sym:?} i={i}"
+                        "{f:?} {sym:?} {dt:?} i={i}"
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn float16_scales_are_the_float16_at_or_above_the_computed_scale() {
+        let f16 = ScaleDtype::F16;
+        assert_eq!(f16.fit(1.0), 1.0);
+        assert_eq!(f16.fit(0.0), 0.0);
+        // 1 + 2^-11 lies between the float16 values 1 and 1 + 2^-10: up, not to nearest.
+        assert_eq!(f16.fit(1.0 + 2f64.powi(-11)), 1.0 + 2f32.powi(-10));
+        assert_eq!(f16.fit(1.0 + 2f64.powi(-20)), 1.0 + 2f32.powi(-10));
+        assert_eq!(f16.fit(65504.0), 65504.0);
+        assert_eq!(f16.fit(65504.5), f32::INFINITY);
+        // Subnormal float16 values are kept (exact, coarser steps).
+        assert_eq!(f16.fit(1e-8), 2f32.powi(-24));
+        for i in 1..2000 {
+            let x = f64::from(i) * 0.0137 + 1e-4;
+            let s = f16.fit(x);
+            let h = half::f16::from_f32(s);
+            assert_eq!(h.to_f32(), s);
+            assert!(
+                f64::from(s) >= x
+                    && h.to_bits() == half::f16::from_f64(x).to_bits().max(h.to_bits())
+            );
+            assert!(half::f16::from_bits(h.to_bits() - 1).to_f64() < x, "{x}");
+        }
+    }
+
+    #[test]
+    fn float16_scales_out_of_range_are_reported() {
+        let (m, k) = (2, 32);
+        let mut w = vec![0.5f64; m * k];
+        w[40] = 1e6; // row 1, group 0: int4 scale 1e6 / 7 > 65504
+        let opts = QuantizeOptions {
+            group_size: Some(32),
+            scale_dtype: ScaleDtype::F16,
+            ..QuantizeOptions::new(Format::Int4)
+        };
+        let e = quantize(&w, m, k, &opts).unwrap_err().to_string();
+        assert!(
+            e.contains("scale_dtype") && e.contains("row 1, group 0"),
+            "{e}"
+        );
+        // An MX scale below float16's range: 2^-30.
+        let w = vec![2f64.powi(-28); m * k];
+        let opts = QuantizeOptions {
+            scale_dtype: ScaleDtype::F16,
+            group_size: Some(32),
+            ..QuantizeOptions::new(Format::Fp4)
+        };
+        assert!(quantize(&w, m, k, &opts).is_err());
+        let opts = QuantizeOptions {
+            scale_dtype: ScaleDtype::F32,
+            ..opts
+        };
+        let pw = quantize(&w, m, k, &opts).unwrap();
+        assert!(!pw.scales_are_f16());
     }
 
     #[test]

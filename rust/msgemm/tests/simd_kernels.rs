@@ -53,6 +53,26 @@ fn weights_from(
     PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap()
 }
 
+/// `pw` with its scales rounded to float16 values.
+fn with_f16_scales(pw: &PackedWeights) -> PackedWeights {
+    let scales = pw
+        .scales()
+        .iter()
+        .map(|&s| half::f16::from_f32(s).to_f32())
+        .collect();
+    PackedWeights::from_codes(
+        pw.codebook().clone(),
+        pw.m(),
+        pw.k(),
+        pw.group_size(),
+        &pw.codes(),
+        scales,
+        pw.zeros().map(<[f32]>::to_vec),
+        None,
+    )
+    .unwrap()
+}
+
 /// Equal length and equal bits everywhere.
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -216,6 +236,17 @@ fn simd_equals_scalar_bitwise_on_every_format() {
                     &pw,
                     depths,
                     &format!("{} m={m} g={g} zeros={zeros}", cb.format().name()),
+                );
+                // The same with float16 scales (the kernels read them as float16).
+                let pw = with_f16_scales(&pw);
+                assert!(pw.scales_are_f16());
+                ran += check(
+                    &pw,
+                    depths,
+                    &format!(
+                        "{} m={m} g={g} zeros={zeros} f16 scales",
+                        cb.format().name()
+                    ),
                 );
             }
         }
@@ -654,4 +685,78 @@ fn int16_partial_sums_at_their_worst_case() {
         }
     }
     assert!(ran > 0);
+}
+
+#[test]
+fn float16_tiled_scales_give_the_float32_bits() {
+    // Weights whose scales are float16 values are tiled as float16; every kernel (the scalar
+    // one included) must give the bits of the scalar kernel on float32 tiles of the same
+    // scales.
+    let cases = [
+        (Format::Int4, 2usize, false, false),
+        (Format::Uint4, 1, true, false),
+        (Format::Int2, 4, false, true),
+        (Format::Ternary, 5, false, true),
+        (Format::Fp4, 2, false, false),
+    ];
+    let mut ran = 0;
+    for (i, &(f, d, zeros, mirror)) in cases.iter().enumerate() {
+        let cb = Codebook::new(f).unwrap();
+        let pw = with_f16_scales(&weights(&cb, 5 * 64 - 3, 256, 64, zeros, 90 + i as u64));
+        assert!(pw.scales_are_f16());
+        let f32_tiles = maleki_msgemm::layout::tile_per_group(pw.scales(), pw.m(), pw.groups());
+        for (n, precision) in [
+            (1usize, TablePrecision::I8),
+            (3, TablePrecision::I8),
+            (2, TablePrecision::I16),
+            (1, TablePrecision::F32),
+        ] {
+            let opts = GemmOptions {
+                depth: Depth::Fixed(d),
+                precision,
+                backend: Backend::Scalar,
+                mirror,
+            };
+            let Ok(plan) = make_plan(&pw, n, &opts) else {
+                continue;
+            };
+            let x = activations(256, n, 70 + n as u64);
+            let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
+            let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
+            build_scalar(&plan, &xt, &mut set, true);
+            let layout = pw.layout_for(&plan, LayoutKind::Plain).unwrap();
+            let job = kernels::RowJob {
+                plan: &plan,
+                layout,
+                scales: kernels::TiledScales::F32(&f32_tiles),
+                zeros: maleki_msgemm::gemm::job_zeros(&pw, &plan),
+                tables: &set,
+                row_blocks: 0..plan.row_blocks,
+            };
+            let mut want = vec![0f32; job.span() * n];
+            kernels::select(Backend::Scalar, &plan)
+                .unwrap()
+                .accumulate(&job, &mut want);
+            let all = kernels::registered().into_iter().filter(|k| k.available());
+            for k in all.filter(|k| k.backend() != Backend::Reference && k.supports(&plan)) {
+                let lay = pw.layout_for(&plan, k.layout_kind(&plan)).unwrap();
+                let job = kernels::RowJob {
+                    layout: lay,
+                    scales: pw.tiled_scales(),
+                    row_blocks: 0..plan.row_blocks,
+                    ..job
+                };
+                assert!(matches!(job.scales, kernels::TiledScales::F16(_)));
+                let mut got = vec![0f32; job.span() * n];
+                k.accumulate(&job, &mut got);
+                assert!(
+                    same_bits(&got, &want),
+                    "{f:?} d={d} {precision:?} n={n} {:?}",
+                    k.backend()
+                );
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 15, "only {ran} comparisons ran");
 }

@@ -29,8 +29,8 @@ use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, RowJob, SmallTables, Zeros,
-    SMALL_MAX_TUPLES,
+    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, RowJob, SmallTables,
+    TiledScales, Zeros, SMALL_MAX_TUPLES,
 };
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
@@ -48,7 +48,8 @@ impl LutKernel for Avx2 {
     }
 
     fn available(&self) -> bool {
-        is_x86_feature_detected!("avx2")
+        // F16C widens float16 tiled scales (every AVX2 CPU has it).
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
     }
 
     fn supports(&self, plan: &Plan) -> bool {
@@ -209,7 +210,7 @@ unsafe fn widen_half<const SHIFT: i32>(
     }
 }
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
     let paired = job.layout.paired;
     // SAFETY: the callee's contract is this function's.
@@ -230,7 +231,7 @@ unsafe fn run_i8(job: &RowJob<'_>, ix: &[u8], tab: &[i8], y: &mut [f32]) {
 /// interleaved and summed pairwise with their multipliers into int16 (`vpmaddubsw`), widened
 /// to int32 every `I8_CHUNK` tuples (exact: see `table::I8_BUDGET`), then the epilogue on 8 rows
 /// per vector in the scalar kernel's order of operations.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn run_i8_k<const KIND: u8, const PAIRED: bool>(
     job: &RowJob<'_>,
     ix: &[u8],
@@ -368,7 +369,7 @@ unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
 /// zsum; u *= tscale; y += s * u`, separate multiplies and adds) on 8 rows per vector, the
 /// same IEEE operations lane by lane.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn epilogue_rows(
     job: &RowJob<'_>,
     sums: &[i32; ROW_BLOCK],
@@ -400,7 +401,13 @@ unsafe fn epilogue_rows(
                 u = _mm256_sub_ps(u, _mm256_mul_ps(z, zv));
             }
             u = _mm256_mul_ps(u, tv);
-            let s = _mm256_loadu_ps(job.scales[sz + r..sz + r + 8].as_ptr());
+            let s = match job.scales {
+                TiledScales::F32(s) => _mm256_loadu_ps(s[sz + r..sz + r + 8].as_ptr()),
+                // Exact: every float16 value is a float32 value.
+                TiledScales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(
+                    h[sz + r..sz + r + 8].as_ptr() as *const __m128i,
+                )),
+            };
             let yp = yb.as_mut_ptr().add(r);
             _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(s, u)));
         }
@@ -409,7 +416,7 @@ unsafe fn epilogue_rows(
         yb[r] = epilogue(
             plan,
             sums[r] as f32,
-            job.scales[sz + r],
+            job.scales.at(sz + r),
             job.zeros.at(sz + r),
             tsc,
             zs,
@@ -422,7 +429,7 @@ unsafe fn epilogue_rows(
 /// pairs of low bytes, `64 * 510 < 2^15` (the high bytes' pairs lie in `[-256, 254]`).
 const I16_CHUNK: usize = 128;
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn run_i16(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
     // SAFETY: the callee's contract is this function's.
     unsafe {
@@ -441,7 +448,7 @@ unsafe fn run_i16(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
 /// pairwise into int16 (`vpmaddubsw`), widened to int32 every `I16_CHUNK` tuples with the
 /// high sums times 256. Exact integer sums, so the same bits as the scalar kernel, whose
 /// epilogue follows on 8 rows per vector.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn run_i16_k<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], y: &mut [f32]) {
     // SAFETY: pointers stay inside the layout / table slices (offsets from the plan); the
     // layout's slots start on 64-byte boundaries (`AlignedVec`).
@@ -472,7 +479,7 @@ unsafe fn run_i16_k<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16]
 /// `planes[32 t + 16 ..][..16]` (lanes past the slot: the next tuple's entries or zeros,
 /// which no index selects).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn split_planes(tab: &[i16], slot: usize, pg: usize, planes: &mut [u8]) {
     // Per 128-bit lane: the even (low) bytes of its 8 entries, then the odd (high) ones.
     let even_odd = _mm256_setr_epi8(
@@ -587,7 +594,7 @@ unsafe fn lookup16<const WIDE: bool>(tb: &[__m256; 2], idx: __m256i) -> __m256 {
     }
 }
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
     // Tables of more than 8 entries: two `vpermps` and a blend on index bit 3.
     let wide = job.plan.slot > 8;
@@ -606,7 +613,7 @@ unsafe fn run_f32(job: &RowJob<'_>, ix: &[u8], tab: &[f32], y: &mut [f32]) {
 
 /// The `f32` kernel for mirror kind `KIND` and tables of up to 16 (`WIDE`) or 8 entries: 8 rows
 /// per vector, the tuples' entries added in ascending order, then the epilogue.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
     job: &RowJob<'_>,
     ix: &[u8],
@@ -680,7 +687,7 @@ unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
                         y[yi] = epilogue(
                             plan,
                             pv,
-                            job.scales[sz + lane],
+                            job.scales.at(sz + lane),
                             z,
                             tabs.tscale[gn],
                             tabs.zsum[gn],
@@ -738,7 +745,7 @@ impl BuildConsts {
 ///
 /// # Safety
 /// The CPU has AVX2.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
     let blen = set.block_len();
     let consts = BuildConsts::new(plan);
@@ -817,7 +824,7 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [__m256
 /// ([`small_i16_block`] on 8 lanes): the activations quantized (`cvtps2dq` rounds to nearest
 /// even, as `round_small`; clamped to +-127.5 before and +-127 after), each tuple's entries
 /// the exact integer sums of the products `int_values[c] * xq` of its digits (order-free).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i16]) -> (f32, f32) {
     let ints = plan
         .int_values
@@ -886,7 +893,7 @@ unsafe fn build_block_i16(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [i
 /// `(max |x|, whether x holds a NaN)` (a scalar fold with `f32::max`, which skips NaN, and a
 /// NaN test per value did not vectorize: a fifth of the int4 build).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn maxabs_nan(xs: &[f32]) -> (f32, bool) {
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
     let (mut m, mut bad) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -913,7 +920,7 @@ unsafe fn maxabs_nan(xs: &[f32]) -> (f32, bool) {
 /// One `(group, column)` block of `f32` tables, bitwise equal to [`table::build_block`]: each
 /// tuple's entries ([`entries`]; those past its built entries 0), `tscale` 1, `zsum` the
 /// sequential sum of the group's activations when the plan has a zero term.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f32]) -> (f32, f32) {
     let tp = plan.tuples;
     let slot = plan.slot;
@@ -943,7 +950,7 @@ unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f
 /// recomputed and rounded (`cvtps2dq` rounds to nearest even, the MXCSR default, as
 /// `round_ties_even`; clamping to +-127 before rounding gives the scalar
 /// `clamp(round(clamp(v, +-127.5)), +-127)`).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn build_block_i8(
     plan: &Plan,
     c: &BuildConsts,
@@ -1043,7 +1050,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 /// [`table::i8_scaling`] with its per-tuple loops on 8 lanes ([`table::i8_scaling_by`]): the
 /// same multipliers, factors and scale (a test compares them). The scalar loops were two
 /// thirds of the build.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn i8_scaling(amax: &[f32], mult: &mut [u8], rm: &mut [f32]) -> f32 {
     table::i8_scaling_by(amax, mult, rm, |q, mf, mut out| {
         // SAFETY: AVX2 is enabled (the closure inherits it); `load8` reads lanes below
@@ -1077,8 +1084,8 @@ mod tests {
 
     #[test]
     fn i8_scaling_equals_the_scalar_scaling() {
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was checked above.
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+            // SAFETY: AVX2 and F16C were checked above.
             table::check_i8_scaling(8, |a, m, r| unsafe { i8_scaling(a, m, r) });
         }
     }

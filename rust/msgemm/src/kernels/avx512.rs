@@ -29,7 +29,7 @@
 use std::arch::x86_64::*;
 
 use crate::format::Involution;
-use crate::kernels::{Backend, LutKernel, RowJob, Zeros};
+use crate::kernels::{Backend, LutKernel, RowJob, TiledScales, Zeros};
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
@@ -410,16 +410,7 @@ unsafe fn drive_int(
                 // hardware prefetchers miss; without this the epilogue stalls on them.
                 if let Some((b, gg)) = next {
                     let off = (gg * plan.row_blocks + b) * ROW_BLOCK;
-                    let lines = (job.row_blocks.end - b).min(max_tile) * (ROW_BLOCK * 4 / 64);
-                    for i in 0..lines {
-                        let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
-                        _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
-                        if let Some(z) = job.zeros.tiled() {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                z.as_ptr().wrapping_add(off + 16 * i) as *const i8
-                            );
-                        }
-                    }
+                    prefetch_epilogue(job, off, (job.row_blocks.end - b).min(max_tile));
                 }
                 f(g, n, rb, nrb, pf_next, &mut acc);
                 for (i, a) in acc.iter().enumerate().take(nrb) {
@@ -781,11 +772,40 @@ unsafe fn widen_rows(lo: __m512i, hi: __m512i, perm: &(__m512i, __m512i)) -> [__
     }
 }
 
+/// Prefetches the tiled scales (and zero points) of `blocks` row blocks from tiled offset
+/// `off`: short strided streams that the hardware prefetchers miss; without this the epilogue
+/// stalls on them.
+#[inline(always)]
+fn prefetch_epilogue(job: &RowJob<'_>, off: usize, blocks: usize) {
+    let scale_lines = blocks * ROW_BLOCK * job.scales.elem_bytes() / 64;
+    for i in 0..scale_lines {
+        // SAFETY: prefetching never faults; SSE is part of x86-64.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(job.scales.addr(off + 64 / job.scales.elem_bytes() * i))
+        };
+    }
+    if let Some(z) = job.zeros.tiled() {
+        for i in 0..blocks * ROW_BLOCK * 4 / 64 {
+            let zp = z.as_ptr().wrapping_add(off + 16 * i) as *const i8;
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(zp) };
+        }
+    }
+}
+
+/// Tiled scales at a tile's first row block.
+#[derive(Clone, Copy)]
+enum ScalePtr {
+    F32(*const f32),
+    /// float16 bits.
+    F16(*const u16),
+}
+
 /// The epilogue constants of one (group, column) for the rows of a tile.
 struct TileEpi<'a> {
     plan: &'a Plan,
     /// Tiled scales at the tile's first row block.
-    scales: *const f32,
+    scales: ScalePtr,
     zeros: Zeros<'a>,
     /// Offset of the tile's first row block in the tiled arrays.
     sz: usize,
@@ -814,7 +834,12 @@ unsafe fn epilogue16(e: &TileEpi<'_>, mut u: __m512, i: usize, lanes: usize) {
         if e.plan.precision != TablePrecision::F32 {
             u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
         }
-        let su = _mm512_mul_ps(_mm512_loadu_ps(e.scales.add(i)), u);
+        let s = match e.scales {
+            ScalePtr::F32(p) => _mm512_loadu_ps(p.add(i)),
+            // Exact: every float16 value is a float32 value.
+            ScalePtr::F16(p) => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(i) as *const __m256i)),
+        };
+        let su = _mm512_mul_ps(s, u);
         let yp = e.dst.add(i);
         if lanes == 16 {
             _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
@@ -855,7 +880,10 @@ fn block_epi<'a>(job: &RowJob<'a>, g: usize, n: usize, b: usize, y: &mut [f32]) 
     let y0 = n * job.span() + b * ROW_BLOCK - job.row_blocks.start * ROW_BLOCK;
     TileEpi {
         plan,
-        scales: job.scales.as_ptr().wrapping_add(sz),
+        scales: match job.scales {
+            TiledScales::F32(s) => ScalePtr::F32(s.as_ptr().wrapping_add(sz)),
+            TiledScales::F16(h) => ScalePtr::F16(h.as_ptr().wrapping_add(sz)),
+        },
         zeros: job.zeros,
         sz,
         tsc: job.tables.tscale[gn],
@@ -966,16 +994,7 @@ unsafe fn run_i8_t<const NZ: usize, const MIR: u8>(
                 // The next tile's scales and zero points: short strided streams that the
                 // hardware prefetchers miss.
                 let off = (gg * plan.row_blocks + b) * ROW_BLOCK;
-                let lines = (rbs.end - b).min(RB_TILE) * (ROW_BLOCK * 4 / 64);
-                for i in 0..lines {
-                    let sp = job.scales.as_ptr().wrapping_add(off + 16 * i);
-                    _mm_prefetch::<_MM_HINT_T0>(sp as *const i8);
-                    if let Some(z) = job.zeros.tiled() {
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            z.as_ptr().wrapping_add(off + 16 * i) as *const i8
-                        );
-                    }
-                }
+                prefetch_epilogue(job, off, (rbs.end - b).min(RB_TILE));
             }
             let row_ptr = |r: usize| unsafe { ib.add(lay.slot(g, rb + r, 0)) };
             // Columns one after the other over the same row tile: its indices (`nrb` x 4 KiB

@@ -107,6 +107,48 @@ impl Zeros<'_> {
     }
 }
 
+/// The tiled scales `s[m, g]` of a job (`[g][rb][64]`, padding rows 0), as the kernels read them.
+///
+/// When every scale is a float16 value (GPTQ, AWQ and ONNX Runtime store them so, MX scales are
+/// powers of two, `quantize(..., scale_dtype=float16)` rounds them so) they are kept as float16
+/// bits: the kernels read half the bytes and widen them to the same float32 values, so results
+/// do not depend on the variant.
+#[derive(Debug, Clone, Copy)]
+pub enum TiledScales<'a> {
+    F32(&'a [f32]),
+    /// IEEE binary16 bits.
+    F16(&'a [u16]),
+}
+
+impl TiledScales<'_> {
+    /// `s` at offset `i` of the tiled layout (`i = (g * row_blocks + rb) * 64 + lane`).
+    #[inline(always)]
+    pub fn at(&self, i: usize) -> f32 {
+        match self {
+            TiledScales::F32(s) => s[i],
+            TiledScales::F16(h) => half::f16::from_bits(h[i]).to_f32(),
+        }
+    }
+
+    /// Bytes per scale (4 or 2).
+    #[inline(always)]
+    pub fn elem_bytes(&self) -> usize {
+        match self {
+            TiledScales::F32(_) => 4,
+            TiledScales::F16(_) => 2,
+        }
+    }
+
+    /// Address of the scale at offset `i`, for prefetching (may point past the end).
+    #[inline(always)]
+    pub fn addr(&self, i: usize) -> *const i8 {
+        match self {
+            TiledScales::F32(s) => s.as_ptr().wrapping_add(i) as *const i8,
+            TiledScales::F16(h) => h.as_ptr().wrapping_add(i) as *const i8,
+        }
+    }
+}
+
 /// Mirror constants of the 16-entry-table kernels (AVX2, NEON) for the regular tuples (`[0]`)
 /// and a group's last tuple (`[1]`): threshold `h = used_entries(r)` (indices `>= h` are
 /// mirrored) and the index-map constant (xor mask or `V^r - 1`); `kind` 0 none, 1 xor (sign
@@ -325,7 +367,7 @@ pub struct RowJob<'a> {
     /// ([`LutKernel::layout_kind`]: mirror-folded or paired) or plain.
     pub layout: &'a TileLayout,
     /// Scales tiled `[g][rb][64]`.
-    pub scales: &'a [f32],
+    pub scales: TiledScales<'a>,
     /// Effective zero points in units of `plan.table_values`; `Zeros::None` exactly when
     /// `!plan.zero_term`.
     pub zeros: Zeros<'a>,

@@ -223,7 +223,7 @@ fn epilogue_rows(
         *yr = epilogue(
             plan,
             sums[r] as f32,
-            job.scales[sz + r],
+            job.scales.at(sz + r),
             job.zeros.at(sz + r),
             tabs.tscale[gn],
             tabs.zsum[gn],

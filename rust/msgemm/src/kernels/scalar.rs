@@ -176,7 +176,7 @@ fn run<I: Index, E: Entry>(job: &RowJob<'_>, ix: &[I], tab: &[E], y: &mut [f32])
         let rows = (plan.m - rb * ROW_BLOCK).min(ROW_BLOCK);
         for g in tabs.groups.clone() {
             let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
-            let scales = &job.scales[sz..sz + ROW_BLOCK];
+            let scales: [f32; ROW_BLOCK] = std::array::from_fn(|i| job.scales.at(sz + i));
             for n in tabs.cols.clone() {
                 acc.fill(E::zero());
                 // `i8` tables: the per-tuple multipliers (1 for the other precisions).
