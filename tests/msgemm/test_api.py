@@ -70,6 +70,27 @@ def test_any_float_dtype_order_and_view(pw):
     np.testing.assert_array_equal(a.packed, b.packed)
 
 
+def test_bfloat16_activations_and_weights():
+    # ml_dtypes' bfloat16 (JAX, LLM checkpoints): widened exactly to float32, so the results
+    # are those of the float32 copies.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((96, 256)).astype(ml_dtypes.bfloat16)
+    x = rng.standard_normal((3, 256)).astype(ml_dtypes.bfloat16)
+    pw = mg.quantize(w, "int4", 64)
+    ref = mg.quantize(w.astype(np.float32), "int4", 64)
+    np.testing.assert_array_equal(pw.packed, ref.packed)
+    np.testing.assert_array_equal(pw.scales, ref.scales)
+    want = mg.linear(x.astype(np.float32), pw)
+    np.testing.assert_array_equal(mg.linear(x, pw), want)
+    np.testing.assert_array_equal(mg.msgemm(pw, x.T), want.T)
+    x[1, 7] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        mg.linear(x, pw)
+    with pytest.raises(TypeError, match="bfloat16"):
+        mg.msgemm(pw, np.zeros(256, ml_dtypes.float8_e4m3fn))
+
+
 def test_out_and_linear(pw):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((512, 3)).astype(np.float32)

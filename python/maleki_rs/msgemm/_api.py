@@ -43,7 +43,11 @@ def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
         raise TypeError(f"{name}: expected a float array, got None")
     arr = np.asarray(x)
     if arr.dtype.kind != "f":
-        raise TypeError(f"{name}: expected a floating-point array (float16/32/64), got dtype {arr.dtype}")
+        if arr.dtype.name != "bfloat16":
+            raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or ml_dtypes bfloat16), "
+                            f"got dtype {arr.dtype}")
+        # bfloat16 (ml_dtypes, as JAX and LLM checkpoints use it): every value is a float32 one.
+        arr = arr.astype(np.float32)
     if arr.ndim not in ndims:
         want = (f"{ndims[0]}-D to {ndims[-1]}-D" if len(ndims) > 2 and ndims == tuple(range(ndims[0], ndims[-1] + 1))
                 else " or ".join(f"{d}-D" for d in ndims))
@@ -577,7 +581,7 @@ def quantize(
 
     Parameters
     ----------
-    w : array_like, shape (M, K), float16/float32/float64
+    w : array_like, shape (M, K), float16/float32/float64 or ml_dtypes bfloat16
         Rows are output features (the ``nn.Linear.weight`` convention). Any memory order.
     format : str
         ``int4``, ``int3``, ``int2`` (round-to-nearest, absmax scale ``max|w| / (2^(b-1)-1)``),
@@ -700,7 +704,7 @@ def msgemm(
     ----------
     pw : PackedWeights
         Weights of shape (M, K).
-    x : array_like, shape (K,) or (K, N), float16/float32/float64
+    x : array_like, shape (K,) or (K, N), float16/float32/float64 or ml_dtypes bfloat16
         Activations; any memory order (a Fortran-order ``x`` is read without a copy).
         Computed in float32.
     depth : int or "auto"
@@ -810,7 +814,7 @@ def linear(
 
     Parameters
     ----------
-    x : array_like, shape (..., K), float
+    x : array_like, shape (..., K), float16/float32/float64 or ml_dtypes bfloat16
     pw : PackedWeights
         Weights ``(M, K)`` (``nn.Linear.weight`` convention: rows are output features).
     depth, table, backend, threads, mirror
