@@ -394,6 +394,32 @@ def main() -> None:
         )
     )
 
+    # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------
+    shrows = []
+    shapes = [(11008, 4096), (4096, 11008), (14336, 4096)]
+    for sm, sk in shapes[: 1 if args.quick else len(shapes)]:
+        ws = rng.standard_normal((sm, sk), dtype=np.float32)
+        pw = mg.quantize(ws, format="int4", group_size=128)
+        wd = pw.dequantize(np.float32)
+        del ws
+        sess = ort_session(pw, 4, 4, th)
+        for n in (1, 16):
+            xs = rng.standard_normal(sk if n == 1 else (sk, n), dtype=np.float32)
+            fns = {"ours": lambda: mg.msgemm(pw, xs), "a0": lambda: wd @ xs}
+            if sess is not None:
+                fns["ort4"] = lambda: ort_run(sess, xs)
+            tt = timeit_rounds(fns, repeat=max(3, rep // 3), number=2 if n == 1 else 1, rounds=4)
+            t_ours, t_a0 = tt["ours"], tt["a0"]
+            ort_cell = (f"{fmt_ms(tt['ort4'])} ({tt['ort4']['min'] / t_ours['min']:.2f}x)" if sess is not None else "—")
+            shrows.append([f"{sm} x {sk}", n, fmt_ms(t_ours), gbs(read_bytes(pw), t_ours), fmt_ms(t_a0),
+                           f"{t_a0['min'] / t_ours['min']:.1f}x", ort_cell])
+            print("shapes", shrows[-1], flush=True)
+        del wd, pw, sess
+    lines.append(f"\n### int4 g128 on the LLaMA shapes (M x K), {th} threads, warm\n")
+    lines.append(
+        _report.table(["M x K", "N", "ours ms", "ours GB/s", "A0 numpy ms", "ours vs A0", "ORT level 4 ms (ours faster by)"], shrows)
+    )
+
     # --- the same GEMVs on each kernel of this CPU, in each table precision ---------------------
     # What a machine with only AVX2 (most laptops and AVX2-only servers) runs: the AVX2 kernel at
     # the depth it implements, timed here in the same rounds as the AVX-512 one, the scalar one and
