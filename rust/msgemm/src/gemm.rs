@@ -20,7 +20,7 @@ use maleki_common::{pool, Error, Result};
 use rayon::prelude::*;
 
 use crate::count::{self, OpCounts};
-use crate::kernels::{self, Backend, LutKernel, RowJob, TiledScales, Zeros};
+use crate::kernels::{self, Backend, LutKernel, RowJob, Tiled, Zeros};
 use crate::layout::{LayoutKind, ROW_BLOCK};
 use crate::packed::PackedWeights;
 use crate::plan::{Plan, TablePrecision};
@@ -957,7 +957,7 @@ fn caller_run(
     fn job<'a>(
         run: &'a Plan,
         layout: &'a crate::layout::TileLayout,
-        (scales, zeros): (TiledScales<'a>, Zeros<'a>),
+        (scales, zeros): (Tiled<'a>, Zeros<'a>),
         tables: &'a TableSet,
         row_blocks: Range<usize>,
     ) -> RowJob<'a> {

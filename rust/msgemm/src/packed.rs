@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
 use crate::format::{Codebook, Packing, MAX_DEPTH};
-use crate::kernels::TiledScales;
+use crate::kernels::Tiled;
 use crate::layout::{tile_per_group, IndexData, LayoutKind, TileLayout};
 use crate::plan::Plan;
 
@@ -32,9 +32,9 @@ pub struct PackedWeights {
     k_perm: Option<Arc<[u32]>>,
     /// The tile layouts built so far, by variant ([`LayoutVariant`]) and depth.
     layouts: [[OnceLock<TileLayout>; MAX_DEPTH + 1]; LayoutVariant::COUNT],
-    tiled_scales: OnceLock<ScaleTiles>,
-    tiled_zeros: OnceLock<Option<AlignedVec<f32>>>,
-    tiled_mirror_zeros: OnceLock<AlignedVec<f32>>,
+    tiled_scales: OnceLock<FloatTiles>,
+    tiled_zeros: OnceLock<Option<FloatTiles>>,
+    tiled_mirror_zeros: OnceLock<FloatTiles>,
     used_codes: OnceLock<Vec<bool>>,
 }
 
@@ -58,11 +58,40 @@ impl Clone for PackedWeights {
     }
 }
 
-/// Tiled scales: float16 bits when every scale is a float16 value ([`TiledScales`]).
+/// A tiled per-(row, group) array: float16 bits when every value is a float16 value
+/// ([`Tiled`]).
 #[derive(Debug)]
-enum ScaleTiles {
+enum FloatTiles {
     F32(AlignedVec<f32>),
     F16(AlignedVec<u16>),
+}
+
+impl FloatTiles {
+    /// `values` `(M, groups)` tiled `[g][row_block][64]`, as float16 when every value is one.
+    fn new(values: &[f32], m: usize, groups: usize) -> Self {
+        match values
+            .iter()
+            .map(|&v| exact_f16(v))
+            .collect::<Option<Vec<u16>>>()
+        {
+            Some(bits) => FloatTiles::F16(tile_per_group(&bits, m, groups)),
+            None => FloatTiles::F32(tile_per_group(values, m, groups)),
+        }
+    }
+
+    fn view(&self) -> Tiled<'_> {
+        match self {
+            FloatTiles::F32(v) => Tiled::F32(v),
+            FloatTiles::F16(v) => Tiled::F16(v),
+        }
+    }
+
+    fn capacity_bytes(&self) -> usize {
+        match self {
+            FloatTiles::F32(v) => v.capacity_bytes(),
+            FloatTiles::F16(v) => v.capacity_bytes(),
+        }
+    }
 }
 
 /// The float16 bits of `s` when `s` is a float16 value (finite, exactly representable).
@@ -369,13 +398,14 @@ impl PackedWeights {
             .flat_map(|set| set.iter())
             .filter_map(|c| c.get().map(layout))
             .sum();
-        let floats = self.tiled_scales.get().map_or(0, |t| match t {
-            ScaleTiles::F32(v) => v.capacity_bytes(),
-            ScaleTiles::F16(v) => v.capacity_bytes(),
-        }) + self
-            .tiled_mirror_zeros
+        let floats = self
+            .tiled_scales
             .get()
-            .map_or(0, |v| v.capacity_bytes())
+            .map_or(0, FloatTiles::capacity_bytes)
+            + self
+                .tiled_mirror_zeros
+                .get()
+                .map_or(0, FloatTiles::capacity_bytes)
             + self
                 .tiled_zeros
                 .get()
@@ -659,56 +689,46 @@ impl PackedWeights {
 
     /// Scales tiled `[g][row_block][64]`: as float16 bits when every scale is a float16
     /// value (the kernels then read half the bytes for the same results), float32 otherwise.
-    pub fn tiled_scales(&self) -> TiledScales<'_> {
-        let tiled = fill(&self.tiled_scales, || {
-            let (m, groups) = (self.m, self.groups());
-            match self
-                .scales
-                .iter()
-                .map(|&s| exact_f16(s))
-                .collect::<Option<Vec<u16>>>()
-            {
-                Some(bits) => ScaleTiles::F16(tile_per_group(&bits, m, groups)),
-                None => ScaleTiles::F32(tile_per_group(&self.scales, m, groups)),
-            }
-        });
-        match tiled {
-            ScaleTiles::F32(v) => TiledScales::F32(v),
-            ScaleTiles::F16(v) => TiledScales::F16(v),
-        }
+    pub fn tiled_scales(&self) -> Tiled<'_> {
+        fill(&self.tiled_scales, || {
+            FloatTiles::new(&self.scales, self.m, self.groups())
+        })
+        .view()
     }
 
     /// Whether every scale is a float16 value, so that the kernels read them as float16.
     pub fn scales_are_f16(&self) -> bool {
         match self.tiled_scales.get() {
-            Some(t) => matches!(t, ScaleTiles::F16(_)),
+            Some(t) => matches!(t, FloatTiles::F16(_)),
             None => self.scales.iter().all(|&s| exact_f16(s).is_some()),
         }
     }
 
-    /// Zero points tiled `[g][row_block][64]` (value units of the plain codebook).
-    pub fn tiled_zeros(&self) -> Option<&[f32]> {
+    /// Zero points tiled `[g][row_block][64]` (value units of the plain codebook), as float16
+    /// when every zero point is a float16 value (integer zero points are).
+    pub fn tiled_zeros(&self) -> Option<Tiled<'_>> {
         fill(&self.tiled_zeros, || {
             self.zeros
                 .as_ref()
-                .map(|z| tile_per_group(z, self.m, self.groups()))
+                .map(|z| FloatTiles::new(z, self.m, self.groups()))
         })
-        .as_deref()
+        .as_ref()
+        .map(FloatTiles::view)
     }
 
     /// Effective zero points of the shifted codebook `v - shift`: `z - shift`, tiled
-    /// `[g][row_block][64]` (padding rows 0); `None` without zero points (then every row's is
-    /// `-shift`, which the kernels take as one number). The shift is always the codebook's
-    /// mirror shift (mirrored tables, or centred `i8` tables), so one cached copy serves every
-    /// call.
-    pub fn tiled_mirror_zeros(&self, shift: f32) -> Option<&[f32]> {
+    /// `[g][row_block][64]` (padding rows 0; float16 when every one is a float16 value);
+    /// `None` without zero points (then every row's is `-shift`, which the kernels take as one
+    /// number). The shift is always the codebook's mirror shift (mirrored tables, or centred
+    /// `i8` tables), so one cached copy serves every call.
+    pub fn tiled_mirror_zeros(&self, shift: f32) -> Option<Tiled<'_>> {
         debug_assert!(self.codebook.mirror().is_some_and(|m| m.shift == shift));
         let z = self.zeros.as_ref()?;
-        let tiled: &AlignedVec<f32> = fill(&self.tiled_mirror_zeros, || {
+        let tiled = fill(&self.tiled_mirror_zeros, || {
             let eff: Vec<f32> = z.iter().map(|&z| z - shift).collect();
-            tile_per_group(&eff, self.m, self.groups())
+            FloatTiles::new(&eff, self.m, self.groups())
         });
-        Some(tiled)
+        Some(tiled.view())
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).

@@ -53,21 +53,20 @@ fn weights_from(
     PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap()
 }
 
-/// `pw` with its scales rounded to float16 values.
+/// `pw` with its scales rounded to float16 values and its zero points to multiples of 1/4
+/// (float16 values, also after a codebook's mirror shift of a half).
 fn with_f16_scales(pw: &PackedWeights) -> PackedWeights {
-    let scales = pw
-        .scales()
-        .iter()
-        .map(|&s| half::f16::from_f32(s).to_f32())
-        .collect();
+    let round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&s| half::f16::from_f32(s).to_f32()).collect() };
+    let quarters = |v: &[f32]| -> Vec<f32> { v.iter().map(|&z| (z * 4.0).round() / 4.0).collect() };
     PackedWeights::from_codes(
         pw.codebook().clone(),
         pw.m(),
         pw.k(),
         pw.group_size(),
         &pw.codes(),
-        scales,
-        pw.zeros().map(<[f32]>::to_vec),
+        round(pw.scales()),
+        pw.zeros().map(quarters),
         None,
     )
     .unwrap()
@@ -237,7 +236,7 @@ fn simd_equals_scalar_bitwise_on_every_format() {
                     depths,
                     &format!("{} m={m} g={g} zeros={zeros}", cb.format().name()),
                 );
-                // The same with float16 scales (the kernels read them as float16).
+                // The same with float16 scales and zero points (read as float16).
                 let pw = with_f16_scales(&pw);
                 assert!(pw.scales_are_f16());
                 ran += check(
@@ -689,12 +688,13 @@ fn int16_partial_sums_at_their_worst_case() {
 
 #[test]
 fn float16_tiled_scales_give_the_float32_bits() {
-    // Weights whose scales are float16 values are tiled as float16; every kernel (the scalar
-    // one included) must give the bits of the scalar kernel on float32 tiles of the same
-    // scales.
+    // Weights whose scales and zero points are float16 values are tiled as float16; every
+    // kernel (the scalar one included) must give the bits of the scalar kernel on float32
+    // tiles of the same values.
     let cases = [
         (Format::Int4, 2usize, false, false),
         (Format::Uint4, 1, true, false),
+        (Format::Int4, 2, true, true),
         (Format::Int2, 4, false, true),
         (Format::Ternary, 5, false, true),
         (Format::Fp4, 2, false, false),
@@ -705,6 +705,7 @@ fn float16_tiled_scales_give_the_float32_bits() {
         let pw = with_f16_scales(&weights(&cb, 5 * 64 - 3, 256, 64, zeros, 90 + i as u64));
         assert!(pw.scales_are_f16());
         let f32_tiles = maleki_msgemm::layout::tile_per_group(pw.scales(), pw.m(), pw.groups());
+        let tile = |v: &[f32]| maleki_msgemm::layout::tile_per_group(v, pw.m(), pw.groups());
         for (n, precision) in [
             (1usize, TablePrecision::I8),
             (3, TablePrecision::I8),
@@ -725,11 +726,26 @@ fn float16_tiled_scales_give_the_float32_bits() {
             let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
             build_scalar(&plan, &xt, &mut set, true);
             let layout = pw.layout_for(&plan, LayoutKind::Plain).unwrap();
+            // The zero points of `job_zeros` (`z - shift`), tiled as float32.
+            let zeros = maleki_msgemm::gemm::job_zeros(&pw, &plan);
+            let f32_zeros = zeros.tiled().map(|t| {
+                assert!(matches!(t, kernels::Tiled::F16(_)));
+                let z: Vec<f32> = pw
+                    .zeros()
+                    .unwrap()
+                    .iter()
+                    .map(|&z| z - plan.shift)
+                    .collect();
+                tile(&z)
+            });
             let job = kernels::RowJob {
                 plan: &plan,
                 layout,
-                scales: kernels::TiledScales::F32(&f32_tiles),
-                zeros: maleki_msgemm::gemm::job_zeros(&pw, &plan),
+                scales: kernels::Tiled::F32(&f32_tiles),
+                zeros: match &f32_zeros {
+                    Some(z) => kernels::Zeros::Tiled(kernels::Tiled::F32(z)),
+                    None => zeros,
+                },
                 tables: &set,
                 row_blocks: 0..plan.row_blocks,
             };
@@ -743,10 +759,11 @@ fn float16_tiled_scales_give_the_float32_bits() {
                 let job = kernels::RowJob {
                     layout: lay,
                     scales: pw.tiled_scales(),
+                    zeros,
                     row_blocks: 0..plan.row_blocks,
                     ..job
                 };
-                assert!(matches!(job.scales, kernels::TiledScales::F16(_)));
+                assert!(matches!(job.scales, kernels::Tiled::F16(_)));
                 let mut got = vec![0f32; job.span() * n];
                 k.accumulate(&job, &mut got);
                 assert!(
@@ -758,5 +775,5 @@ fn float16_tiled_scales_give_the_float32_bits() {
             }
         }
     }
-    assert!(ran >= 15, "only {ran} comparisons ran");
+    assert!(ran >= 18, "only {ran} comparisons ran");
 }

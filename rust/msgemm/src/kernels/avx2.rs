@@ -29,8 +29,8 @@ use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, RowJob, SmallTables,
-    TiledScales, Zeros, SMALL_MAX_TUPLES,
+    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, RowJob, SmallTables, Tiled,
+    Zeros, SMALL_MAX_TUPLES,
 };
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
@@ -364,6 +364,24 @@ unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
     }
 }
 
+/// 8 values from offset `i` of a tiled array (`i + 8` inside it), widened exactly from float16
+/// bits where they are stored so.
+#[target_feature(enable = "avx2,f16c")]
+fn load_tiled8(t: Tiled<'_>, i: usize) -> __m256 {
+    match t {
+        Tiled::F32(v) => {
+            let v = &v[i..i + 8];
+            // SAFETY: 8 floats.
+            unsafe { _mm256_loadu_ps(v.as_ptr()) }
+        }
+        Tiled::F16(h) => {
+            let h = &h[i..i + 8];
+            // SAFETY: 8 float16 values (16 bytes).
+            _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr() as *const __m128i) })
+        }
+    }
+}
+
 /// The epilogue of row block `b` (its rows below `plan.m`) of group `g` and column `n` from
 /// their int32 sums, into the job's `y`: the scalar kernel's [`epilogue`] (`u = P; u -= z *
 /// zsum; u *= tscale; y += s * u`, separate multiplies and adds) on 8 rows per vector, the
@@ -396,18 +414,12 @@ unsafe fn epilogue_rows(
                 let z = match job.zeros {
                     Zeros::None => _mm256_setzero_ps(),
                     Zeros::Uniform(z) => _mm256_set1_ps(z),
-                    Zeros::Tiled(z) => _mm256_loadu_ps(z[sz + r..sz + r + 8].as_ptr()),
+                    Zeros::Tiled(z) => load_tiled8(z, sz + r),
                 };
                 u = _mm256_sub_ps(u, _mm256_mul_ps(z, zv));
             }
             u = _mm256_mul_ps(u, tv);
-            let s = match job.scales {
-                TiledScales::F32(s) => _mm256_loadu_ps(s[sz + r..sz + r + 8].as_ptr()),
-                // Exact: every float16 value is a float32 value.
-                TiledScales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(
-                    h[sz + r..sz + r + 8].as_ptr() as *const __m128i,
-                )),
-            };
+            let s = load_tiled8(job.scales, sz + r);
             let yp = yb.as_mut_ptr().add(r);
             _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(s, u)));
         }

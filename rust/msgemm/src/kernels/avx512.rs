@@ -29,7 +29,7 @@
 use std::arch::x86_64::*;
 
 use crate::format::Involution;
-use crate::kernels::{Backend, LutKernel, RowJob, TiledScales, Zeros};
+use crate::kernels::{Backend, LutKernel, RowJob, Tiled, Zeros};
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
 use crate::table::{self, map_blocks, BlockOut, TableData, TableSet};
@@ -332,6 +332,21 @@ fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
 // Epilogue (contract order: u = P; u -= z*zsum; u *= tscale; y += s*u)
 // ---------------------------------------------------------------------------------------------
 
+/// 16 values from offset `i` of a tiled array, widened exactly from float16 bits where they
+/// are stored so.
+#[inline(always)]
+unsafe fn load16(t: Tiled<'_>, i: usize) -> __m512 {
+    // SAFETY: the callers keep `i + 16` inside the array (64 values per group and row block).
+    unsafe {
+        match t {
+            Tiled::F32(v) => _mm512_loadu_ps(v.as_ptr().add(i)),
+            Tiled::F16(h) => {
+                _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().add(i) as *const __m256i))
+            }
+        }
+    }
+}
+
 /// 16 zero points from offset `i` of the tiled layout (`Zeros::None` is never read: the
 /// callers test `plan.zero_term`).
 #[inline(always)]
@@ -339,7 +354,7 @@ unsafe fn zero_vec(z: Zeros<'_>, i: usize) -> __m512 {
     // SAFETY: a tiled array holds 64 floats per (group, row block); `i + 16` stays inside.
     unsafe {
         match z {
-            Zeros::Tiled(t) => _mm512_loadu_ps(t.as_ptr().add(i)),
+            Zeros::Tiled(t) => load16(t, i),
             Zeros::Uniform(v) => _mm512_set1_ps(v),
             Zeros::None => _mm512_setzero_ps(),
         }
@@ -777,35 +792,23 @@ unsafe fn widen_rows(lo: __m512i, hi: __m512i, perm: &(__m512i, __m512i)) -> [__
 /// stalls on them.
 #[inline(always)]
 fn prefetch_epilogue(job: &RowJob<'_>, off: usize, blocks: usize) {
-    let scale_lines = blocks * ROW_BLOCK * job.scales.elem_bytes() / 64;
-    for i in 0..scale_lines {
-        // SAFETY: prefetching never faults; SSE is part of x86-64.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(job.scales.addr(off + 64 / job.scales.elem_bytes() * i))
-        };
-    }
-    if let Some(z) = job.zeros.tiled() {
-        for i in 0..blocks * ROW_BLOCK * 4 / 64 {
-            let zp = z.as_ptr().wrapping_add(off + 16 * i) as *const i8;
-            // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(zp) };
+    let lines = |t: Tiled<'_>| {
+        let per_line = 64 / t.elem_bytes();
+        for i in 0..blocks * ROW_BLOCK / per_line {
+            // SAFETY: prefetching never faults; SSE is part of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(t.addr(off + per_line * i)) };
         }
+    };
+    lines(job.scales);
+    if let Some(z) = job.zeros.tiled() {
+        lines(z);
     }
-}
-
-/// Tiled scales at a tile's first row block.
-#[derive(Clone, Copy)]
-enum ScalePtr {
-    F32(*const f32),
-    /// float16 bits.
-    F16(*const u16),
 }
 
 /// The epilogue constants of one (group, column) for the rows of a tile.
 struct TileEpi<'a> {
     plan: &'a Plan,
-    /// Tiled scales at the tile's first row block.
-    scales: ScalePtr,
+    scales: Tiled<'a>,
     zeros: Zeros<'a>,
     /// Offset of the tile's first row block in the tiled arrays.
     sz: usize,
@@ -834,12 +837,7 @@ unsafe fn epilogue16(e: &TileEpi<'_>, mut u: __m512, i: usize, lanes: usize) {
         if e.plan.precision != TablePrecision::F32 {
             u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
         }
-        let s = match e.scales {
-            ScalePtr::F32(p) => _mm512_loadu_ps(p.add(i)),
-            // Exact: every float16 value is a float32 value.
-            ScalePtr::F16(p) => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(i) as *const __m256i)),
-        };
-        let su = _mm512_mul_ps(s, u);
+        let su = _mm512_mul_ps(load16(e.scales, e.sz + i), u);
         let yp = e.dst.add(i);
         if lanes == 16 {
             _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
@@ -880,10 +878,7 @@ fn block_epi<'a>(job: &RowJob<'a>, g: usize, n: usize, b: usize, y: &mut [f32]) 
     let y0 = n * job.span() + b * ROW_BLOCK - job.row_blocks.start * ROW_BLOCK;
     TileEpi {
         plan,
-        scales: match job.scales {
-            TiledScales::F32(s) => ScalePtr::F32(s.as_ptr().wrapping_add(sz)),
-            TiledScales::F16(h) => ScalePtr::F16(h.as_ptr().wrapping_add(sz)),
-        },
+        scales: job.scales,
         zeros: job.zeros,
         sz,
         tsc: job.tables.tscale[gn],

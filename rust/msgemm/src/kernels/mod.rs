@@ -83,7 +83,7 @@ pub enum Zeros<'a> {
     /// array of `M x groups` equal floats that every group would stream next to the indices.
     Uniform(f32),
     /// Tiled `[g][rb][64]` (padding rows 0).
-    Tiled(&'a [f32]),
+    Tiled(Tiled<'a>),
 }
 
 impl Zeros<'_> {
@@ -93,58 +93,59 @@ impl Zeros<'_> {
         match self {
             Zeros::None => 0.0,
             Zeros::Uniform(z) => *z,
-            Zeros::Tiled(z) => z[i],
+            Zeros::Tiled(z) => z.at(i),
         }
     }
 
     /// The tiled array, if there is one (for prefetching).
     #[inline(always)]
-    pub fn tiled(&self) -> Option<&[f32]> {
+    pub fn tiled(&self) -> Option<Tiled<'_>> {
         match self {
-            Zeros::Tiled(z) => Some(z),
+            Zeros::Tiled(z) => Some(*z),
             _ => None,
         }
     }
 }
 
-/// The tiled scales `s[m, g]` of a job (`[g][rb][64]`, padding rows 0), as the kernels read them.
+/// A tiled per-(row, group) array of a job (`[g][rb][64]`, padding rows 0): the scales
+/// `s[m, g]` or the effective zero points, as the kernels read them.
 ///
-/// When every scale is a float16 value (GPTQ, AWQ and ONNX Runtime store them so, MX scales are
-/// powers of two, `quantize(..., scale_dtype=float16)` rounds them so) they are kept as float16
-/// bits: the kernels read half the bytes and widen them to the same float32 values, so results
-/// do not depend on the variant.
+/// When every value is a float16 value (GPTQ, AWQ and ONNX Runtime store scales so, MX scales
+/// are powers of two, integer zero points are, `quantize(..., scale_dtype=float16)` rounds
+/// scales so) they are kept as float16 bits: the kernels read half the bytes and widen them to
+/// the same float32 values, so results do not depend on the variant.
 #[derive(Debug, Clone, Copy)]
-pub enum TiledScales<'a> {
+pub enum Tiled<'a> {
     F32(&'a [f32]),
     /// IEEE binary16 bits.
     F16(&'a [u16]),
 }
 
-impl TiledScales<'_> {
-    /// `s` at offset `i` of the tiled layout (`i = (g * row_blocks + rb) * 64 + lane`).
+impl Tiled<'_> {
+    /// The value at offset `i` of the tiled layout (`i = (g * row_blocks + rb) * 64 + lane`).
     #[inline(always)]
     pub fn at(&self, i: usize) -> f32 {
         match self {
-            TiledScales::F32(s) => s[i],
-            TiledScales::F16(h) => half::f16::from_bits(h[i]).to_f32(),
+            Tiled::F32(s) => s[i],
+            Tiled::F16(h) => half::f16::from_bits(h[i]).to_f32(),
         }
     }
 
-    /// Bytes per scale (4 or 2).
+    /// Bytes per value (4 or 2).
     #[inline(always)]
     pub fn elem_bytes(&self) -> usize {
         match self {
-            TiledScales::F32(_) => 4,
-            TiledScales::F16(_) => 2,
+            Tiled::F32(_) => 4,
+            Tiled::F16(_) => 2,
         }
     }
 
-    /// Address of the scale at offset `i`, for prefetching (may point past the end).
+    /// Address of the value at offset `i`, for prefetching (may point past the end).
     #[inline(always)]
     pub fn addr(&self, i: usize) -> *const i8 {
         match self {
-            TiledScales::F32(s) => s.as_ptr().wrapping_add(i) as *const i8,
-            TiledScales::F16(h) => h.as_ptr().wrapping_add(i) as *const i8,
+            Tiled::F32(s) => s.as_ptr().wrapping_add(i) as *const i8,
+            Tiled::F16(h) => h.as_ptr().wrapping_add(i) as *const i8,
         }
     }
 }
@@ -367,7 +368,7 @@ pub struct RowJob<'a> {
     /// ([`LutKernel::layout_kind`]: mirror-folded or paired) or plain.
     pub layout: &'a TileLayout,
     /// Scales tiled `[g][rb][64]`.
-    pub scales: TiledScales<'a>,
+    pub scales: Tiled<'a>,
     /// Effective zero points in units of `plan.table_values`; `Zeros::None` exactly when
     /// `!plan.zero_term`.
     pub zeros: Zeros<'a>,
