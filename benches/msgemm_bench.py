@@ -168,10 +168,13 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
 
 
 def read_bytes(pw: mg.PackedWeights) -> int:
-    """Bytes a GEMV reads from the weights: packed codes, scales at the precision the kernels
-    read them in (float16 when every scale is a float16 value), float32 zero points."""
+    """Bytes a GEMV reads from the weights: packed codes, and scales and zero points at the
+    precision the kernels read them in (float16 when every one is a float16 value; zero points
+    are read as `z - shift`, float16 values too when the z are integers, as here)."""
     per_scale = 2 if pw.scale_dtype == np.float16 else 4
-    return pw.packed.nbytes + per_scale * pw.scales.size + (0 if pw.zeros is None else 4 * pw.zeros.size)
+    z = pw.zeros
+    per_zero = 2 if z is not None and np.array_equal(z.astype(np.float16).astype(np.float32), z) else 4
+    return pw.packed.nbytes + per_scale * pw.scales.size + (0 if z is None else per_zero * z.size)
 
 
 def fmt_ms(t: dict[str, float]) -> str:
@@ -497,9 +500,9 @@ def main() -> None:
         "`s * (v[c] - z)` per row and group, one `vpermps` and one FMA per 16 weights, on AVX-512 "
         "with group sizes that are multiples of 32; a scalar loop otherwise) and so does "
         "everything but share the tables across rows; its table setup is float64, as `dequantize`. "
-        "GB/s count the bytes a call reads: packed codes, scales as the kernels read them (float16 for "
-        "fp4, whose MX scales are float16 values, and with `scale_dtype=np.float16`; float32 otherwise), "
-        "float32 zero points. "
+        "GB/s count the bytes a call reads: packed codes, scales and zero points as the kernels read them "
+        "(scales: float16 for fp4, whose MX scales are float16 values, and with `scale_dtype=np.float16`, "
+        "float32 otherwise; uint4's integer zero points: float16). "
         "ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
         "or fp4, hence the dashes. Ours uses `i8` tables (rel. L1 errors above); `table='f32'` is the "
         "exact-to-float32 mode. This 2-vCPU VM is shared with other jobs: ours and the anchors are timed "
