@@ -23,3 +23,9 @@ def test_bench_returns_figures():
     # The floor is the packed bytes at numpy's read rate: numpy's time scaled by the byte ratio.
     pw_bytes, f32_bytes = r["packed_bytes"], 200 * 128 * 4
     assert abs(r["read_floor_s"] - r["numpy_s"] * pw_bytes / f32_bytes) <= 1e-9 * r["numpy_s"]
+
+
+def test_bench_float16_scales(capsys):
+    assert cli.main(["msgemm", "bench", "--m", "70", "--k", "128", "--format", "int4", "--group-size", "32",
+                     "--repeat", "2", "--scale-dtype", "float16"]) == 0
+    assert "float16 scales" in capsys.readouterr().out

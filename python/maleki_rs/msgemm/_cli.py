@@ -40,17 +40,18 @@ def _report_counts(m: int, k: int, n: int, fmt: str, depth: int, g: int | None, 
 
 def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_size: int | None = 128,
           table: str = "i8", depth: int | str = "auto", repeat: int = 20, count_limit: int = 1 << 26,
-          out: Callable[[str], None] = print, seed: int = 0) -> dict[str, Any]:
+          out: Callable[[str], None] = print, seed: int = 0, scale_dtype: str = "float32") -> dict[str, Any]:
     """Counts and times one shape; prints a short report. Returns the figures."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, k), dtype=np.float32)
-    pw = mg.quantize(w, fmt, group_size)
+    pw = mg.quantize(w, fmt, group_size, scale_dtype=scale_dtype)
     x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
     info = mg.plan_info(pw, n=n, depth=depth, table=table)
     d = int(info["depth"])
     pw.prepare(d)
     out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={table}, depth={d}, "
-        f"kernel={info['backend']}{' (half tables)' if info['folded_indices'] else ''}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB")
+        f"kernel={info['backend']}{' (half tables)' if info['folded_indices'] else ''}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB"
+        f"{', float16 scales' if pw.scale_dtype == np.float16 else ''}")
     # 1. the counted reduction (the instrumented kernel, when the shape is small enough)
     zero_points = pw.zeros is not None
     _report_counts(m, k, n, fmt, d, pw.group_size, zero_points, False, out)
@@ -90,7 +91,7 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
 def _bench_cmd(args: argparse.Namespace) -> int:
     g = None if args.group_size in (None, -1) else args.group_size
     depth: int | str = args.depth if args.depth == "auto" else int(args.depth)
-    bench(args.m, args.k, args.n, args.format, g, args.table, depth, args.repeat)
+    bench(args.m, args.k, args.n, args.format, g, args.table, depth, args.repeat, scale_dtype=args.scale_dtype)
     return 0
 
 
@@ -106,6 +107,8 @@ def register(subparsers: Any) -> None:
     b.add_argument("--table", default="i8", choices=mg.TABLES)
     b.add_argument("--depth", default="auto", help="'auto' or an integer")
     b.add_argument("--repeat", type=int, default=20)
+    b.add_argument("--scale-dtype", default="float32", choices=["float32", "float16"],
+                   help="precision of the quantized scales (float16: as GPTQ/AWQ checkpoints)")
     b.set_defaults(func=_bench_cmd)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
