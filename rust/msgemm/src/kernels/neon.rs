@@ -11,11 +11,14 @@
 //!   of high bytes, two `tbl` per tuple and 16 rows, the bytes zipped back into int16 and
 //!   summed in int32 (exact).
 //!
-//! Both read the paired layout (two tuples' 4-bit indices per byte) and use the scalar
-//! epilogue, so results are bitwise identical to the scalar kernel. `i8` and `i16` tables of at
-//! most 16 entries (`V^d <= 16`) are built in NEON (the AVX2 build's steps on 4 lanes: the
-//! same IEEE operations, so the same bits as the scalar build); other tables use the scalar
-//! build.
+//! - `f32` (any mirror): each tuple's 16 float entries held as 64 bytes in four registers; per
+//!   4 rows one `tbl` over them with the byte indices `4 idx + k`; entries added in tuple order.
+//!
+//! All read the paired layout (two tuples' 4-bit indices per byte) and use the scalar
+//! epilogue, so results are bitwise identical to the scalar kernel. `i8`, `i16` and `f32`
+//! tables of at most 16 entries (`V^d <= 16`) are built in NEON (the AVX2 build's steps on 4
+//! lanes: the same IEEE operations, so the same bits as the scalar build); other tables use the
+//! scalar build.
 //! NEON is part of every Arm64 CPU (baseline of the `aarch64` targets).
 
 use std::arch::aarch64::*;
@@ -48,7 +51,7 @@ impl LutKernel for Neon {
         match plan.precision {
             TablePrecision::I8 => plan.slot <= 16,
             TablePrecision::I16 => plan.slot <= 16 && plan.mirror.is_none(),
-            TablePrecision::F32 => false,
+            TablePrecision::F32 => plan.slot <= 16,
         }
     }
 
@@ -91,7 +94,14 @@ impl LutKernel for Neon {
                 },
                 (TableData::I16(t), false) => run_i16::<false>(job, ix, t, y),
                 (TableData::I16(t), true) => run_i16::<true>(job, ix, t, y),
-                (TableData::F32(_), _) => unreachable!("supports() rejects f32 plans"),
+                (TableData::F32(t), paired) => match (mirror_consts(job.plan).kind, paired) {
+                    (0, false) => run_f32::<0, false>(job, ix, t, y),
+                    (1, false) => run_f32::<1, false>(job, ix, t, y),
+                    (_, false) => run_f32::<2, false>(job, ix, t, y),
+                    (0, true) => run_f32::<0, true>(job, ix, t, y),
+                    (1, true) => run_f32::<1, true>(job, ix, t, y),
+                    (_, true) => run_f32::<2, true>(job, ix, t, y),
+                },
             }
         }
     }
@@ -203,11 +213,11 @@ unsafe fn widen(acc: &[[int16x8_t; 2]; 4], add: bool, sums: &mut [i32; ROW_BLOCK
 }
 
 /// The epilogue of the first `rows` rows of row block `b`, group `g`, column `n` from their
-/// int32 sums: the scalar kernel's, row by row.
+/// int32 (`i8`, `i16` tables) or float32 sums: the scalar kernel's, row by row.
 #[inline(always)]
-fn epilogue_rows(
+fn epilogue_rows<S: Copy + SumAsF32>(
     job: &RowJob<'_>,
-    sums: &[i32; ROW_BLOCK],
+    sums: &[S; ROW_BLOCK],
     g: usize,
     b: usize,
     n: usize,
@@ -222,13 +232,32 @@ fn epilogue_rows(
     for (r, yr) in y[y0..y0 + rows].iter_mut().enumerate() {
         *yr = epilogue(
             plan,
-            sums[r] as f32,
+            sums[r].as_f32(),
             job.scales.at(sz + r),
             job.zeros.at(sz + r),
             tabs.tscale[gn],
             tabs.zsum[gn],
             *yr,
         );
+    }
+}
+
+/// A row's partial sum `P` as the epilogue takes it (`u = P as f32`).
+trait SumAsF32 {
+    fn as_f32(self) -> f32;
+}
+
+impl SumAsF32 for i32 {
+    #[inline(always)]
+    fn as_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+impl SumAsF32 for f32 {
+    #[inline(always)]
+    fn as_f32(self) -> f32 {
+        self
     }
 }
 
@@ -361,8 +390,105 @@ unsafe fn run_i16<const PAIRED: bool>(job: &RowJob<'_>, ix: &[u8], tab: &[i16], 
     }
 }
 
+/// The `f32` kernel for mirror kind `KIND` on a plain or (`PAIRED`) paired layout. Per group
+/// and column each tuple's 16 float entries are held as 64 table bytes (four registers, 0 past
+/// the slot); per row block and 16 rows, the indices (mirror applied as in [`look`]) are
+/// spread into the byte indices `4 idx + k` of four rows at a time, and one `tbl` over the 64
+/// bytes gathers those rows' entries. Entries are added in ascending tuple order (a mirrored
+/// one with its sign flipped: `P + (-e)`), then the scalar epilogue: the scalar kernel's bits.
+unsafe fn run_f32<const KIND: u8, const PAIRED: bool>(
+    job: &RowJob<'_>,
+    ix: &[u8],
+    tab: &[f32],
+    y: &mut [f32],
+) {
+    // SAFETY: pointers stay inside the layout / table slices (offsets from the plan).
+    unsafe {
+        let plan = job.plan;
+        let tabs = job.tables;
+        let lay = job.layout;
+        let pg = plan.tuples.per_group;
+        let slot = plan.slot;
+        let mv = mirror_vectors(&mirror_consts(plan));
+        // spread[r]: byte j takes index byte 4r + j/4 (row 4r + j/4 of the 16); `+ k` below.
+        let spread: [uint8x16_t; 4] = std::array::from_fn(|r| {
+            let b: [u8; 16] = std::array::from_fn(|j| (4 * r + j / 4) as u8);
+            vld1q_u8(b.as_ptr())
+        });
+        let byte_of_entry = {
+            let b: [u8; 16] = std::array::from_fn(|j| (j % 4) as u8);
+            vld1q_u8(b.as_ptr())
+        };
+        let sign = vdupq_n_u8(0x80);
+        // Sign-bit positions of the four little-endian floats (byte 3 of each).
+        let top_byte = {
+            let b: [u8; 16] = std::array::from_fn(|j| if j % 4 == 3 { 0xff } else { 0 });
+            vld1q_u8(b.as_ptr())
+        };
+        let zero = uint8x16x4_t(vdupq_n_u8(0), vdupq_n_u8(0), vdupq_n_u8(0), vdupq_n_u8(0));
+        let mut tables = vec![zero; pg];
+        let mut sums = [0f32; ROW_BLOCK];
+        for g in tabs.groups.clone() {
+            for n in tabs.cols.clone() {
+                let o = tabs.offset(g, n, 0);
+                for (t, tb) in tables.iter_mut().enumerate() {
+                    let mut e = [0f32; 16];
+                    e[..slot].copy_from_slice(&tab[o + t * slot..o + (t + 1) * slot]);
+                    *tb = vld1q_u8_x4(e.as_ptr() as *const u8);
+                }
+                for b in job.row_blocks.clone() {
+                    let ip = ix.as_ptr().add(lay.slot(g, b, 0));
+                    let mut acc = [vdupq_n_f32(0.0); 16];
+                    let mut t = 0;
+                    while t < pg {
+                        let two = t + 1 < pg;
+                        for q in 0..4 {
+                            let (i0, i1) = indices::<PAIRED>(ip, t, q, two);
+                            for (k, idx) in [(t, i0), (t + 1, i1)] {
+                                if k == t + 1 && !two {
+                                    break;
+                                }
+                                // Mirror: indices past the stored prefix read their mirror,
+                                // negated (the sign bit of the float flipped).
+                                let (idx, flip) = if KIND == 0 {
+                                    (idx, vdupq_n_u8(0))
+                                } else {
+                                    let w = usize::from(k + 1 == pg);
+                                    let m = vcgtq_u8(idx, mv.hm1[w]);
+                                    let mapped = if KIND == 1 {
+                                        veorq_u8(idx, mv.c[w])
+                                    } else {
+                                        vsubq_u8(mv.c[w], idx)
+                                    };
+                                    (vbslq_u8(m, mapped, idx), vandq_u8(m, sign))
+                                };
+                                let i4 = vshlq_n_u8::<2>(idx);
+                                for (r, sp) in spread.iter().enumerate() {
+                                    let bi = vorrq_u8(vqtbl1q_u8(i4, *sp), byte_of_entry);
+                                    let mut e = vqtbl4q_u8(tables[k], bi);
+                                    if KIND != 0 {
+                                        let f = vandq_u8(vqtbl1q_u8(flip, *sp), top_byte);
+                                        e = veorq_u8(e, f);
+                                    }
+                                    let a = &mut acc[4 * q + r];
+                                    *a = vaddq_f32(*a, vreinterpretq_f32_u8(e));
+                                }
+                            }
+                        }
+                        t += 2;
+                    }
+                    for (i, &a) in acc.iter().enumerate() {
+                        vst1q_f32(sums.as_mut_ptr().add(4 * i), a);
+                    }
+                    epilogue_rows(job, &sums, g, b, n, y);
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
-// Table build (i8 and i16 tables of at most 16 entries)
+// Table build (i8, i16 and f32 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
 /// Plans the NEON build takes: tables of at most 16 entries (`V^d <= 16`), `i8` in groups of
@@ -376,7 +502,7 @@ fn build_supported(plan: &Plan) -> bool {
     match plan.precision {
         TablePrecision::I8 => small && plan.tuples.per_group <= SMALL_MAX_TUPLES,
         TablePrecision::I16 => small && plan.mirror.is_none(),
-        TablePrecision::F32 => false,
+        TablePrecision::F32 => small,
     }
 }
 
@@ -424,7 +550,15 @@ unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
             set.set_meta(meta);
             return;
         }
-        TableData::F32(_) => unreachable!("build_supported admits no f32 plan"),
+        TableData::F32(d) => {
+            let meta: Vec<(f32, f32)> =
+                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                    // SAFETY: NEON is baseline on aarch64.
+                    unsafe { build_block_f32(plan, &consts, xg(i), out) }
+                });
+            set.set_meta(meta);
+            return;
+        }
     };
     let meta: Vec<(f32, f32)> = map_blocks(
         d,
@@ -471,6 +605,33 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float3
         }
         e
     }
+}
+
+/// One `(group, column)` block of `f32` tables, bitwise equal to [`table::build_block`]: each
+/// tuple's entries ([`entries`]; those past its built entries 0), `tscale` 1, `zsum` the
+/// sequential sum of the group's activations when the plan has a zero term.
+unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f32]) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    for t in 0..tp.per_group {
+        let xs = &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+        let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+        // SAFETY: NEON is baseline; 16 floats into `buf`, `slot <= 16` of them copied out.
+        unsafe {
+            let e = entries(plan, c, xs, w);
+            let mut buf = [0f32; 16];
+            for (h, eh) in e.iter().enumerate() {
+                vst1q_f32(buf.as_mut_ptr().add(4 * h), *eh);
+            }
+            out[t * slot..(t + 1) * slot].copy_from_slice(&buf[..slot]);
+        }
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg)
+    } else {
+        0.0
+    };
+    (1.0, zsum)
 }
 
 /// One `(group, column)` block of `i16` tables, equal to [`table::build_block`]
