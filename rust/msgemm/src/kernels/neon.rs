@@ -215,7 +215,7 @@ unsafe fn widen(acc: &[[int16x8_t; 2]; 4], add: bool, sums: &mut [i32; ROW_BLOCK
 /// The epilogue of the first `rows` rows of row block `b`, group `g`, column `n` from their
 /// int32 (`i8`, `i16` tables) or float32 sums: the scalar kernel's, row by row.
 #[inline(always)]
-fn epilogue_rows<S: Copy + SumAsF32>(
+fn epilogue_rows<S: Copy + PartialSum>(
     job: &RowJob<'_>,
     sums: &[S; ROW_BLOCK],
     g: usize,
@@ -232,7 +232,7 @@ fn epilogue_rows<S: Copy + SumAsF32>(
     for (r, yr) in y[y0..y0 + rows].iter_mut().enumerate() {
         *yr = epilogue(
             plan,
-            sums[r].as_f32(),
+            sums[r].to_f32(),
             job.scales.at(sz + r),
             job.zeros.at(sz + r),
             tabs.tscale[gn],
@@ -243,20 +243,20 @@ fn epilogue_rows<S: Copy + SumAsF32>(
 }
 
 /// A row's partial sum `P` as the epilogue takes it (`u = P as f32`).
-trait SumAsF32 {
-    fn as_f32(self) -> f32;
+trait PartialSum {
+    fn to_f32(self) -> f32;
 }
 
-impl SumAsF32 for i32 {
+impl PartialSum for i32 {
     #[inline(always)]
-    fn as_f32(self) -> f32 {
+    fn to_f32(self) -> f32 {
         self as f32
     }
 }
 
-impl SumAsF32 for f32 {
+impl PartialSum for f32 {
     #[inline(always)]
-    fn as_f32(self) -> f32 {
+    fn to_f32(self) -> f32 {
         self
     }
 }
