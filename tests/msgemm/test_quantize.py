@@ -334,12 +334,17 @@ def test_scale_dtype_of_loaded_and_hand_built_weights():
 
 def test_float16_scale_errors():
     w = np.random.default_rng(0).standard_normal((3, 64))
-    with pytest.raises(ValueError, match="row 1, group 0 overflows float16"):
+    with pytest.raises(ValueError, match=r"row 1, group 0 \([0-9.]+e5\) overflows float16"):
         mg.quantize(w * np.array([[1.0], [1e6], [1.0]]), "int4", 32, scale_dtype=np.float16)
+    with pytest.raises(ValueError, match="overflows float16"):  # MX scale 2^16
+        mg.quantize(np.full((2, 32), 2.0**18), "fp4", 32, scale_dtype=np.float16)
+    with pytest.raises(ValueError, match="overflows float32"):  # not float16's fault
+        mg.quantize(np.full((2, 32), 1e300), "int4", 32, scale_dtype=np.float16)
     with pytest.raises(ValueError, match="below float16"):  # MX scale 2^-32
         mg.quantize(w * 2.0**-30, "fp4", 32, scale_dtype=np.float16)
     assert mg.quantize(w * 2.0**-30, "fp4", 32).scale_dtype == np.float32
     with pytest.raises(ValueError, match="scale_dtype"):
         mg.quantize(w, "int4", 32, scale_dtype=np.float64)
-    with pytest.raises(TypeError, match="scale_dtype"):
-        mg.quantize(w, "int4", 32, scale_dtype="half-ish")
+    for bad in ["half-ish", None, "f2,,", object()]:
+        with pytest.raises(TypeError, match="scale_dtype"):
+            mg.quantize(w, "int4", 32, scale_dtype=bad)

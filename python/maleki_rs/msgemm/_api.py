@@ -177,13 +177,18 @@ class PackedWeights:
     codebook : ndarray, shape (V,), float32
         Value of each code (fp8: NaN/inf at the codes that encode them; never present).
     scales : ndarray, shape (M, K // G), float32
+    scale_dtype : numpy dtype
+        ``float16`` when every scale is a float16 value (the kernels then read them as
+        float16, with the same results), else ``float32``.
     zeros : ndarray, shape (M, K // G), float32, or None
-        Zero points in value units.
+        Zero points in value units (read as float16 where every one is a float16 value, as
+        integer zero points are).
     k_perm : ndarray, shape (K,), uint32, or None
         Act-order weights: packed column ``j`` is input ``k_perm[j]`` (handled internally:
         ``dequantize`` and :func:`msgemm` use the original input order).
     nbytes : int
-        Bytes of packed codes + scales + zero points.
+        Bytes of packed codes + scales + zero points (4 bytes per scale and zero point, the
+        canonical float32 form).
     cache_nbytes : int
         Bytes held on top of ``nbytes`` by caches built on first use (see
         :meth:`clear_cache`).
@@ -551,7 +556,7 @@ class PackedWeights:
         zp_u8 = zp_f = None
         if zero_points is not None:
             zarr = np.asarray(zero_points)
-            if zarr.dtype.kind == "f":
+            if zarr.dtype.kind == "f" or zarr.dtype.name == "bfloat16":
                 zp_f = _as_f32(flat(_float_array(zarr, "zero_points", (1, 2)), "zero_points", kb), "zero_points")
             else:
                 zarr = _int_array(zarr, "zero_points", (1, 2), np.uint8)
@@ -631,9 +636,11 @@ def quantize(
 
 def _check_scale_dtype(scale_dtype: Any) -> str:
     """``'float32'`` or ``'float16'`` from a dtype-like."""
+    if scale_dtype is None:  # np.dtype(None) is float64
+        raise TypeError("scale_dtype: expected np.float32 or np.float16, got None")
     try:
         dt = np.dtype(scale_dtype)
-    except TypeError as e:
+    except Exception as e:  # numpy raises TypeError, ValueError or SyntaxError by input
         raise TypeError(f"scale_dtype: expected np.float32 or np.float16, got {scale_dtype!r}") from e
     if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise ValueError(f"scale_dtype: must be float32 or float16, got {dt}")

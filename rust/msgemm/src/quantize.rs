@@ -380,34 +380,52 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(
                 z[gi] = zp.unwrap_or(0.0);
             }
         });
-    if opts.scale_dtype == ScaleDtype::F16 {
-        let f16_value = |s: f32| s.is_finite() && half::f16::from_f32(s).to_f32() == s;
-        if let Some(i) = scales.iter().position(|&s| !f16_value(s)) {
-            let (row, group) = (i / groups, i % groups);
-            let why = if scales[i].is_finite() {
-                format!(
-                    "({:e}) is below float16's range (MX scales down to 2^-24)",
-                    scales[i]
-                )
-            } else {
-                "overflows float16 (largest value 65504)".to_string()
-            };
+    if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
+        let (row, group) = (i / groups, i % groups);
+        // With float16 scales: was it float16's range or float32's? The group's float32
+        // scale says.
+        let range = &w[row * k + group * g..row * k + (group + 1) * g];
+        let f32_scale = quantize_group(
+            range,
+            scheme,
+            &levels,
+            &cb,
+            ScaleDtype::F32,
+            &mut vec![0; g],
+        )
+        .0;
+        if f32_scale.is_finite() {
             return Err(Error::invalid(
                 "scale_dtype",
-                format!("the scale of row {row}, group {group} {why}: use float32 scales"),
+                format!(
+                    "the scale of row {row}, group {group} ({f32_scale:e}) overflows float16 \
+                     (largest value 65504): use float32 scales"
+                ),
             ));
         }
-    }
-    if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
         return Err(Error::invalid(
             "w",
             format!(
-                "the scale of row {}, group {} overflows float32: weights must stay within float32 range \
-                 relative to the codebook",
-                i / groups,
-                i % groups
+                "the scale of row {row}, group {group} overflows float32: weights must stay within \
+                 float32 range relative to the codebook"
             ),
         ));
+    }
+    if opts.scale_dtype == ScaleDtype::F16 {
+        // Finite scales that are not float16 values: MX powers of two out of its range.
+        let f16_value = |s: f32| half::f16::from_f32(s).to_f32() == s;
+        if let Some(i) = scales.iter().position(|&s| !f16_value(s)) {
+            let (row, group, s) = (i / groups, i % groups, scales[i]);
+            let why = if s.abs() > 65504.0 {
+                "overflows float16 (largest value 65504)"
+            } else {
+                "is below float16's range (MX scales down to 2^-24)"
+            };
+            return Err(Error::invalid(
+                "scale_dtype",
+                format!("the scale of row {row}, group {group} ({s:e}) {why}: use float32 scales"),
+            ));
+        }
     }
     let has_zeros = matches!(
         scheme,
@@ -557,6 +575,18 @@ mod tests {
             e.contains("scale_dtype") && e.contains("row 1, group 0"),
             "{e}"
         );
+        // An MX scale above float16's range (2^16), and weights beyond float32's.
+        let big = vec![2f64.powi(18); m * k];
+        let opts16 = QuantizeOptions {
+            group_size: Some(32),
+            scale_dtype: ScaleDtype::F16,
+            ..QuantizeOptions::new(Format::Fp4)
+        };
+        let e = quantize(&big, m, k, &opts16).unwrap_err().to_string();
+        assert!(e.contains("overflows float16"), "{e}");
+        let huge = vec![1e300f64; m * k];
+        let e = quantize(&huge, m, k, &opts16).unwrap_err().to_string();
+        assert!(e.contains("overflows float32"), "{e}");
         // An MX scale below float16's range: 2^-30.
         let w = vec![2f64.powi(-28); m * k];
         let opts = QuantizeOptions {
