@@ -29,8 +29,8 @@ use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, RowJob, SmallTables, Tiled,
-    Zeros, SMALL_MAX_TUPLES,
+    mirror_consts, small_f32_block, small_i16_block, small_i8_block, Backend, LutKernel, RowJob,
+    SmallTables, Tiled, Zeros, SMALL_MAX_TUPLES,
 };
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
@@ -929,31 +929,19 @@ unsafe fn maxabs_nan(xs: &[f32]) -> (f32, bool) {
     (xmax, nan)
 }
 
-/// One `(group, column)` block of `f32` tables, bitwise equal to [`table::build_block`]: each
-/// tuple's entries ([`entries`]; those past its built entries 0), `tscale` 1, `zsum` the
-/// sequential sum of the group's activations when the plan has a zero term.
+/// One `(group, column)` block of `f32` tables: [`small_f32_block`] with [`entries`].
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f32]) -> (f32, f32) {
-    let tp = plan.tuples;
-    let slot = plan.slot;
-    for t in 0..tp.per_group {
-        let xs = &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
-        let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
-        // SAFETY: AVX2 is enabled; 16 floats into `buf`, `slot <= 16` of them copied out.
+    small_f32_block(plan, xg, out, |xs, w| {
+        let mut buf = [0f32; 16];
+        // SAFETY: AVX2 is enabled; 16 floats into `buf`.
         unsafe {
             let e = entries(plan, c, xs, w);
-            let mut buf = [0f32; 16];
             _mm256_storeu_ps(buf.as_mut_ptr(), e[0]);
             _mm256_storeu_ps(buf.as_mut_ptr().add(8), e[1]);
-            out[t * slot..(t + 1) * slot].copy_from_slice(&buf[..slot]);
         }
-    }
-    let zsum = if plan.zero_term {
-        table::seq_sum(xg)
-    } else {
-        0.0
-    };
-    (1.0, zsum)
+        buf
+    })
 }
 
 /// One `(group, column)` block of `i8` tables, bitwise equal to [`table::build_block`]

@@ -302,6 +302,33 @@ pub(crate) fn small_i8_block(
     (tsc, zsum)
 }
 
+/// One `(group, column)` block of `f32` tables of at most 16 entries, bitwise equal to
+/// [`table::build_block`]: each tuple's entries (`entries(xs, w)`: the f32 entries of a tuple
+/// with activations `xs`, `w` = 1 for a group's shorter last tuple, entries not built 0),
+/// `tscale` 1, `zsum` the sequential sum of the group's activations when the plan has a zero
+/// term. The AVX2 and NEON builds bring `entries`.
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) fn small_f32_block(
+    plan: &Plan,
+    xg: &[f32],
+    out: &mut [f32],
+    entries: impl Fn(&[f32], usize) -> [f32; 16],
+) -> (f32, f32) {
+    let tp = plan.tuples;
+    let slot = plan.slot;
+    for t in 0..tp.per_group {
+        let xs = &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
+        let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
+        out[t * slot..(t + 1) * slot].copy_from_slice(&entries(xs, w)[..slot]);
+    }
+    let zsum = if plan.zero_term {
+        table::seq_sum(xg)
+    } else {
+        0.0
+    };
+    (1.0, zsum)
+}
+
 /// One `(group, column)` block of `i16` tables of at most 16 entries, equal to
 /// [`table::build_block`]: the steps the AVX2 and NEON builds share, their lanes doing the
 /// work. The activations are quantized to int8 as [`table::quantize_activations`]:

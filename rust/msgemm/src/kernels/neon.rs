@@ -25,8 +25,8 @@ use std::arch::aarch64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_i16_block, small_i8_block, Backend, LutKernel, Mir, RowJob, SmallTables,
-    SMALL_MAX_TUPLES,
+    mirror_consts, small_f32_block, small_i16_block, small_i8_block, Backend, LutKernel, Mir,
+    RowJob, SmallTables, SMALL_MAX_TUPLES,
 };
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
@@ -607,31 +607,18 @@ unsafe fn entries(plan: &Plan, c: &BuildConsts, xs: &[f32], w: usize) -> [float3
     }
 }
 
-/// One `(group, column)` block of `f32` tables, bitwise equal to [`table::build_block`]: each
-/// tuple's entries ([`entries`]; those past its built entries 0), `tscale` 1, `zsum` the
-/// sequential sum of the group's activations when the plan has a zero term.
+/// One `(group, column)` block of `f32` tables: [`small_f32_block`] with [`entries`].
 unsafe fn build_block_f32(plan: &Plan, c: &BuildConsts, xg: &[f32], out: &mut [f32]) -> (f32, f32) {
-    let tp = plan.tuples;
-    let slot = plan.slot;
-    for t in 0..tp.per_group {
-        let xs = &xg[t * tp.depth..t * tp.depth + tp.depth_of(t)];
-        let w = usize::from(t + 1 == tp.per_group && tp.last_depth != tp.depth);
-        // SAFETY: NEON is baseline; 16 floats into `buf`, `slot <= 16` of them copied out.
+    small_f32_block(plan, xg, out, |xs, w| {
+        let mut buf = [0f32; 16];
+        // SAFETY: NEON is baseline; 16 floats into `buf`.
         unsafe {
-            let e = entries(plan, c, xs, w);
-            let mut buf = [0f32; 16];
-            for (h, eh) in e.iter().enumerate() {
+            for (h, eh) in entries(plan, c, xs, w).iter().enumerate() {
                 vst1q_f32(buf.as_mut_ptr().add(4 * h), *eh);
             }
-            out[t * slot..(t + 1) * slot].copy_from_slice(&buf[..slot]);
         }
-    }
-    let zsum = if plan.zero_term {
-        table::seq_sum(xg)
-    } else {
-        0.0
-    };
-    (1.0, zsum)
+        buf
+    })
 }
 
 /// One `(group, column)` block of `i16` tables, equal to [`table::build_block`]
