@@ -29,12 +29,12 @@ use std::arch::x86_64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_f32_block, small_i16_block, small_i8_block, Backend, LutKernel, RowJob,
-    SmallTables, Tiled, Zeros, SMALL_MAX_TUPLES,
+    mirror_consts, small_build, small_build_supported, small_f32_block, small_i16_block,
+    small_i8_block, Backend, LutKernel, RowJob, SmallTables, Tiled, Zeros,
 };
 use crate::layout::{IndexData, LayoutKind, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{self, map_blocks, TableData, TableSet};
+use crate::table::{self, TableData, TableSet};
 
 /// The AVX2 kernel.
 pub struct Avx2;
@@ -74,7 +74,7 @@ impl LutKernel for Avx2 {
     }
 
     fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) -> bool {
-        if !build_supported(plan) || !self.available() {
+        if !small_build_supported(plan) || !self.available() {
             return false;
         }
         // SAFETY: AVX2 is available (checked above).
@@ -716,24 +716,6 @@ unsafe fn run_f32_k<const KIND: u8, const WIDE: bool>(
 // Table build (i8, i16 and f32 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
-/// Plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a prefix
-/// of them; `i8`: groups of at most 256 tuples, kept on the stack; `i16`: without mirror):
-/// the build below. Others: the scalar build.
-pub(crate) fn build_supported(plan: &Plan) -> bool {
-    let small = plan
-        .levels
-        .checked_pow(plan.depth() as u32)
-        .is_some_and(|e| e <= 16);
-    match plan.precision {
-        TablePrecision::I8 => small && plan.tuples.per_group <= SMALL_MAX_TUPLES,
-        TablePrecision::F32 => small,
-        TablePrecision::I16 => small && plan.mirror.is_none(),
-    }
-}
-
-/// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
-const MIN_BLOCKS_PER_TASK: usize = 8;
-
 /// What every block of a build shares: [`SmallTables`], and for `V <= 8` the digit `j` of
 /// entry `i` (`(i / V^j) % V`), `digits[j][i]`.
 struct BuildConsts {
@@ -753,47 +735,23 @@ impl BuildConsts {
     }
 }
 
-/// Builds `set` for a plan of [`build_supported`], bitwise equal to the scalar build.
+/// Builds `set` for a plan of [`small_build_supported`], bitwise equal to the scalar build.
 ///
 /// # Safety
-/// The CPU has AVX2.
+/// The CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
-    let blen = set.block_len();
-    let consts = BuildConsts::new(plan);
-    let xg = table::block_activations(plan, set, xt);
-    let per_group = plan.tuples.per_group;
-    let d = match &mut set.data {
-        TableData::I8(d) => d,
-        TableData::F32(d) => {
-            let meta: Vec<(f32, f32)> =
-                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
-                    // SAFETY: AVX2 is available (checked by `build_tables`).
-                    unsafe { build_block_f32(plan, &consts, xg(i), out) }
-                });
-            set.set_meta(meta);
-            return;
-        }
-        TableData::I16(d) => {
-            let meta: Vec<(f32, f32)> =
-                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
-                    // SAFETY: AVX2 is available (checked by the callers).
-                    unsafe { build_block_i16(plan, &consts, xg(i), out) }
-                });
-            set.set_meta(meta);
-            return;
-        }
-    };
-    let meta: Vec<(f32, f32)> = map_blocks(
-        d,
-        blen,
-        Some((&mut set.mult, per_group)),
+    let c = BuildConsts::new(plan);
+    // SAFETY (each block build): AVX2 and F16C are available (the caller's contract).
+    small_build(
+        plan,
+        xt,
+        set,
         parallel,
-        MIN_BLOCKS_PER_TASK,
-        // SAFETY: AVX2 is available (checked by `build_tables`).
-        |i, out, mult| unsafe { build_block_i8(plan, &consts, xg(i), out, mult) },
+        |xg, out, mult| unsafe { build_block_i8(plan, &c, xg, out, mult) },
+        |xg, out| unsafe { build_block_i16(plan, &c, xg, out) },
+        |xg, out| unsafe { build_block_f32(plan, &c, xg, out) },
     );
-    set.set_meta(meta);
 }
 
 /// The f32 entries of tuple `t` (16 lanes in two vectors; lanes of entries not built are 0),

@@ -15,7 +15,7 @@ use maleki_common::{Error, Result};
 use crate::format::Involution;
 use crate::layout::{LayoutKind, TileLayout};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{self, BlockOut, TableSet};
+use crate::table::{self, BlockOut, TableData, TableSet};
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -302,12 +302,70 @@ pub(crate) fn small_i8_block(
     (tsc, zsum)
 }
 
+/// Plans whose every table has at most 16 entries (`V^d <= 16`; mirror plans store a prefix
+/// of them; `i8`: groups of at most [`SMALL_MAX_TUPLES`] tuples, kept on the stack; `i16`:
+/// without mirror): the AVX2 and NEON builds ([`small_build`]). Others: the scalar build.
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) fn small_build_supported(plan: &Plan) -> bool {
+    let small = plan
+        .levels
+        .checked_pow(plan.depth() as u32)
+        .is_some_and(|e| e <= 16);
+    match plan.precision {
+        TablePrecision::I8 => small && plan.tuples.per_group <= SMALL_MAX_TUPLES,
+        TablePrecision::F32 => small,
+        TablePrecision::I16 => small && plan.mirror.is_none(),
+    }
+}
+
+/// Builds `set` for a plan of [`small_build_supported`] with a kernel's block builds (each
+/// bitwise equal to the scalar build of its `(group, column)` block: activations `xg`, the
+/// block's entries, for `i8` its per-tuple multipliers; returns `(tscale, zsum)`), over the
+/// blocks in parallel when `parallel` (a block is about a microsecond: 8 per task).
+#[allow(dead_code)] // used by the kernels of some target architectures only
+pub(crate) fn small_build(
+    plan: &Plan,
+    xt: &[f32],
+    set: &mut TableSet,
+    parallel: bool,
+    i8_block: impl Fn(&[f32], &mut [i8], &mut [u8]) -> (f32, f32) + Sync + Send,
+    i16_block: impl Fn(&[f32], &mut [i16]) -> (f32, f32) + Sync + Send,
+    f32_block: impl Fn(&[f32], &mut [f32]) -> (f32, f32) + Sync + Send,
+) {
+    const MIN_BLOCKS_PER_TASK: usize = 8;
+    let blen = set.block_len();
+    let xg = table::block_activations(plan, set, xt);
+    let per_group = plan.tuples.per_group;
+    let meta: Vec<(f32, f32)> = match &mut set.data {
+        TableData::I8(d) => table::map_blocks(
+            d,
+            blen,
+            Some((&mut set.mult, per_group)),
+            parallel,
+            MIN_BLOCKS_PER_TASK,
+            |i, out, mult| i8_block(xg(i), out, mult),
+        ),
+        TableData::I16(d) => {
+            table::map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                i16_block(xg(i), out)
+            })
+        }
+        TableData::F32(d) => {
+            table::map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
+                f32_block(xg(i), out)
+            })
+        }
+    };
+    set.set_meta(meta);
+}
+
 /// One `(group, column)` block of `f32` tables of at most 16 entries, bitwise equal to
 /// [`table::build_block`]: each tuple's entries (`entries(xs, w)`: the f32 entries of a tuple
 /// with activations `xs`, `w` = 1 for a group's shorter last tuple, entries not built 0),
 /// `tscale` 1, `zsum` the sequential sum of the group's activations when the plan has a zero
 /// term. The AVX2 and NEON builds bring `entries`.
 #[allow(dead_code)] // used by the kernels of some target architectures only
+#[inline(always)]
 pub(crate) fn small_f32_block(
     plan: &Plan,
     xg: &[f32],

@@ -25,12 +25,12 @@ use std::arch::aarch64::*;
 
 use crate::kernels::scalar::epilogue;
 use crate::kernels::{
-    mirror_consts, small_f32_block, small_i16_block, small_i8_block, Backend, LutKernel, Mir,
-    RowJob, SmallTables, SMALL_MAX_TUPLES,
+    mirror_consts, small_build, small_build_supported, small_f32_block, small_i16_block,
+    small_i8_block, Backend, LutKernel, Mir, RowJob, SmallTables,
 };
 use crate::layout::{IndexData, LayoutKind, TileLayout, ROW_BLOCK};
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{self, map_blocks, TableData, TableSet, I8_CHUNK};
+use crate::table::{self, TableData, TableSet, I8_CHUNK};
 
 /// The NEON kernel.
 pub struct Neon;
@@ -65,7 +65,7 @@ impl LutKernel for Neon {
     }
 
     fn build_tables(&self, plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) -> bool {
-        if !build_supported(plan) {
+        if !small_build_supported(plan) {
             return false;
         }
         // SAFETY: NEON is baseline on aarch64.
@@ -491,24 +491,6 @@ unsafe fn run_f32<const KIND: u8, const PAIRED: bool>(
 // Table build (i8, i16 and f32 tables of at most 16 entries)
 // ---------------------------------------------------------------------------------------------
 
-/// Plans the NEON build takes: tables of at most 16 entries (`V^d <= 16`), `i8` in groups of
-/// at most [`SMALL_MAX_TUPLES`] tuples, `i16` without mirror (as the kernel). Others: the scalar
-/// build.
-fn build_supported(plan: &Plan) -> bool {
-    let small = plan
-        .levels
-        .checked_pow(plan.depth() as u32)
-        .is_some_and(|e| e <= 16);
-    match plan.precision {
-        TablePrecision::I8 => small && plan.tuples.per_group <= SMALL_MAX_TUPLES,
-        TablePrecision::I16 => small && plan.mirror.is_none(),
-        TablePrecision::F32 => small,
-    }
-}
-
-/// `(group, column)` blocks per parallel task of a build (a block is about a microsecond).
-const MIN_BLOCKS_PER_TASK: usize = 8;
-
 /// What every block of a build shares: [`SmallTables`], and for `V <= 8` the byte indices of
 /// `vqtbl2q_u8` into the first 8 products (32 bytes) that move the product of entry `i`'s
 /// digit `j` into lane `i`: `pick[j][4i + k] = 4 digit_j(i) + k`.
@@ -530,46 +512,22 @@ impl BuildConsts {
     }
 }
 
-/// Builds `set` for a plan of [`build_supported`], bitwise equal to the scalar build.
+/// Builds `set` for a plan of [`small_build_supported`], bitwise equal to the scalar build.
 ///
 /// # Safety
 /// NEON (baseline on aarch64).
 unsafe fn build(plan: &Plan, xt: &[f32], set: &mut TableSet, parallel: bool) {
-    let blen = set.block_len();
-    let consts = BuildConsts::new(plan);
-    let xg = table::block_activations(plan, set, xt);
-    let per_group = plan.tuples.per_group;
-    let d = match &mut set.data {
-        TableData::I8(d) => d,
-        TableData::I16(d) => {
-            let meta: Vec<(f32, f32)> =
-                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
-                    // SAFETY: NEON is baseline on aarch64.
-                    unsafe { build_block_i16(plan, &consts, xg(i), out) }
-                });
-            set.set_meta(meta);
-            return;
-        }
-        TableData::F32(d) => {
-            let meta: Vec<(f32, f32)> =
-                map_blocks(d, blen, None, parallel, MIN_BLOCKS_PER_TASK, |i, out, _| {
-                    // SAFETY: NEON is baseline on aarch64.
-                    unsafe { build_block_f32(plan, &consts, xg(i), out) }
-                });
-            set.set_meta(meta);
-            return;
-        }
-    };
-    let meta: Vec<(f32, f32)> = map_blocks(
-        d,
-        blen,
-        Some((&mut set.mult, per_group)),
+    let c = BuildConsts::new(plan);
+    // SAFETY (each block build): NEON is baseline on aarch64.
+    small_build(
+        plan,
+        xt,
+        set,
         parallel,
-        MIN_BLOCKS_PER_TASK,
-        // SAFETY: NEON is baseline on aarch64.
-        |i, out, mult| unsafe { build_block_i8(plan, &consts, xg(i), out, mult) },
+        |xg, out, mult| unsafe { build_block_i8(plan, &c, xg, out, mult) },
+        |xg, out| unsafe { build_block_i16(plan, &c, xg, out) },
+        |xg, out| unsafe { build_block_f32(plan, &c, xg, out) },
     );
-    set.set_meta(meta);
 }
 
 /// The f32 entries of a tuple with activations `xs` (16 lanes in four vectors; lanes of
