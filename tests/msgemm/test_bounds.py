@@ -237,6 +237,48 @@ def test_i16_mode_is_the_exact_integer_computation(fmt, mirror, k, g):
     assert ran >= 2
 
 
+@pytest.mark.parametrize("fmt, g", [("int4", 128), ("uint4", 32), ("int2", 64), ("ternary", 40)])
+def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
+    # Batches of every column-chunk size (16, 8, 4, 2, 1 columns), act-order weights, (B, K)
+    # activations through `linear`: on AVX-512 VNNI CPUs the dense int8 path, elsewhere the
+    # table kernels; the same bits as the replica and as one GEMV per column either way.
+    rng = np.random.default_rng(31)
+    k = 8 * g
+    w = rng.standard_normal((150, k))
+    pw = mg.quantize(w, fmt, g)
+    if fmt == "uint4":  # act-order: the same codes read in a shuffled input order
+        pw = mg.PackedWeights.from_arrays(pw.codes, pw.scales, pw.zeros, format=fmt, k_perm=rng.permutation(k))
+    for n in (1, 2, 7, 16, 31):
+        x = rng.standard_normal((k, n)).astype(np.float32)
+        want = _i16_replica(pw, x, False)
+        y = mg.msgemm(pw, x, table="i16")
+        assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist(), n
+        yl = mg.linear(np.ascontiguousarray(x.T), pw, table="i16")
+        assert yl.view(np.uint32).tolist() == want.T.view(np.uint32).tolist(), n
+        cols = np.stack([mg.msgemm(pw, x[:, c].copy(), table="i16") for c in range(n)], axis=1)
+        assert cols.view(np.uint32).tolist() == want.view(np.uint32).tolist(), n
+    info = mg.plan_info(pw, n=16, table="i16")
+    assert isinstance(info["dense_int8"], bool)
+    if info["dense_int8"]:
+        assert info["backend"] == "avx512"
+    # Plans it never takes.
+    assert not mg.plan_info(pw, n=16)["dense_int8"]
+    assert not mg.plan_info(pw, n=16, table="i16", backend="scalar")["dense_int8"]
+    assert not mg.plan_info(pw, n=16, table="i16", mirror=True)["dense_int8"]
+
+
+def test_prepare_builds_what_an_i16_call_reads():
+    pw = mg.quantize(np.random.default_rng(2).standard_normal((256, 512)), "int4", 128)
+    before = pw.cache_nbytes
+    pw.prepare(table="i16")
+    assert pw.cache_nbytes > before
+    x = np.ones(512, dtype=np.float32)
+    want = mg.msgemm(pw, x, table="i16", backend="scalar")
+    assert mg.msgemm(pw, x, table="i16").tolist() == want.tolist()
+    with pytest.raises(ValueError, match="table"):
+        pw.prepare(table="i4")
+
+
 def test_i16_rejects_non_dyadic_codebooks():
     pw = mg.quantize(np.random.default_rng(0).standard_normal((8, 64)), "nf4", 64)
     with pytest.raises(ValueError, match="i16"):

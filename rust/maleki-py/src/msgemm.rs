@@ -450,16 +450,18 @@ impl Packed {
             Ok(())
         })
     }
-    /// Builds (and caches) what a default call (`table='i8'`, backend auto) of `depth` (None:
-    /// the depth such a GEMV resolves to) reads: the codes used, the tile layout, the tiled
-    /// scales and zero points; then even the first GEMV runs on the calling thread.
-    #[pyo3(signature = (depth=None))]
-    fn prepare(&self, py: Python<'_>, depth: Option<usize>) -> PyResult<()> {
+    /// Builds (and caches) what a call with `table` (backend auto) of `depth` (None: the depth
+    /// such a GEMV resolves to) reads: the codes used, the tile layout (or the dense `i16`
+    /// layout), the tiled scales and zero points; then even the first GEMV runs on the calling
+    /// thread.
+    #[pyo3(signature = (depth=None, table="i8"))]
+    fn prepare(&self, py: Python<'_>, depth: Option<usize>, table: &str) -> PyResult<()> {
         let pw = self.get();
+        let precision = TablePrecision::from_name(table).map_err(to_pyerr)?;
         run_quick(py, || {
             let opts = GemmOptions {
                 depth: depth.map_or(Depth::Auto, Depth::Fixed),
-                precision: TablePrecision::I8,
+                precision,
                 backend: Backend::Auto,
                 mirror: false,
             };
@@ -685,9 +687,12 @@ fn plan_info<'py>(
             }
         })
     })?;
+    let dense = run
+        .as_ref()
+        .is_some_and(|(r, _)| maleki_msgemm::dense::applies(r, opts.backend));
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
-    d.set_item("backend", kernel)?;
+    d.set_item("backend", if dense { "avx512" } else { kernel })?;
     d.set_item("table", plan.precision.name())?;
     d.set_item("levels", plan.levels)?;
     d.set_item("tuples_per_group", plan.tuples.per_group)?;
@@ -708,6 +713,7 @@ fn plan_info<'py>(
     d.set_item("folded_indices", kind == LayoutKind::Folded)?;
     d.set_item("paired_indices", kind == LayoutKind::Paired)?;
     d.set_item("label_space", labels)?;
+    d.set_item("dense_int8", dense)?;
     Ok(d)
 }
 

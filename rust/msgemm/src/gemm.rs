@@ -20,6 +20,7 @@ use maleki_common::{pool, Error, Result};
 use rayon::prelude::*;
 
 use crate::count::{self, OpCounts};
+use crate::dense;
 use crate::kernels::{self, Backend, LutKernel, RowJob, Tiled, Zeros};
 use crate::layout::{LayoutKind, ROW_BLOCK};
 use crate::packed::PackedWeights;
@@ -728,12 +729,15 @@ pub fn gemm_into_layout(
     if pool::on_a_pool() {
         return gemm_on_pool(pw, x, n, layout, y_layout, opts, y);
     }
-    if n == 1 {
+    if n == 1 && !dense::may_apply(opts) {
         if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
             return Ok(plan);
         }
     }
-    if (2..=CALLER_BATCH_MAX).contains(&n) && batch_here(pw, x, n, layout, y_layout, opts, y)? {
+    if (2..=CALLER_BATCH_MAX).contains(&n)
+        && !dense::may_apply(opts)
+        && batch_here(pw, x, n, layout, y_layout, opts, y)?
+    {
         return plan(pw, n, opts);
     }
     pool::install(|| gemm_on_pool(pw, x, n, layout, y_layout, opts, y))
@@ -827,7 +831,11 @@ pub fn prepare(pw: &PackedWeights, opts: &GemmOptions) -> Result<Plan> {
         let plan = plan(pw, 1, opts)?;
         if opts.backend != Backend::Reference {
             let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
-            pw.layout_for(&run, kernel.layout_kind(&run))?;
+            if dense::applies(&run, opts.backend) {
+                pw.dense_layout()?;
+            } else {
+                pw.layout_for(&run, kernel.layout_kind(&run))?;
+            }
             job_zeros(pw, &run);
         }
         pw.tiled_scales();
@@ -1044,7 +1052,11 @@ fn gemm_on_pool(
         return Ok(plan);
     }
     let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
-    run_plan(pw, &run, kernel, &xt, y, y_layout)?;
+    if dense::applies(&run, opts.backend) {
+        dense::run(pw, &run, &xt, y, y_layout)?;
+    } else {
+        run_plan(pw, &run, kernel, &xt, y, y_layout)?;
+    }
     check_result(y)?;
     Ok(plan)
 }

@@ -11,10 +11,12 @@
 //! settings), [`table`] (phase 1), [`kernels`] (phase 2, runtime dispatch), [`gemm`]
 //! (driver), [`count`] (operation-count model and instrumented reference), [`interop`]
 //! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers),
-//! [`fused`] (the fused dequantize GEMV the benchmark compares against).
+//! [`fused`] (the fused dequantize GEMV the benchmark compares against), [`dense`] (the
+//! `i16` mode's dense int8 path for batches on AVX-512 VNNI).
 
 pub mod aligned;
 pub mod count;
+pub mod dense;
 pub mod format;
 pub mod fused;
 pub mod gemm;

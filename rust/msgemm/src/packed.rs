@@ -6,6 +6,7 @@ use maleki_common::{Error, Result};
 use rayon::prelude::*;
 
 use crate::aligned::AlignedVec;
+use crate::dense::{self, DenseLayout};
 use crate::format::{Codebook, Packing, MAX_DEPTH};
 use crate::kernels::Tiled;
 use crate::layout::{tile_per_group, IndexData, LayoutKind, TileLayout};
@@ -36,6 +37,8 @@ pub struct PackedWeights {
     tiled_zeros: OnceLock<Option<FloatTiles>>,
     tiled_mirror_zeros: OnceLock<FloatTiles>,
     used_codes: OnceLock<Vec<bool>>,
+    /// The weights for the dense `i16` path ([`crate::dense`]).
+    dense: OnceLock<DenseLayout>,
 }
 
 impl Clone for PackedWeights {
@@ -54,6 +57,7 @@ impl Clone for PackedWeights {
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
+            dense: OnceLock::new(),
         }
     }
 }
@@ -337,6 +341,7 @@ impl PackedWeights {
             tiled_zeros: OnceLock::new(),
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
+            dense: OnceLock::new(),
         })
     }
 
@@ -412,7 +417,8 @@ impl PackedWeights {
                 .and_then(|z| z.as_ref().map(|v| v.capacity_bytes()))
                 .unwrap_or(0);
         let used = self.used_codes.get().map_or(0, |u| u.capacity());
-        layouts + floats + used
+        let dense = self.dense.get().map_or(0, |d| d.data.capacity_bytes());
+        layouts + floats + used + dense
     }
 
     /// Unpacked codes `(M, K)` row-major, in packed column order.
@@ -729,6 +735,21 @@ impl PackedWeights {
             FloatTiles::new(&eff, self.m, self.groups())
         });
         Some(tiled.view())
+    }
+
+    /// The 4-bit code layout of the dense `i16` path ([`crate::dense`]; built on first use,
+    /// then cached): codebooks of at most 16 levels, group sizes that are multiples of 8.
+    pub fn dense_layout(&self) -> Result<&DenseLayout> {
+        if self.codebook.levels() > 16 || !self.group_size.is_multiple_of(dense::CHUNK) {
+            return Err(Error::Unsupported(format!(
+                "no dense layout for {} with group size {}",
+                self.codebook.format().name(),
+                self.group_size
+            )));
+        }
+        Ok(fill(&self.dense, || {
+            DenseLayout::build(&self.codes(), self.m, self.k, self.group_size)
+        }))
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).

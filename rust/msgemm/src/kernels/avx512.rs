@@ -335,7 +335,7 @@ fn unpermute_indices() -> ([i16; 32], [i16; 32]) {
 /// 16 values from offset `i` of a tiled array, widened exactly from float16 bits where they
 /// are stored so.
 #[inline(always)]
-unsafe fn load16(t: Tiled<'_>, i: usize) -> __m512 {
+pub(crate) unsafe fn load16(t: Tiled<'_>, i: usize) -> __m512 {
     // SAFETY: the callers keep `i + 16` inside the array (64 values per group and row block).
     unsafe {
         match t {
@@ -350,7 +350,7 @@ unsafe fn load16(t: Tiled<'_>, i: usize) -> __m512 {
 /// 16 zero points from offset `i` of the tiled layout (`Zeros::None` is never read: the
 /// callers test `plan.zero_term`).
 #[inline(always)]
-unsafe fn zero_vec(z: Zeros<'_>, i: usize) -> __m512 {
+pub(crate) unsafe fn zero_vec(z: Zeros<'_>, i: usize) -> __m512 {
     // SAFETY: a tiled array holds 64 floats per (group, row block); `i + 16` stays inside.
     unsafe {
         match z {
@@ -806,25 +806,25 @@ fn prefetch_epilogue(job: &RowJob<'_>, off: usize, blocks: usize) {
 }
 
 /// The epilogue constants of one (group, column) for the rows of a tile.
-struct TileEpi<'a> {
-    plan: &'a Plan,
-    scales: Tiled<'a>,
-    zeros: Zeros<'a>,
+pub(crate) struct TileEpi<'a> {
+    pub plan: &'a Plan,
+    pub scales: Tiled<'a>,
+    pub zeros: Zeros<'a>,
     /// Offset of the tile's first row block in the tiled arrays.
-    sz: usize,
-    tsc: f32,
-    zs: f32,
+    pub sz: usize,
+    pub tsc: f32,
+    pub zs: f32,
     /// `y` at the tile's first row (64 consecutive floats per row block).
-    dst: *mut f32,
+    pub dst: *mut f32,
     /// Valid rows from the tile's first row on.
-    rows: usize,
+    pub rows: usize,
 }
 
 /// The epilogue of 16 rows (`lanes` of them valid) from their partial sums `u` (as floats),
 /// in the contract's order: `u = P; u -= z*zsum; u *= tscale` (not for `f32` tables, whose
 /// `tscale` is 1)`; y += s*u`. `i`: offset of the rows in the tiled arrays and in `dst`.
 #[inline(always)]
-unsafe fn epilogue16(e: &TileEpi<'_>, mut u: __m512, i: usize, lanes: usize) {
+pub(crate) unsafe fn epilogue16(e: &TileEpi<'_>, mut u: __m512, i: usize, lanes: usize) {
     // SAFETY: `e.scales`, the tiled zero points and `e.dst` hold the rows `i .. i + lanes`;
     // features enabled by the callers.
     unsafe {

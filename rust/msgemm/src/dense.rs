@@ -1,0 +1,456 @@
+//! The dense int8 path of the `i16` mode: `vpdpbusd` (AVX-512 VNNI) instead of tables.
+//!
+//! In `i16` mode every partial sum is the exact integer `P = sum_k ints[q_k] * xq_k` of the
+//! group's int8 activations `xq` and the codebook's integer values (see [`crate::table`]):
+//! the tables only change how `P` is summed, not its value. On a CPU with AVX-512 VNNI one
+//! `vpdpbusd` multiplies 64 unsigned bytes by 64 signed bytes and adds them by fours into 16
+//! int32 lanes: summing `P` densely from the 4-bit codes beats looking it up, for a GEMV and
+//! more so for batches, where the `i16` tables' lookups cost as much per column as the first
+//! (int4 4096 x 4096 on 2 threads, `examples/prof`: N = 1 0.44 -> 0.20 ms, N = 16 and 64
+//! 2.2 / 7.5 ms with `i8` tables -> 0.91 / 3.6 ms; figures in BENCHMARKS.md). The result is the same integer and then the same epilogue
+//! as every `i16` kernel (`KERNELS.md`), so the output is bitwise the scalar kernel's.
+//!
+//! Applies to `i16` plans without mirror or labels, codebooks of at most 16 levels whose
+//! integer values are affine in the code (`ints[c] = ints[0] + a c`: int4, uint4 with zero
+//! points, int3, int2, ternary), group sizes that are multiples of 8, on CPUs with AVX-512 F,
+//! BW and VNNI. Then `P = a * sum_k q_k xq_k + ints[0] * sum_k xq_k`, with the codes `q` as the
+//! unsigned operand and the activations as the signed one.
+//!
+//! Weights are read from their own tile layout ([`DenseLayout`], built on first use, as large
+//! as the packed codes of 4-bit formats).
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::aligned::AlignedVec;
+use crate::gemm::{job_zeros, k_slices, GemmOptions, YLayout};
+use crate::kernels::Backend;
+use crate::layout::ROW_BLOCK;
+use crate::packed::PackedWeights;
+use crate::plan::{Plan, TablePrecision};
+use crate::table;
+
+/// Inputs per 4-byte weight word: two 4-bit codes per byte.
+pub const CHUNK: usize = 8;
+/// Rows per vector of int32 sums.
+pub const SUB: usize = 16;
+/// Vectors of rows per 64-row block.
+const SUBS: usize = ROW_BLOCK / SUB;
+
+/// The 4-bit codes of the weights for the dense kernel: `[g][rb][s][c][16 rows][4 bytes]`
+/// (`s`: 16-row part of the 64-row block `rb`, `c`: chunk of [`CHUNK`] inputs of group `g`).
+/// Byte `j` of a row's word holds the codes of inputs `k0 + 2j` (low nibble) and `k0 + 2j + 1`
+/// (high nibble), `k0 = g G + 8 c`. Rows past M hold code 0 (never written out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenseLayout {
+    pub data: AlignedVec<u8>,
+    pub groups: usize,
+    pub row_blocks: usize,
+    /// Chunks per group, `G / 8`.
+    pub chunks: usize,
+}
+
+impl DenseLayout {
+    /// Bytes of one 16-row part of one group.
+    #[inline]
+    pub fn part_bytes(&self) -> usize {
+        self.chunks * SUB * 4
+    }
+
+    /// Offset of part `s` of row block `rb` of group `g` in `data`.
+    #[inline]
+    pub fn part(&self, g: usize, rb: usize, s: usize) -> usize {
+        ((g * self.row_blocks + rb) * SUBS + s) * self.part_bytes()
+    }
+
+    /// Builds the layout from unpacked codes `(M, K)` row-major (every code < 16;
+    /// `group_size` a multiple of [`CHUNK`]).
+    pub fn build(codes: &[u8], m: usize, k: usize, group_size: usize) -> DenseLayout {
+        assert!(group_size.is_multiple_of(CHUNK) && k.is_multiple_of(group_size));
+        assert_eq!(codes.len(), m * k);
+        let groups = k / group_size;
+        let row_blocks = m.div_ceil(ROW_BLOCK);
+        let chunks = group_size / CHUNK;
+        let mut lay = DenseLayout {
+            data: AlignedVec::zeroed(groups * row_blocks * ROW_BLOCK * group_size / 2),
+            groups,
+            row_blocks,
+            chunks,
+        };
+        let per_group = row_blocks * ROW_BLOCK * group_size / 2;
+        let part = lay.part_bytes();
+        if per_group > 0 {
+            lay.data
+                .par_chunks_mut(per_group)
+                .enumerate()
+                .for_each(|(g, out)| {
+                    for (p, part_out) in out.chunks_exact_mut(part).enumerate() {
+                        let row0 = p * SUB;
+                        for (c, words) in part_out.chunks_exact_mut(SUB * 4).enumerate() {
+                            let k0 = g * group_size + c * CHUNK;
+                            for (r, word) in words.chunks_exact_mut(4).enumerate() {
+                                let row = row0 + r;
+                                if row >= m {
+                                    break;
+                                }
+                                let src = &codes[row * k + k0..row * k + k0 + CHUNK];
+                                for (j, b) in word.iter_mut().enumerate() {
+                                    *b = src[2 * j] | (src[2 * j + 1] << 4);
+                                }
+                            }
+                        }
+                    }
+                });
+        }
+        lay
+    }
+}
+
+/// `(a, c0)` with `ints[c] = c0 + a c` for every code, when the plan's integer values are so.
+fn affine(plan: &Plan) -> Option<(i32, i32)> {
+    let ints = plan.int_values.as_deref()?;
+    let (&c0, rest) = ints.split_first()?;
+    let a = rest.first().map_or(0, |&v| v - c0);
+    ints.iter()
+        .enumerate()
+        .all(|(c, &v)| i64::from(v) == i64::from(c0) + i64::from(a) * c as i64)
+        .then_some((a, c0))
+}
+
+/// Whether the CPU has what the dense kernel needs.
+pub fn cpu_ok() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether a call with `opts` may take the dense path, before its plan is made (the driver
+/// then decides with [`applies`]).
+pub fn may_apply(opts: &GemmOptions) -> bool {
+    matches!(opts.backend, Backend::Auto | Backend::Avx512)
+        && opts.precision == TablePrecision::I16
+        && cpu_ok()
+}
+
+/// Whether a call of `plan` on `backend` runs on the dense path (see the module docs).
+pub fn applies(plan: &Plan, backend: Backend) -> bool {
+    matches!(backend, Backend::Auto | Backend::Avx512)
+        && plan.precision == TablePrecision::I16
+        && plan.mirror.is_none()
+        && plan.labels.is_none()
+        && plan.levels <= 16
+        && plan.group_size.is_multiple_of(CHUNK)
+        && affine(plan).is_some_and(|(a, c0)| {
+            // |a Q| and |c0 S| (Q, S: sums of codes times activations and of activations) stay
+            // far inside int32 for the group sizes in use: bounded here for any.
+            let bound = (i64::from(a.unsigned_abs()) * 15 + i64::from(c0.unsigned_abs()))
+                * 127
+                * plan.group_size as i64;
+            bound < i64::from(i32::MAX) / 2
+        })
+        && cpu_ok()
+}
+
+/// The int8 activations of a call and the per-(column, group) constants of the epilogue.
+struct Acts {
+    /// `[n][K]` int8, each chunk of 8 inputs stored as inputs `0, 2, 4, 6, 1, 3, 5, 7` (the
+    /// low then the high nibbles of a weight word).
+    xq: Vec<i8>,
+    /// `[n][g]`: `tscale` (`a / 2^int_exp`) as [`table::build_block`] computes it.
+    tsc: Vec<f32>,
+    /// `[n][g]`: `zsum` as [`table::build_block`] computes it (0 without a zero term).
+    zsum: Vec<f32>,
+    /// `[n][g]`: `c0 * sum_k xq_k`, the constant part of `P`.
+    corr: Vec<i32>,
+}
+
+impl Acts {
+    /// From X transposed and permuted (`(N, K)` row-major), on the current pool.
+    fn new(plan: &Plan, xt: &[f32], c0: i32) -> Acts {
+        let (k, g_size, groups, n) = (plan.k, plan.group_size, plan.groups, plan.n);
+        let mut xq = vec![0i8; n * k];
+        let mut tsc = vec![0f32; n * groups];
+        let mut zsum = vec![0f32; n * groups];
+        let mut corr = vec![0i32; n * groups];
+        let scale = 2f32.powi(plan.int_exp);
+        xq.par_chunks_mut(k)
+            .zip(xt.par_chunks(k))
+            .zip(tsc.par_chunks_mut(groups))
+            .zip(zsum.par_chunks_mut(groups))
+            .zip(corr.par_chunks_mut(groups))
+            .for_each(|((((xq, x), tsc), zsum), corr)| {
+                let mut q = vec![0i32; g_size];
+                for g in 0..groups {
+                    let a = table::quantize_activations(&x[g * g_size..(g + 1) * g_size], &mut q);
+                    tsc[g] = a / scale;
+                    let sum: i32 = q.iter().sum();
+                    zsum[g] = if plan.zero_term {
+                        sum as f32 * scale
+                    } else {
+                        0.0
+                    };
+                    corr[g] = c0 * sum;
+                    let out = &mut xq[g * g_size..(g + 1) * g_size];
+                    for (o, v) in out.chunks_exact_mut(CHUNK).zip(q.chunks_exact(CHUNK)) {
+                        for j in 0..CHUNK / 2 {
+                            o[j] = v[2 * j] as i8;
+                            o[CHUNK / 2 + j] = v[2 * j + 1] as i8;
+                        }
+                    }
+                }
+            });
+        Acts {
+            xq,
+            tsc,
+            zsum,
+            corr,
+        }
+    }
+}
+
+/// `y = Wd @ X` on the dense path into `y` (overwritten, laid out as `y_layout`), for a plan
+/// that [`applies`]: per row and column, each K slice ([`k_slices`]) accumulated over its
+/// groups in ascending order from `+0.0` with the `i16` epilogue, the slices added in order,
+/// as [`crate::gemm::run_plan`] does. Runs on the current pool.
+pub fn run(
+    pw: &PackedWeights,
+    plan: &Plan,
+    xt: &[f32],
+    y: &mut [f32],
+    y_layout: YLayout,
+) -> maleki_common::Result<()> {
+    let (a, c0) = affine(plan).expect("dense::run on a plan it applies to");
+    let lay = pw.dense_layout()?;
+    let acts = Acts::new(plan, xt, c0);
+    let slices = k_slices(plan);
+    let (m, n) = (plan.m, plan.n);
+    let block = |rb: usize, ys: &mut [f32]| {
+        ys.fill(0.0);
+        for (si, groups) in slices.iter().enumerate() {
+            let ys = &mut ys[si * ROW_BLOCK * n..(si + 1) * ROW_BLOCK * n];
+            block_sums(pw, plan, lay, &acts, a, rb, groups.clone(), ys);
+        }
+        if slices.len() == 2 {
+            let (first, second) = ys.split_at_mut(ROW_BLOCK * n);
+            for (f, s) in first.iter_mut().zip(second.iter()) {
+                *f += *s;
+            }
+        }
+    };
+    let scratch_len = slices.len() * ROW_BLOCK * n;
+    match y_layout {
+        YLayout::MbyN => y.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each_init(
+            || vec![0f32; scratch_len],
+            |ys, (rb, out)| {
+                block(rb, ys);
+                for (r, row) in out.chunks_exact_mut(n).enumerate() {
+                    for (c, o) in row.iter_mut().enumerate() {
+                        *o = ys[c * ROW_BLOCK + r];
+                    }
+                }
+            },
+        ),
+        YLayout::NbyM => {
+            let mut cols = vec![0f32; plan.row_blocks * ROW_BLOCK * n];
+            cols.par_chunks_mut(ROW_BLOCK * n)
+                .enumerate()
+                .for_each_init(
+                    || vec![0f32; scratch_len],
+                    |ys, (rb, out)| {
+                        block(rb, ys);
+                        out.copy_from_slice(&ys[..ROW_BLOCK * n]);
+                    },
+                );
+            y.par_chunks_mut(m).enumerate().for_each(|(c, out)| {
+                for (rb, dst) in out.chunks_mut(ROW_BLOCK).enumerate() {
+                    let src = &cols[(rb * n + c) * ROW_BLOCK..];
+                    dst.copy_from_slice(&src[..dst.len()]);
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Adds the groups `groups` of row block `rb` into `ys` (`[n][64]`, column-major).
+#[allow(clippy::too_many_arguments)]
+fn block_sums(
+    pw: &PackedWeights,
+    plan: &Plan,
+    lay: &DenseLayout,
+    acts: &Acts,
+    a: i32,
+    rb: usize,
+    groups: Range<usize>,
+    ys: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let job = vnni::Job {
+            plan,
+            lay,
+            acts,
+            a,
+            scales: pw.tiled_scales(),
+            zeros: job_zeros(pw, plan),
+        };
+        // SAFETY: `applies` checked the CPU features; `ys` holds `n * 64` floats.
+        unsafe { vnni::block_sums(&job, rb, groups, ys) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (pw, plan, lay, acts, a, rb, groups, ys);
+        unreachable!("dense::applies is false off x86-64")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::{Acts, DenseLayout, CHUNK, SUB, SUBS};
+    use crate::kernels::avx512::{epilogue16, TileEpi};
+    use crate::kernels::{Tiled, Zeros};
+    use crate::layout::ROW_BLOCK;
+    use crate::plan::Plan;
+
+    pub(super) struct Job<'a> {
+        pub plan: &'a Plan,
+        pub lay: &'a DenseLayout,
+        pub acts: &'a Acts,
+        pub a: i32,
+        pub scales: Tiled<'a>,
+        pub zeros: Zeros<'a>,
+    }
+
+    /// The sums `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns:
+    /// `w` the part's words (`chunks` of 64 bytes), `x` the first column's activations of the
+    /// group, `stride` bytes between columns.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn part_sums<const NC: usize>(
+        w: *const u8,
+        chunks: usize,
+        x: *const i8,
+        stride: usize,
+    ) -> [__m512i; NC] {
+        let mut acc = [_mm512_setzero_si512(); NC];
+        let low = _mm512_set1_epi8(0x0f);
+        for ch in 0..chunks {
+            // SAFETY: the part holds `chunks` words of 64 bytes; each column holds the group's
+            // `8 chunks` activations.
+            unsafe {
+                let v = _mm512_load_si512(w.add(ch * 64) as *const __m512i);
+                let lo = _mm512_and_si512(v, low);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                for (c, s) in acc.iter_mut().enumerate() {
+                    let p = x.add(c * stride + ch * CHUNK) as *const i32;
+                    let even = _mm512_set1_epi32(p.read_unaligned());
+                    let odd = _mm512_set1_epi32(p.add(1).read_unaligned());
+                    *s = _mm512_dpbusd_epi32(*s, lo, even);
+                    *s = _mm512_dpbusd_epi32(*s, hi, odd);
+                }
+            }
+        }
+        acc
+    }
+
+    /// One 16-row part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: sums and
+    /// epilogue into `ys` (`[n][64]`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn part<const NC: usize>(
+        job: &Job<'_>,
+        rb: usize,
+        g: usize,
+        s: usize,
+        c0: usize,
+        ys: &mut [f32],
+    ) {
+        let (plan, lay, acts) = (job.plan, job.lay, job.acts);
+        let (k, groups) = (plan.k, plan.groups);
+        let w = lay.data[lay.part(g, rb, s)..].as_ptr();
+        let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
+        // SAFETY: offsets inside the layout and the activations (see `part_sums`).
+        let q = unsafe { part_sums::<NC>(w, lay.chunks, x, k) };
+        let rows = plan.m - rb * ROW_BLOCK;
+        let lanes = rows.saturating_sub(s * SUB).min(SUB);
+        let a = _mm512_set1_epi32(job.a);
+        for (c, q) in q.into_iter().enumerate() {
+            let gn = (c0 + c) * groups + g;
+            let p = if job.a == 1 {
+                q
+            } else {
+                _mm512_mullo_epi32(q, a)
+            };
+            let p = _mm512_add_epi32(p, _mm512_set1_epi32(acts.corr[gn]));
+            let e = TileEpi {
+                plan,
+                scales: job.scales,
+                zeros: job.zeros,
+                sz: (g * plan.row_blocks + rb) * ROW_BLOCK,
+                tsc: acts.tsc[gn],
+                zs: acts.zsum[gn],
+                dst: ys[(c0 + c) * ROW_BLOCK..].as_mut_ptr(),
+                rows,
+            };
+            // SAFETY: 64 floats of `ys` per column, 64 tiled values per (group, row block).
+            unsafe { epilogue16(&e, _mm512_cvtepi32_ps(p), s * SUB, lanes) };
+        }
+    }
+
+    /// [`super::block_sums`] on this CPU.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn block_sums(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+    ) {
+        let (plan, n) = (job.plan, job.plan.n);
+        assert!(ys.len() >= n * ROW_BLOCK);
+        let rows = plan.m - rb * ROW_BLOCK;
+        let parts = rows.div_ceil(SUB).min(SUBS);
+        for g in groups {
+            for s in 0..parts {
+                let mut c0 = 0;
+                while c0 < n {
+                    // SAFETY: as `part`.
+                    unsafe {
+                        c0 += match n - c0 {
+                            16.. => {
+                                part::<16>(job, rb, g, s, c0, ys);
+                                16
+                            }
+                            8.. => {
+                                part::<8>(job, rb, g, s, c0, ys);
+                                8
+                            }
+                            4.. => {
+                                part::<4>(job, rb, g, s, c0, ys);
+                                4
+                            }
+                            2.. => {
+                                part::<2>(job, rb, g, s, c0, ys);
+                                2
+                            }
+                            _ => {
+                                part::<1>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The dense int8 path of the `i16` mode (`maleki_msgemm::dense`, AVX-512 VNNI) against the
+//! scalar table kernel, which sums the same exact integers through tables: equal bits for
+//! every affine integer codebook, group size, ragged M, N (column-chunk tails), act-order,
+//! both output layouts and thread count; its layout holds the codes; plans it must not take
+//! stay on the tables. Skipped (with a note) on CPUs without AVX-512 VNNI.
+
+use maleki_common::pool::sized_pool;
+use maleki_common::rng::{below, stream};
+use maleki_msgemm::dense::{self, DenseLayout, CHUNK, SUB};
+use maleki_msgemm::gemm::plan as make_plan;
+use maleki_msgemm::layout::ROW_BLOCK;
+use maleki_msgemm::{
+    gemm, gemm_into_layout, Backend, Codebook, Depth, Format, GemmOptions, PackedWeights,
+    TablePrecision, XLayout, YLayout,
+};
+
+fn i16_opts(backend: Backend) -> GemmOptions {
+    GemmOptions {
+        depth: Depth::Auto,
+        precision: TablePrecision::I16,
+        backend,
+        mirror: false,
+    }
+}
+
+fn random_weights(
+    cb: &Codebook,
+    (m, k, g): (usize, usize, usize),
+    zeros: bool,
+    act_order: bool,
+    seed: u64,
+) -> PackedWeights {
+    let mut r = stream(seed, 0);
+    let codes: Vec<u8> = (0..m * k)
+        .map(|_| below(&mut r, cb.levels() as u64) as u8)
+        .collect();
+    let groups = k / g;
+    let unit = |r: &mut _| below(r, 1 << 20) as f32 / (1u32 << 20) as f32;
+    let scales = (0..m * groups).map(|_| 0.01 + 0.2 * unit(&mut r)).collect();
+    let z = zeros.then(|| (0..m * groups).map(|_| 9.0 * unit(&mut r) - 1.0).collect());
+    let perm = act_order.then(|| {
+        let mut p: Vec<u32> = (0..k as u32).collect();
+        for i in (1..k).rev() {
+            p.swap(i, below(&mut r, i as u64 + 1) as usize);
+        }
+        p
+    });
+    PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, perm).unwrap()
+}
+
+fn activations(k: usize, n: usize, seed: u64) -> Vec<f32> {
+    let mut r = stream(seed, 1);
+    (0..k * n)
+        .map(|i| {
+            // zero stretches: groups whose int8 scale is 0
+            if (i / n) % 89 < 9 {
+                0.0
+            } else {
+                (below(&mut r, 1 << 20) as f32 / (1u32 << 19) as f32 - 1.0) * 3.0
+            }
+        })
+        .collect()
+}
+
+fn vnni() -> bool {
+    let ok = dense::cpu_ok();
+    if !ok {
+        eprintln!("no AVX-512 VNNI on this CPU: the dense path is not tested here");
+    }
+    ok
+}
+
+fn first_mismatch(a: &[f32], b: &[f32]) -> Option<usize> {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
+/// The dense call and the scalar table call, `(M, N)` and `(N, M)` outputs, X as `(K, N)`
+/// and `(N, K)`: equal bits.
+fn check(pw: &PackedWeights, n: usize, what: &str) {
+    let x = activations(pw.k(), n, 11 + n as u64);
+    let plan = make_plan(pw, n, &i16_opts(Backend::Auto)).unwrap();
+    assert!(
+        dense::applies(&plan, Backend::Auto),
+        "{what}: dense should apply"
+    );
+    let want = gemm(pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
+    let got = gemm(pw, &x, n, &i16_opts(Backend::Auto)).unwrap();
+    if let Some(i) = first_mismatch(&got, &want) {
+        panic!("{what} n={n}: y[{i}] = {} vs scalar {}", got[i], want[i]);
+    }
+    let m = pw.m();
+    // X transposed in, Y transposed out.
+    let xt: Vec<f32> = (0..n * pw.k())
+        .map(|i| x[(i % pw.k()) * n + i / pw.k()])
+        .collect();
+    let mut yt = vec![0f32; m * n];
+    let opts = i16_opts(Backend::Avx512);
+    gemm_into_layout(pw, &xt, n, XLayout::NbyK, YLayout::NbyM, &opts, &mut yt).unwrap();
+    let want_t: Vec<f32> = (0..m * n).map(|i| want[(i % m) * n + i / m]).collect();
+    assert_eq!(
+        first_mismatch(&yt, &want_t),
+        None,
+        "{what} n={n}: (N, M) output"
+    );
+}
+
+#[test]
+fn dense_layout_holds_the_codes() {
+    let cb = Codebook::new(Format::Uint4).unwrap();
+    let (m, k, g) = (70, 48, 16);
+    let pw = random_weights(&cb, (m, k, g), false, false, 3);
+    let codes = pw.codes();
+    let lay = DenseLayout::build(&codes, m, k, g);
+    let parts = ROW_BLOCK / SUB;
+    for gi in 0..k / g {
+        for rb in 0..lay.row_blocks {
+            for s in 0..parts {
+                let part = &lay.data[lay.part(gi, rb, s)..][..lay.part_bytes()];
+                for (c, words) in part.chunks_exact(SUB * 4).enumerate() {
+                    for (r, word) in words.chunks_exact(4).enumerate() {
+                        let row = rb * ROW_BLOCK + s * SUB + r;
+                        for j in 0..CHUNK {
+                            let nib = (word[j / 2] >> (4 * (j % 2))) & 15;
+                            let want = if row < m {
+                                codes[row * k + gi * g + c * CHUNK + j]
+                            } else {
+                                0
+                            };
+                            assert_eq!(nib, want, "g={gi} row={row} chunk={c} j={j}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_path_equals_the_table_kernel_bitwise() {
+    if !vnni() {
+        return;
+    }
+    let formats = [
+        (Format::Int4, false),
+        (Format::Uint4, true),
+        (Format::Int3, false),
+        (Format::Uint3, true),
+        (Format::Int2, false),
+        (Format::Uint2, true),
+        (Format::Ternary, false),
+    ];
+    let mut ran = 0;
+    for (i, &(f, zeros)) in formats.iter().enumerate() {
+        let cb = Codebook::new(f).unwrap();
+        for &(m, k, g) in &[(1, 64, 8), (63, 256, 32), (130, 272, 136), (200, 512, 128)] {
+            let pw = random_weights(&cb, (m, k, g), zeros, i % 2 == 0, 100 + i as u64);
+            for n in [1, 2, 3, 5, 16, 17, 31] {
+                check(&pw, n, &format!("{f:?} M={m} K={k} G={g}"));
+                ran += 1;
+            }
+        }
+    }
+    // Codebooks whose integer form has a slope other than 1 or needs a power of two.
+    for values in [
+        &[-6.0f32, -4.0, -2.0, 0.0, 2.0, 4.0, 6.0, 8.0][..],
+        &[0.0, 0.5, 1.0, 1.5][..],
+        &[-3.0, 0.0, 3.0][..],
+    ] {
+        let cb = Codebook::custom(values).unwrap();
+        let pw = random_weights(&cb, (97, 256, 64), true, false, 7);
+        for n in [1, 4, 19] {
+            check(&pw, n, &format!("custom {values:?}"));
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 7 * 4 * 7 + 9);
+}
+
+#[test]
+fn dense_sums_at_their_largest() {
+    if !vnni() {
+        return;
+    }
+    // Every code at its extreme and every activation at +-127 after rounding, in long groups:
+    // the int32 sums reach 15 * 127 * G (uint4) and 8 * 127 * G (int4).
+    let (m, k) = (80, 8192);
+    for (f, code) in [(Format::Uint4, 15u8), (Format::Int4, 0u8)] {
+        let cb = Codebook::new(f).unwrap();
+        for g in [k, 512] {
+            let codes = vec![code; m * k];
+            let pw = PackedWeights::from_codes(
+                cb.clone(),
+                m,
+                k,
+                g,
+                &codes,
+                vec![0.5; m * k / g],
+                None,
+                None,
+            )
+            .unwrap();
+            // (K, 3): columns +-2 alternating, its negation, and +2 everywhere.
+            let x: Vec<f32> = (0..k * 3)
+                .map(|i| {
+                    let sign = if (i / 3) % 2 == 0 { 2.0 } else { -2.0 };
+                    [sign, -sign, 2.0][i % 3]
+                })
+                .collect();
+            let want = gemm(&pw, &x, 3, &i16_opts(Backend::Scalar)).unwrap();
+            let got = gemm(&pw, &x, 3, &i16_opts(Backend::Auto)).unwrap();
+            assert_eq!(first_mismatch(&got, &want), None, "{f:?} G={g}");
+            // The all-positive column: every weight times 2, summed exactly.
+            let v = if f == Format::Uint4 { 15.0 } else { -8.0 };
+            let exact = 0.5 * v * 2.0 * k as f64;
+            assert!(
+                (f64::from(got[2]) - exact).abs() <= exact.abs() * 1e-6,
+                "{f:?} G={g}: {} vs {exact}",
+                got[2]
+            );
+        }
+    }
+}
+
+#[test]
+fn dense_results_do_not_depend_on_the_thread_count() {
+    if !vnni() {
+        return;
+    }
+    let cb = Codebook::new(Format::Uint4).unwrap();
+    let pw = random_weights(&cb, (1000, 1024, 128), true, true, 5);
+    let x = activations(1024, 24, 9);
+    let run = |t: usize| {
+        sized_pool(t)
+            .unwrap()
+            .install(|| gemm(&pw, &x, 24, &i16_opts(Backend::Auto)).unwrap())
+    };
+    let one = run(1);
+    for t in [2, 3, 4] {
+        assert_eq!(first_mismatch(&run(t), &one), None, "{t} threads");
+    }
+}
+
+#[test]
+fn plans_the_dense_path_does_not_take() {
+    let plan_of = |pw: &PackedWeights, opts: GemmOptions| make_plan(pw, 4, &opts).unwrap();
+    let int4 = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 64, 16),
+        false,
+        false,
+        1,
+    );
+    let base = i16_opts(Backend::Auto);
+    let cpu = dense::cpu_ok();
+    assert_eq!(dense::applies(&plan_of(&int4, base), Backend::Auto), cpu);
+    // Other precisions, backends and mirror tables stay on the tables.
+    for opts in [
+        GemmOptions {
+            precision: TablePrecision::I8,
+            ..base
+        },
+        GemmOptions {
+            precision: TablePrecision::F32,
+            ..base
+        },
+        GemmOptions {
+            mirror: true,
+            ..base
+        },
+    ] {
+        assert!(
+            !dense::applies(&plan_of(&int4, opts), Backend::Auto),
+            "{opts:?}"
+        );
+    }
+    for b in [Backend::Avx2, Backend::Scalar, Backend::Neon] {
+        assert!(!dense::applies(&plan_of(&int4, base), b), "{b:?}");
+    }
+    // Group sizes that are not multiples of 8, and codebooks that are not affine integers.
+    let g4 = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 64, 4),
+        false,
+        false,
+        2,
+    );
+    assert!(!dense::applies(&plan_of(&g4, base), Backend::Auto));
+    let bent = random_weights(
+        &Codebook::custom(&[0.0, 1.0, 3.0, 7.0]).unwrap(),
+        (64, 64, 16),
+        false,
+        false,
+        3,
+    );
+    assert!(!dense::applies(&plan_of(&bent, base), Backend::Auto));
+    // ... and still give the scalar kernel's bits through the tables.
+    let x = activations(64, 4, 4);
+    for pw in [&g4, &bent] {
+        let want = gemm(pw, &x, 4, &i16_opts(Backend::Scalar)).unwrap();
+        assert_eq!(
+            first_mismatch(&gemm(pw, &x, 4, &base).unwrap(), &want),
+            None
+        );
+    }
+}
