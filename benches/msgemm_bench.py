@@ -369,36 +369,61 @@ def main() -> None:
     wd = pw.dequantize(np.float32)
     brows = []
     sessions = {level: ort_session(pw, 4, level, th) for level in (0, 4)}  # any N
+    has_avx2 = "avx2" in mg.available_backends()
+    dense = mg.plan_info(pw, n=16, table="i16")["dense_int8"]
+    batch_err: dict[str, float] = {}
     for n in [1, 4, 16, 64] if not args.quick else [4, 16]:
         xb = rng.standard_normal((k, n), dtype=np.float32)
         # A1 in the same rounds as ours: the ratio that the goal is about then sees the same
         # bursts of load from the other tenants of this VM's host.
         fns = {
             "ours": lambda: mg.msgemm(pw, xb),
+            "i16": lambda: mg.msgemm(pw, xb, table="i16"),
             "a0": lambda: wd @ xb,
             "a1": lambda: pw.dequantize(np.float32) @ xb,
         }
+        if has_avx2:  # the i16 mode on its table kernel, for the dense path's worth
+            fns["i16 tables"] = lambda: mg.msgemm(pw, xb, table="i16", backend="avx2")
         for level, sess in sessions.items():
             if sess is not None:
                 fns[f"ort{level}"] = lambda s=sess: ort_run(s, xb)
         tt = timeit_rounds(fns, repeat=max(3, rep // 6), rounds=5)
-        t_ours, t_a0, t_a1 = tt["ours"], tt["a0"], tt["a1"]
+        t_ours, t_16, t_a0, t_a1 = tt["ours"], tt["i16"], tt["a0"], tt["a1"]
+        headline[f"batch{n} i8"], headline[f"batch{n} i16"] = t_ours["min"], t_16["min"]
+        if sessions[4] is not None:
+            headline[f"batch{n} ort4"] = tt["ort4"]["min"]
+        if n == 16:
+            ref = wd.astype(np.float64) @ xb.astype(np.float64)
+            outs = {"i8": mg.msgemm(pw, xb), "i16": mg.msgemm(pw, xb, table="i16")}
+            if sessions[4] is not None:
+                outs["ORT level 4"] = ort_run(sessions[4], xb)
+            batch_err = {key: float(np.abs(v - ref).sum() / np.abs(ref).sum()) for key, v in outs.items()}
         cells = []
         for level, sess in sessions.items():
             if sess is None:
                 cells.append("—")
                 continue
             t = tt[f"ort{level}"]
-            cells.append(f"{fmt_ms(t)} ({t['min'] / t_ours['min']:.2f}x)")
-        brows.append([n, fmt_ms(t_ours), fmt_ms(t_a0), f"{t_a0['min'] / t_ours['min']:.2f}x", fmt_ms(t_a1), f"{t_a1['min'] / t_ours['min']:.2f}x", *cells])
+            cells.append(f"{fmt_ms(t)} ({t['min'] / t_ours['min']:.2f}x / {t['min'] / t_16['min']:.2f}x)")
+        tab16 = fmt_ms(tt["i16 tables"]) if has_avx2 else "—"
+        brows.append([n, fmt_ms(t_ours), fmt_ms(t_16), tab16, fmt_ms(t_a0),
+                      f"{t_a0['min'] / t_ours['min']:.2f}x / {t_a0['min'] / t_16['min']:.2f}x", fmt_ms(t_a1),
+                      f"{t_a1['min'] / t_ours['min']:.2f}x / {t_a1['min'] / t_16['min']:.2f}x", *cells])
         print("batch", brows[-1], flush=True)
     lines.append(f"\n### Batches: int4 g128 {m}x{k}, {th} threads, warm\n")
     lines.append(
         _report.table(
-            ["N", "ours ms", "A0 numpy ms", "ours vs A0", "A1 dequant+GEMM ms", "ours vs A1", "ORT level 0 ms (ours faster by)", "ORT level 4 ms (ours faster by)"],
+            ["N", "ours i8 ms", "ours i16 ms" + (" (dense int8)" if dense else ""), "i16 on tables ms (avx2 kernel)",
+             "A0 numpy ms", "ours vs A0 (i8 / i16)", "A1 dequant+GEMM ms", "ours vs A1 (i8 / i16)",
+             "ORT level 0 ms (ours faster by, i8 / i16)", "ORT level 4 ms (ours faster by, i8 / i16)"],
             brows,
         )
     )
+    if batch_err:
+        errs = ", ".join(f"{key} {v:.2e}" for key, v in batch_err.items())
+        lines.append(f"\nRelative L1 error against float64 at N = 16: {errs}. The `i16` mode rounds activations "
+                     "to int8 per (column, group) and sums exact integers, as ORT level 4 does"
+                     + (" (here on the dense AVX-512 VNNI path)." if dense else "."))
 
     # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------
     shrows = []
@@ -411,19 +436,22 @@ def main() -> None:
         sess = ort_session(pw, 4, 4, th)
         for n in (1, 16):
             xs = rng.standard_normal(sk if n == 1 else (sk, n), dtype=np.float32)
-            fns = {"ours": lambda: mg.msgemm(pw, xs), "a0": lambda: wd @ xs}
+            fns = {"ours": lambda: mg.msgemm(pw, xs), "i16": lambda: mg.msgemm(pw, xs, table="i16"),
+                   "a0": lambda: wd @ xs}
             if sess is not None:
                 fns["ort4"] = lambda: ort_run(sess, xs)
             tt = timeit_rounds(fns, repeat=max(3, rep // 3), number=2 if n == 1 else 1, rounds=4)
-            t_ours, t_a0 = tt["ours"], tt["a0"]
-            ort_cell = (f"{fmt_ms(tt['ort4'])} ({tt['ort4']['min'] / t_ours['min']:.2f}x)" if sess is not None else "—")
-            shrows.append([f"{sm} x {sk}", n, fmt_ms(t_ours), gbs(read_bytes(pw), t_ours), fmt_ms(t_a0),
+            t_ours, t_16, t_a0 = tt["ours"], tt["i16"], tt["a0"]
+            ort_cell = (f"{fmt_ms(tt['ort4'])} ({tt['ort4']['min'] / t_ours['min']:.2f}x / "
+                        f"{tt['ort4']['min'] / t_16['min']:.2f}x)" if sess is not None else "—")
+            shrows.append([f"{sm} x {sk}", n, fmt_ms(t_ours), gbs(read_bytes(pw), t_ours), fmt_ms(t_16), fmt_ms(t_a0),
                            f"{t_a0['min'] / t_ours['min']:.1f}x", ort_cell])
             print("shapes", shrows[-1], flush=True)
         del wd, pw, sess
     lines.append(f"\n### int4 g128 on the LLaMA shapes (M x K), {th} threads, warm\n")
     lines.append(
-        _report.table(["M x K", "N", "ours ms", "ours GB/s", "A0 numpy ms", "ours vs A0", "ORT level 4 ms (ours faster by)"], shrows)
+        _report.table(["M x K", "N", "ours i8 ms", "ours i8 GB/s", "ours i16 ms", "A0 numpy ms", "ours i8 vs A0",
+                       "ORT level 4 ms (ours faster by, i8 / i16)"], shrows)
     )
 
     # --- the same GEMVs on each kernel of this CPU, in each table precision ---------------------
@@ -484,6 +512,12 @@ def main() -> None:
     if "int4 g128 a2" in headline and "int4" in headline:
         goal.append(f"- vs A2, our fused dequantize+FMA GEMV (what the tables are worth): "
                     f"{headline['int4 g128 a2'] / headline['int4']:.1f}x.")
+    for n in (16, 64):
+        if f"batch{n} ort4" in headline:
+            o = headline[f"batch{n} ort4"]
+            goal.append(f"- batch N = {n} vs ONNX Runtime level 4 (goal >= 1x): i8 tables "
+                        f"{o / headline[f'batch{n} i8']:.2f}x, i16 {o / headline[f'batch{n} i16']:.2f}x"
+                        + (" (dense int8)." if dense else "."))
     if "int4 1 thread" in headline:
         goal.append(f"- one thread: int4 g128 GEMV {headline['int4 1 thread'] * 1e3:.3f} ms, "
                     f"{headline['int4 bytes'] / headline['int4 1 thread'] / 1e9:.1f} GB/s of weights per core "

@@ -23,6 +23,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use maleki_common::pool;
+
 use crate::aligned::AlignedVec;
 use crate::gemm::{job_zeros, k_slices, GemmOptions, YLayout};
 use crate::kernels::Backend;
@@ -159,6 +161,12 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
         && cpu_ok()
 }
 
+/// One column's outputs of [`Acts::new`]: `(((xq, x), tsc), zsum), corr`.
+type ColumnOut<'a> = (
+    (((&'a mut [i8], &'a [f32]), &'a mut [f32]), &'a mut [f32]),
+    &'a mut [i32],
+);
+
 /// The int8 activations of a call and the per-(column, group) constants of the epilogue.
 struct Acts {
     /// `[n][K]` int8, each chunk of 8 inputs stored as inputs `0, 2, 4, 6, 1, 3, 5, 7` (the
@@ -173,40 +181,51 @@ struct Acts {
 }
 
 impl Acts {
-    /// From X transposed and permuted (`(N, K)` row-major), on the current pool.
-    fn new(plan: &Plan, xt: &[f32], c0: i32) -> Acts {
+    /// From X transposed and permuted (`(N, K)` row-major): on the current pool when
+    /// `parallel`, else on the calling thread without rayon.
+    fn new(plan: &Plan, xt: &[f32], c0: i32, parallel: bool) -> Acts {
         let (k, g_size, groups, n) = (plan.k, plan.group_size, plan.groups, plan.n);
         let mut xq = vec![0i8; n * k];
         let mut tsc = vec![0f32; n * groups];
         let mut zsum = vec![0f32; n * groups];
         let mut corr = vec![0i32; n * groups];
         let scale = 2f32.powi(plan.int_exp);
-        xq.par_chunks_mut(k)
-            .zip(xt.par_chunks(k))
-            .zip(tsc.par_chunks_mut(groups))
-            .zip(zsum.par_chunks_mut(groups))
-            .zip(corr.par_chunks_mut(groups))
-            .for_each(|((((xq, x), tsc), zsum), corr)| {
-                let mut q = vec![0i32; g_size];
-                for g in 0..groups {
-                    let a = table::quantize_activations(&x[g * g_size..(g + 1) * g_size], &mut q);
-                    tsc[g] = a / scale;
-                    let sum: i32 = q.iter().sum();
-                    zsum[g] = if plan.zero_term {
-                        sum as f32 * scale
-                    } else {
-                        0.0
-                    };
-                    corr[g] = c0 * sum;
-                    let out = &mut xq[g * g_size..(g + 1) * g_size];
-                    for (o, v) in out.chunks_exact_mut(CHUNK).zip(q.chunks_exact(CHUNK)) {
-                        for j in 0..CHUNK / 2 {
-                            o[j] = v[2 * j] as i8;
-                            o[CHUNK / 2 + j] = v[2 * j + 1] as i8;
-                        }
+        let column = |((((xq, x), tsc), zsum), corr): ColumnOut<'_>| {
+            let mut q = vec![0i32; g_size];
+            for g in 0..groups {
+                let a = table::quantize_activations(&x[g * g_size..(g + 1) * g_size], &mut q);
+                tsc[g] = a / scale;
+                let sum: i32 = q.iter().sum();
+                zsum[g] = if plan.zero_term {
+                    sum as f32 * scale
+                } else {
+                    0.0
+                };
+                corr[g] = c0 * sum;
+                let out = &mut xq[g * g_size..(g + 1) * g_size];
+                for (o, v) in out.chunks_exact_mut(CHUNK).zip(q.chunks_exact(CHUNK)) {
+                    for j in 0..CHUNK / 2 {
+                        o[j] = v[2 * j] as i8;
+                        o[CHUNK / 2 + j] = v[2 * j + 1] as i8;
                     }
                 }
-            });
+            }
+        };
+        if parallel {
+            xq.par_chunks_mut(k)
+                .zip(xt.par_chunks(k))
+                .zip(tsc.par_chunks_mut(groups))
+                .zip(zsum.par_chunks_mut(groups))
+                .zip(corr.par_chunks_mut(groups))
+                .for_each(column);
+        } else {
+            xq.chunks_mut(k)
+                .zip(xt.chunks(k))
+                .zip(tsc.chunks_mut(groups))
+                .zip(zsum.chunks_mut(groups))
+                .zip(corr.chunks_mut(groups))
+                .for_each(column);
+        }
         Acts {
             xq,
             tsc,
@@ -229,85 +248,177 @@ pub fn run(
 ) -> maleki_common::Result<()> {
     let (a, c0) = affine(plan).expect("dense::run on a plan it applies to");
     let lay = pw.dense_layout()?;
-    let acts = Acts::new(plan, xt, c0);
-    let slices = k_slices(plan);
-    let (m, n) = (plan.m, plan.n);
-    let block = |rb: usize, ys: &mut [f32]| {
-        ys.fill(0.0);
-        for (si, groups) in slices.iter().enumerate() {
-            let ys = &mut ys[si * ROW_BLOCK * n..(si + 1) * ROW_BLOCK * n];
-            block_sums(pw, plan, lay, &acts, a, rb, groups.clone(), ys);
-        }
-        if slices.len() == 2 {
-            let (first, second) = ys.split_at_mut(ROW_BLOCK * n);
-            for (f, s) in first.iter_mut().zip(second.iter()) {
-                *f += *s;
-            }
-        }
-    };
-    let scratch_len = slices.len() * ROW_BLOCK * n;
+    let acts = Acts::new(plan, xt, c0, true);
+    let blocks = Blocks::new(pw, plan, lay, &acts, a);
+    let n = plan.n;
     match y_layout {
         YLayout::MbyN => y.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each_init(
-            || vec![0f32; scratch_len],
-            |ys, (rb, out)| {
-                block(rb, ys);
-                for (r, row) in out.chunks_exact_mut(n).enumerate() {
-                    for (c, o) in row.iter_mut().enumerate() {
-                        *o = ys[c * ROW_BLOCK + r];
-                    }
-                }
-            },
+            || blocks.scratch(),
+            |ys, (rb, out)| blocks.rows(rb, out, ys),
         ),
         YLayout::NbyM => {
             let mut cols = vec![0f32; plan.row_blocks * ROW_BLOCK * n];
             cols.par_chunks_mut(ROW_BLOCK * n)
                 .enumerate()
                 .for_each_init(
-                    || vec![0f32; scratch_len],
-                    |ys, (rb, out)| {
-                        block(rb, ys);
-                        out.copy_from_slice(&ys[..ROW_BLOCK * n]);
-                    },
+                    || blocks.scratch(),
+                    |ys, (rb, out)| blocks.columns(rb, out, ys),
                 );
-            y.par_chunks_mut(m).enumerate().for_each(|(c, out)| {
-                for (rb, dst) in out.chunks_mut(ROW_BLOCK).enumerate() {
-                    let src = &cols[(rb * n + c) * ROW_BLOCK..];
-                    dst.copy_from_slice(&src[..dst.len()]);
-                }
-            });
+            y.par_chunks_mut(plan.m)
+                .enumerate()
+                .for_each(|(c, out)| columns_to_rows(&cols, n, c, out));
         }
     }
     Ok(())
 }
 
-/// Adds the groups `groups` of row block `rb` into `ys` (`[n][64]`, column-major).
-#[allow(clippy::too_many_arguments)]
-fn block_sums(
+/// [`run`] on the calling thread and, with `two` threads, one worker of the library pool
+/// ([`pool::join_here`]: the rows in two halves), without rayon: for callers off every pool
+/// whose weights have everything the call reads built ([`PackedWeights::dense_ready`]), so
+/// that a small call does not pay for waking the pool. The same bits as [`run`].
+pub fn run_here(
     pw: &PackedWeights,
     plan: &Plan,
-    lay: &DenseLayout,
-    acts: &Acts,
+    xt: &[f32],
+    y: &mut [f32],
+    y_layout: YLayout,
+    two: bool,
+) -> maleki_common::Result<()> {
+    let (a, c0) = affine(plan).expect("dense::run_here on a plan it applies to");
+    let lay = pw.dense_layout()?;
+    let acts = Acts::new(plan, xt, c0, false);
+    let blocks = Blocks::new(pw, plan, lay, &acts, a);
+    let n = plan.n;
+    let half = if two {
+        plan.row_blocks.div_ceil(2)
+    } else {
+        plan.row_blocks
+    };
+    let sweep = |rb0: usize, out: &mut [f32], by_rows: bool| {
+        let mut ys = blocks.scratch();
+        for (i, chunk) in out.chunks_mut(ROW_BLOCK * n).enumerate() {
+            if by_rows {
+                blocks.rows(rb0 + i, chunk, &mut ys);
+            } else {
+                blocks.columns(rb0 + i, chunk, &mut ys);
+            }
+        }
+    };
+    let mut cols = Vec::new();
+    let (target, by_rows): (&mut [f32], bool) = match y_layout {
+        YLayout::MbyN => (y, true),
+        YLayout::NbyM => {
+            cols.resize(plan.row_blocks * ROW_BLOCK * n, 0.0);
+            (&mut cols, false)
+        }
+    };
+    let (first, second) = target.split_at_mut((half * ROW_BLOCK * n).min(target.len()));
+    if second.is_empty() {
+        sweep(0, first, by_rows);
+    } else {
+        pool::join_here(|| sweep(0, first, by_rows), || sweep(half, second, by_rows));
+    }
+    if y_layout == YLayout::NbyM {
+        for (c, out) in y.chunks_mut(plan.m).enumerate() {
+            columns_to_rows(&cols, n, c, out);
+        }
+    }
+    Ok(())
+}
+
+/// Column `c` of `cols` (`[rb][n][64]`) into `out` (`M` floats).
+fn columns_to_rows(cols: &[f32], n: usize, c: usize, out: &mut [f32]) {
+    for (rb, dst) in out.chunks_mut(ROW_BLOCK).enumerate() {
+        let src = &cols[(rb * n + c) * ROW_BLOCK..];
+        dst.copy_from_slice(&src[..dst.len()]);
+    }
+}
+
+/// What every row block of a call reads, and its two ways of writing a block out.
+struct Blocks<'a> {
+    pw: &'a PackedWeights,
+    plan: &'a Plan,
+    lay: &'a DenseLayout,
+    acts: &'a Acts,
     a: i32,
-    rb: usize,
-    groups: Range<usize>,
-    ys: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let job = vnni::Job {
+    slices: Vec<Range<usize>>,
+}
+
+impl<'a> Blocks<'a> {
+    fn new(
+        pw: &'a PackedWeights,
+        plan: &'a Plan,
+        lay: &'a DenseLayout,
+        acts: &'a Acts,
+        a: i32,
+    ) -> Blocks<'a> {
+        Blocks {
+            pw,
             plan,
             lay,
             acts,
             a,
-            scales: pw.tiled_scales(),
-            zeros: job_zeros(pw, plan),
+            slices: k_slices(plan),
+        }
+    }
+
+    /// A scratch buffer for [`Blocks::sums`].
+    fn scratch(&self) -> Vec<f32> {
+        vec![0f32; self.slices.len() * ROW_BLOCK * self.plan.n]
+    }
+
+    /// The results of row block `rb` into `ys[..64 n]`, column-major (`[n][64]`).
+    fn sums(&self, rb: usize, ys: &mut [f32]) {
+        let n = self.plan.n;
+        ys.fill(0.0);
+        for (si, groups) in self.slices.iter().enumerate() {
+            let ys = &mut ys[si * ROW_BLOCK * n..(si + 1) * ROW_BLOCK * n];
+            block_sums(self, rb, groups.clone(), ys);
+        }
+        if self.slices.len() == 2 {
+            let (first, second) = ys.split_at_mut(ROW_BLOCK * n);
+            for (f, s) in first.iter_mut().zip(second.iter()) {
+                *f += *s;
+            }
+        }
+    }
+
+    /// Row block `rb` into `out`, its rows of `(M, N)` row-major `y`.
+    fn rows(&self, rb: usize, out: &mut [f32], ys: &mut [f32]) {
+        self.sums(rb, ys);
+        let n = self.plan.n;
+        for (r, row) in out.chunks_exact_mut(n).enumerate() {
+            for (c, o) in row.iter_mut().enumerate() {
+                *o = ys[c * ROW_BLOCK + r];
+            }
+        }
+    }
+
+    /// Row block `rb` into `out` (`[n][64]`).
+    fn columns(&self, rb: usize, out: &mut [f32], ys: &mut [f32]) {
+        self.sums(rb, ys);
+        out.copy_from_slice(&ys[..out.len()]);
+    }
+}
+
+/// Adds the groups `groups` of row block `rb` into `ys` (`[n][64]`, column-major).
+fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let job = vnni::Job {
+            plan: b.plan,
+            lay: b.lay,
+            acts: b.acts,
+            a: b.a,
+            scales: b.pw.tiled_scales(),
+            zeros: job_zeros(b.pw, b.plan),
         };
         // SAFETY: `applies` checked the CPU features; `ys` holds `n * 64` floats.
         unsafe { vnni::block_sums(&job, rb, groups, ys) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (pw, plan, lay, acts, a, rb, groups, ys);
+        let _ = (b, rb, groups, ys);
         unreachable!("dense::applies is false off x86-64")
     }
 }

@@ -729,7 +729,13 @@ pub fn gemm_into_layout(
     if pool::on_a_pool() {
         return gemm_on_pool(pw, x, n, layout, y_layout, opts, y);
     }
-    if n == 1 && !dense::may_apply(opts) {
+    if dense::may_apply(opts) {
+        if n == 1 {
+            if let Some(plan) = dense_here(pw, x, n, layout, y_layout, opts, y)? {
+                return Ok(plan);
+            }
+        }
+    } else if n == 1 {
         if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
             return Ok(plan);
         }
@@ -820,6 +826,55 @@ fn batch_here(
     }
     check_result(y)?;
     Ok(true)
+}
+
+/// A call on the dense `i16` path ([`crate::dense`]) run on the caller (and one worker), as
+/// [`gemv_here`] runs GEMVs and for the same reason (waking the pool costs tens of
+/// microseconds, a large part of a small call), or `None` (nothing written) when it does not
+/// qualify: more than 2 threads, a plan the dense path does not take, weights whose dense
+/// layout or tiles are not built yet (a first call builds them, on the pool), or the caller
+/// slot taken. For GEMVs only: batches measured slower here than on the pool (int4 4096 x 4096
+/// on 2 threads, `examples/prof`, alternated: N = 4 0.33-0.35 against 0.30-0.31 ms, N = 16
+/// 1.07-1.15 against 0.88-1.06 ms; one half of the rows per thread against the pool's balanced
+/// blocks); a GEMV took 0.18-0.25 against 0.21-0.22 ms.
+#[allow(clippy::too_many_arguments)]
+fn dense_here(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    y_layout: YLayout,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Option<Plan>> {
+    let threads = pool::pool().current_num_threads();
+    if !caller_may_run(threads, pw, opts) {
+        return Ok(None);
+    }
+    let plan = plan(pw, n, opts)?;
+    let (run, _) = execution_plan(pw, &plan, opts.backend)?;
+    if !dense::applies(&run, opts.backend) || !pw.dense_ready(&run) {
+        return Ok(None);
+    }
+    check_inputs(pw, x, n, layout, Some(y.len()))?;
+    let Some(_slot) = CallerSlot::take() else {
+        return Ok(None);
+    };
+    // X to (N, K) in packed column order, on this thread (no rayon off the pool).
+    let k = pw.k();
+    let perm = pw.k_perm();
+    let src = |j: usize| perm.map_or(j, |p| p[j] as usize);
+    let xt: Cow<'_, [f32]> = match (layout, perm) {
+        (XLayout::NbyK, None) => Cow::Borrowed(x),
+        _ if n == 1 && perm.is_none() => Cow::Borrowed(x),
+        (XLayout::NbyK, Some(_)) => {
+            Cow::Owned((0..n * k).map(|i| x[(i / k) * k + src(i % k)]).collect())
+        }
+        (XLayout::KbyN, _) => Cow::Owned((0..n * k).map(|i| x[src(i % k) * n + i / k]).collect()),
+    };
+    dense::run_here(pw, &run, &xt, y, y_layout, threads == 2)?;
+    check_result(y)?;
+    Ok(Some(plan))
 }
 
 /// Builds everything a GEMV with `opts` reads from `pw` (the codes used, the tile layout of the

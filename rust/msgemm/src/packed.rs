@@ -684,13 +684,23 @@ impl PackedWeights {
         }
         let variant = LayoutVariant::of(kind, plan.labels.is_some());
         let layout = &self.layouts[variant as usize][depth];
+        layout.get().is_some() && self.tiles_ready(plan)
+    }
+
+    /// [`ready_for`](Self::ready_for) for the dense `i16` path ([`crate::dense`]).
+    pub fn dense_ready(&self, plan: &Plan) -> bool {
+        self.dense.get().is_some() && self.tiles_ready(plan)
+    }
+
+    /// Whether the tiled scales and the zero points a run of `plan` reads are built.
+    fn tiles_ready(&self, plan: &Plan) -> bool {
         let zeros = !plan.zero_term
             || if plan.shift == 0.0 {
                 self.tiled_zeros.get().is_some()
             } else {
                 self.zeros.is_none() || self.tiled_mirror_zeros.get().is_some()
             };
-        layout.get().is_some() && self.tiled_scales.get().is_some() && zeros
+        self.tiled_scales.get().is_some() && zeros
     }
 
     /// Scales tiled `[g][row_block][64]`: as float16 bits when every scale is a float16
