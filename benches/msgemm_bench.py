@@ -396,7 +396,7 @@ def main() -> None:
             ref = wd.astype(np.float64) @ xb.astype(np.float64)
             outs = {"i8": mg.msgemm(pw, xb), "i16": mg.msgemm(pw, xb, table="i16")}
             if sessions[4] is not None:
-                outs["ORT level 4"] = ort_run(sessions[4], xb)
+                outs["ORT level 4"] = ort_run(sessions[4], xb).T
             batch_err = {key: float(np.abs(v - ref).sum() / np.abs(ref).sum()) for key, v in outs.items()}
         cells = []
         for level, sess in sessions.items():

@@ -290,7 +290,8 @@ class PackedWeights:
     def cache_nbytes(self) -> int:
         """Bytes held on top of :attr:`nbytes` by caches built on first use: the kernels' tile
         layouts of the depths and kernels used (a 4-bit format at its natural depth: about as
-        many bytes as its packed codes), tiled scales and zero points, and the read-only arrays
+        many bytes as its packed codes; the dense ``i16`` path's layout likewise), tiled scales and
+        zero points, and the read-only arrays
         that the properties above return. :meth:`clear_cache` releases them."""
         arrays = sum(v.nbytes for v in list(self._cache.values()) if isinstance(v, np.ndarray))
         return int(self._raw.cache_bytes) + arrays
@@ -737,7 +738,8 @@ def msgemm(
         CPUs with AVX-512 VNNI (Intel Ice Lake and later, AMD Zen 4 and later) ``"i16"`` calls
         on weights of at most 16 integer levels (int4, uint4, int3, int2, ternary) with group
         sizes that are multiples of 8 sum those same integers with ``vpdpbusd`` dot products
-        instead of tables (bitwise the same result, at any ``depth``): there ``"i16"`` is the
+        instead of tables (bitwise the same result, at any ``depth``; 2-bit formats for batches
+        only, their GEMVs read fewer bytes from the tables): there ``"i16"`` is the
         fastest mode for batches (int4 4096 x 4096, N = 16: about 2.3x the ``i8`` tables) and
         close to ``i8`` for a GEMV (:func:`plan_info` reports ``dense_int8``). ``"f32"``: float32 tables, error within
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Default ``"f32"``
