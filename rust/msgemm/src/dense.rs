@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use maleki_common::pool;
 
 use crate::aligned::AlignedVec;
-use crate::gemm::{job_zeros, k_slices, GemmOptions, YLayout};
+use crate::gemm::{k_slices, GemmOptions, YLayout};
 use crate::kernels::Backend;
 use crate::layout::ROW_BLOCK;
 use crate::packed::PackedWeights;
@@ -171,6 +171,8 @@ type ColumnOut<'a> = (
     &'a mut [i32],
 );
 
+// Read by the x86-64 kernel only (the dense path does not apply elsewhere).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 /// The int8 activations of a call and the per-(column, group) constants of the epilogue.
 struct Acts {
     /// `[n][K]` int8, each chunk of 8 inputs stored as inputs `0, 2, 4, 6, 1, 3, 5, 7` (the
@@ -338,6 +340,8 @@ fn columns_to_rows(cols: &[f32], n: usize, c: usize, out: &mut [f32]) {
     }
 }
 
+// Read by the x86-64 kernel only (the dense path does not apply elsewhere).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 /// What every row block of a call reads, and its two ways of writing a block out.
 struct Blocks<'a> {
     pw: &'a PackedWeights,
@@ -415,7 +419,7 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
             acts: b.acts,
             a: b.a,
             scales: b.pw.tiled_scales(),
-            zeros: job_zeros(b.pw, b.plan),
+            zeros: crate::gemm::job_zeros(b.pw, b.plan),
         };
         // SAFETY: `applies` checked the CPU features; `ys` holds `n * 64` floats.
         unsafe { vnni::block_sums(&job, rb, groups, ys) }
