@@ -729,19 +729,19 @@ pub fn gemm_into_layout(
     if pool::on_a_pool() {
         return gemm_on_pool(pw, x, n, layout, y_layout, opts, y);
     }
-    if dense::may_apply(opts) {
-        if n == 1 {
-            if let Some(plan) = dense_here(pw, x, n, layout, y_layout, opts, y)? {
-                return Ok(plan);
+    if n == 1 {
+        match dense_here(pw, x, layout, opts, y)? {
+            Here::Ran(plan) => return Ok(*plan),
+            Here::NotReady => {}
+            Here::NotDense => {
+                if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
+                    return Ok(plan);
+                }
             }
-        }
-    } else if n == 1 {
-        if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
-            return Ok(plan);
         }
     }
     if (2..=CALLER_BATCH_MAX).contains(&n)
-        && !dense::may_apply(opts)
+        && dense_plan(pw, n, opts)?.is_none()
         && batch_here(pw, x, n, layout, y_layout, opts, y)?
     {
         return plan(pw, n, opts);
@@ -828,53 +828,62 @@ fn batch_here(
     Ok(true)
 }
 
-/// A call on the dense `i16` path ([`crate::dense`]) run on the caller (and one worker), as
-/// [`gemv_here`] runs GEMVs and for the same reason (waking the pool costs tens of
-/// microseconds, a large part of a small call), or `None` (nothing written) when it does not
-/// qualify: more than 2 threads, a plan the dense path does not take, weights whose dense
-/// layout or tiles are not built yet (a first call builds them, on the pool), or the caller
-/// slot taken. For GEMVs only: batches measured slower here than on the pool (int4 4096 x 4096
-/// on 2 threads, `examples/prof`, alternated: N = 4 0.33-0.35 against 0.30-0.31 ms, N = 16
-/// 1.07-1.15 against 0.88-1.06 ms; one half of the rows per thread against the pool's balanced
-/// blocks); a GEMV took 0.18-0.25 against 0.21-0.22 ms.
-#[allow(clippy::too_many_arguments)]
-fn dense_here(
-    pw: &PackedWeights,
-    x: &[f32],
-    n: usize,
-    layout: XLayout,
-    y_layout: YLayout,
-    opts: &GemmOptions,
-    y: &mut [f32],
-) -> Result<Option<Plan>> {
-    let threads = pool::pool().current_num_threads();
-    if !caller_may_run(threads, pw, opts) {
+/// The plan and execution plan of a call of `n` columns that runs on the dense `i16` path
+/// ([`crate::dense::applies`]), or `None`: not such a call, or weights whose used codes are not
+/// known yet (a plan needs them; then the table paths on the caller decline the call too).
+fn dense_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Option<(Plan, Plan)>> {
+    if !dense::may_apply(opts) || !pw.used_codes_ready() {
         return Ok(None);
     }
     let plan = plan(pw, n, opts)?;
     let (run, _) = execution_plan(pw, &plan, opts.backend)?;
-    if !dense::applies(&run, opts.backend) || !pw.dense_ready(&run) {
-        return Ok(None);
+    Ok(dense::applies(&run, opts.backend).then_some((plan, run)))
+}
+
+/// What [`dense_here`] did.
+enum Here {
+    /// It ran the call.
+    Ran(Box<Plan>),
+    /// The call is not one for the dense path (the table GEMV on the caller may take it).
+    NotDense,
+    /// The call is for the dense path but may not run here now (the pool runs it).
+    NotReady,
+}
+
+/// A GEMV on the dense `i16` path ([`crate::dense`]) run on the caller (and one worker), as
+/// [`gemv_here`] runs table GEMVs and for the same reason (waking the pool costs tens of
+/// microseconds, a large part of a small call). It runs when the pool has 1 or 2 threads, the
+/// weights' dense layout and tiles are built (a first call builds them, on the pool) and the
+/// caller slot is free. For GEMVs only: batches measured slower on the caller than on the pool
+/// (int4 4096 x 4096 on 2 threads, `examples/prof`, alternated: N = 4 0.33-0.35 against
+/// 0.30-0.31 ms, N = 16 1.07-1.15 against 0.88-1.06 ms; one half of the rows per thread against
+/// the pool's balanced blocks); a GEMV took 0.18-0.25 against 0.21-0.22 ms.
+fn dense_here(
+    pw: &PackedWeights,
+    x: &[f32],
+    layout: XLayout,
+    opts: &GemmOptions,
+    y: &mut [f32],
+) -> Result<Here> {
+    let threads = pool::pool().current_num_threads();
+    let Some((plan, run)) = dense_plan(pw, 1, opts)? else {
+        return Ok(Here::NotDense);
+    };
+    if !caller_may_run(threads, pw, opts) || !pw.dense_ready(&run) {
+        return Ok(Here::NotReady);
     }
-    check_inputs(pw, x, n, layout, Some(y.len()))?;
+    check_inputs(pw, x, 1, layout, Some(y.len()))?;
     let Some(_slot) = CallerSlot::take() else {
-        return Ok(None);
+        return Ok(Here::NotReady);
     };
-    // X to (N, K) in packed column order, on this thread (no rayon off the pool).
-    let k = pw.k();
-    let perm = pw.k_perm();
-    let src = |j: usize| perm.map_or(j, |p| p[j] as usize);
-    let xt: Cow<'_, [f32]> = match (layout, perm) {
-        (XLayout::NbyK, None) => Cow::Borrowed(x),
-        _ if n == 1 && perm.is_none() => Cow::Borrowed(x),
-        (XLayout::NbyK, Some(_)) => {
-            Cow::Owned((0..n * k).map(|i| x[(i / k) * k + src(i % k)]).collect())
-        }
-        (XLayout::KbyN, _) => Cow::Owned((0..n * k).map(|i| x[src(i % k) * n + i / k]).collect()),
+    // X in packed column order, on this thread (no rayon off the pool).
+    let xt: Cow<'_, [f32]> = match pw.k_perm() {
+        None => Cow::Borrowed(x),
+        Some(perm) => Cow::Owned(perm.iter().map(|&p| x[p as usize]).collect()),
     };
-    dense::run_here(pw, &run, &xt, y, y_layout, threads == 2)?;
+    dense::run_here(pw, &run, &xt, y, YLayout::MbyN, threads == 2)?;
     check_result(y)?;
-    Ok(Some(plan))
+    Ok(Here::Ran(Box::new(plan)))
 }
 
 /// Builds everything a GEMV with `opts` reads from `pw` (the codes used, the tile layout of the
@@ -1324,6 +1333,16 @@ mod tests {
         );
     }
 
+    /// A GEMV on the caller, on the dense path or the tables (as `gemm_into_layout` picks):
+    /// whether it ran there.
+    fn here(pw: &PackedWeights, x: &[f32], opts: &GemmOptions, y: &mut [f32]) -> bool {
+        match dense_here(pw, x, XLayout::KbyN, opts, y).unwrap() {
+            Here::Ran(_) => true,
+            Here::NotReady => false,
+            Here::NotDense => gemv_here(pw, x, XLayout::KbyN, opts, y).unwrap().is_some(),
+        }
+    }
+
     #[test]
     fn gemv_from_the_caller_gives_the_pool_bits() {
         // A GEMV called off the pool on 1 or 2 threads runs on the caller (and one worker;
@@ -1348,33 +1367,27 @@ mod tests {
                     // Fresh weights, prepared: their first call qualifies already.
                     let fresh = pw.clone();
                     let mut y0 = vec![0f32; m];
-                    assert!(gemv_here(&fresh, &x, XLayout::KbyN, &opts, &mut y0)
-                        .unwrap()
-                        .is_none());
+                    assert!(!here(&fresh, &x, &opts, &mut y0));
                     prepare(&fresh, &opts).unwrap();
                     let ready = (0..1000).any(|_| {
-                        gemv_here(&fresh, &x, XLayout::KbyN, &opts, &mut y0)
-                            .unwrap()
-                            .is_some()
-                            || {
-                                std::thread::sleep(std::time::Duration::from_millis(1));
-                                false
-                            }
+                        here(&fresh, &x, &opts, &mut y0) || {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            false
+                        }
                     });
                     assert!(ready, "{name}: prepare() left a cache unbuilt");
                     let what = format!("{name} {precision:?} {depth:?} threads={threads}");
                     assert_eq!(bits(&first), bits(&want), "{what}");
                     // Another test's GEMV may hold the one caller slot for a moment.
-                    let mut here = vec![0f32; m];
+                    let mut y_here = vec![0f32; m];
                     let ran = (0..1000).any(|_| {
-                        let r = gemv_here(pw, &x, XLayout::KbyN, &opts, &mut here).unwrap();
-                        r.is_some() || {
+                        here(pw, &x, &opts, &mut y_here) || {
                             std::thread::sleep(std::time::Duration::from_millis(1));
                             false
                         }
                     });
                     assert!(ran, "{what}: not run on the caller");
-                    assert_eq!(bits(&here), bits(&want), "{what}");
+                    assert_eq!(bits(&y_here), bits(&want), "{what}");
                 }
             }
         }
