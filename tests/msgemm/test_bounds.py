@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maleki_rs import msgemm as mg
 
@@ -296,3 +298,29 @@ def test_accuracy_of_the_precisions_on_gaussian_data():
     assert rel["f32"] < 1e-6
     assert rel["i16"] < 1.2e-2
     assert rel["i8"] < 1.1e-2
+
+
+@settings(max_examples=40, deadline=None)
+@given(fmt=st.sampled_from(["int4", "uint4", "int3", "uint3", "int2", "uint2", "ternary", "fp4", "nf4"]),
+       g=st.sampled_from([8, 16, 24, 40, 64]), m=st.integers(1, 150), groups=st.integers(1, 4),
+       n=st.integers(1, 20), scale=st.sampled_from([1e-20, 1.0, 1e20]), seed=st.integers(0, 2**31 - 1))
+def test_i16_any_path_gives_the_scalar_bits(fmt, g, m, groups, n, scale, seed):
+    # Whichever path runs an i16 call (dense int8 sums on AVX-512 VNNI, or tables), its bits
+    # are the scalar kernel's; fp4 and nf4 (no affine integer form, or none) never go dense.
+    rng = np.random.default_rng(seed)
+    k = g * groups
+    pw = mg.quantize(rng.standard_normal((m, k)), fmt, g)
+    x = (rng.standard_normal((k, n)) * scale).astype(np.float32)
+    x[rng.random(k) < 0.2] = 0.0
+    try:
+        want = mg.msgemm(pw, x, table="i16", backend="scalar")
+    except ValueError as e:  # nf4 has no integer form: both refuse
+        with pytest.raises(ValueError, match="i16"):
+            mg.msgemm(pw, x, table="i16")
+        assert "i16" in str(e)
+        return
+    for _ in range(2):  # the first call may build the dense layout on the pool
+        y = mg.msgemm(pw, x, table="i16")
+        assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    if fmt in ("fp4", "nf4"):
+        assert not mg.plan_info(pw, n=n, table="i16")["dense_int8"]

@@ -29,3 +29,15 @@ def test_bench_float16_scales(capsys):
     assert cli.main(["msgemm", "bench", "--m", "70", "--k", "128", "--format", "int4", "--group-size", "32",
                      "--repeat", "2", "--scale-dtype", "float16"]) == 0
     assert "float16 scales" in capsys.readouterr().out
+
+
+def test_bench_i16_batches_say_which_path_runs(capsys):
+    from maleki_rs import msgemm as mg
+
+    lines = []
+    r = _cli.bench(130, 256, 5, "int4", 64, "i16", "auto", repeat=2, out=lines.append)
+    # int8 activations per (column, group): the i16 mode's error on Gaussian data (~7e-3).
+    assert r["rel_l1"] < 3e-2
+    pw = mg.quantize(__import__("numpy").ones((130, 256)), "int4", 64)
+    dense = mg.plan_info(pw, n=5, table="i16")["dense_int8"]
+    assert ("dense int8 dot products" in lines[0]) == dense

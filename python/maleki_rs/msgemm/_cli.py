@@ -48,9 +48,12 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
     info = mg.plan_info(pw, n=n, depth=depth, table=table)
     d = int(info["depth"])
-    pw.prepare(d)
+    pw.prepare(d, table=table)
+    how = " (half tables)" if info["folded_indices"] else ""
+    if info["dense_int8"]:
+        how = " (dense int8 dot products, no tables: the counts below are the table method's)"
     out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={table}, depth={d}, "
-        f"kernel={info['backend']}{' (half tables)' if info['folded_indices'] else ''}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB"
+        f"kernel={info['backend']}{how}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB"
         f"{', float16 scales' if pw.scale_dtype == np.float16 else ''}")
     # 1. the counted reduction (the instrumented kernel, when the shape is small enough)
     zero_points = pw.zeros is not None
