@@ -40,7 +40,7 @@ pub const SUB: usize = 16;
 /// Vectors of rows per 64-row block.
 const SUBS: usize = ROW_BLOCK / SUB;
 
-/// The 4-bit codes of the weights for the dense kernel: `[g][rb][s][c][16 rows][4 bytes]`
+/// The 4-bit codes of the weights for the dense kernel: `[rb][g][s][c][16 rows][4 bytes]`
 /// (`s`: 16-row part of the 64-row block `rb`, `c`: chunk of [`CHUNK`] inputs of group `g`).
 /// Byte `j` of a row's word holds the codes of inputs `k0 + 2j` (low nibble) and `k0 + 2j + 1`
 /// (high nibble), `k0 = g G + 8 c`. Rows past M hold code 0 (never written out).
@@ -63,7 +63,7 @@ impl DenseLayout {
     /// Offset of part `s` of row block `rb` of group `g` in `data`.
     #[inline]
     pub fn part(&self, g: usize, rb: usize, s: usize) -> usize {
-        ((g * self.row_blocks + rb) * SUBS + s) * self.part_bytes()
+        ((rb * self.groups + g) * SUBS + s) * self.part_bytes()
     }
 
     /// Builds the layout from unpacked codes `(M, K)` row-major (every code < 16;
@@ -80,15 +80,17 @@ impl DenseLayout {
             row_blocks,
             chunks,
         };
-        let per_group = row_blocks * ROW_BLOCK * group_size / 2;
+        // One row block per task: its 64 rows of every group, contiguous.
+        let per_block = groups * ROW_BLOCK * group_size / 2;
         let part = lay.part_bytes();
-        if per_group > 0 {
+        if per_block > 0 {
             lay.data
-                .par_chunks_mut(per_group)
+                .par_chunks_mut(per_block)
                 .enumerate()
-                .for_each(|(g, out)| {
-                    for (p, part_out) in out.chunks_exact_mut(part).enumerate() {
-                        let row0 = p * SUB;
+                .for_each(|(rb, out)| {
+                    for (gs, part_out) in out.chunks_exact_mut(part).enumerate() {
+                        let (g, s) = (gs / SUBS, gs % SUBS);
+                        let row0 = rb * ROW_BLOCK + s * SUB;
                         for (c, words) in part_out.chunks_exact_mut(SUB * 4).enumerate() {
                             let k0 = g * group_size + c * CHUNK;
                             for (r, word) in words.chunks_exact_mut(4).enumerate() {
