@@ -735,13 +735,13 @@ def msgemm(
         centred codebook); error per output at most ``sum_g |s| * t * sum_p m_p / 2``.
         ``"i16"``: activations rounded to int8 per (column, group), integer codebooks, exact
         integer partial sums (ONNX Runtime ``MatMulNBits`` accuracy level 4's arithmetic). On
-        CPUs with AVX-512 VNNI (Intel Ice Lake and later, AMD Zen 4 and later) ``"i16"`` calls
-        on weights of at most 16 integer levels (int4, uint4, int3, int2, ternary) with group
-        sizes that are multiples of 8 sum those same integers with ``vpdpbusd`` dot products
+        x86-64 (AVX-512 VNNI or AVX2), ``"i16"`` calls on weights of at most 16 integer levels
+        (int4, uint4, int3, int2, ternary) with group sizes that are multiples of 8 sum those
+        same integers with dot-product instructions (``vpdpbusd``, or ``vpmaddubsw`` on AVX2)
         instead of tables (bitwise the same result, at any ``depth``; 2-bit formats for batches
-        only, their GEMVs read fewer bytes from the tables): there ``"i16"`` is the
-        fastest mode for batches (int4 4096 x 4096, N = 16: about 2.3x the ``i8`` tables) and
-        close to ``i8`` for a GEMV (:func:`plan_info` reports ``dense_int8``). ``"f32"``: float32 tables, error within
+        only, their GEMVs read fewer bytes from the tables): there ``"i16"`` is the fastest
+        mode for batches (int4 4096 x 4096, N = 16: about 2x the ``i8`` tables) and close to
+        ``i8`` for a GEMV (:func:`plan_info` reports ``dense_int8``). ``"f32"``: float32 tables, error within
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Default ``"f32"``
         for the reference backend. Relative L1 errors measured on Gaussian int4 g128 GEMV
         (4096 x 4096, depth 2): ``i8`` 9.2e-3, ``i16`` 6.6e-3, ``f32`` 2.2e-7 (uint4 with zero
@@ -1010,7 +1010,7 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     (the kernel reads mirror-folded indices), ``paired_indices`` (it reads two 4-bit indices per
     byte), ``label_space`` (int tables over
     sign-magnitude labels, see :func:`msgemm`'s ``mirror``) and ``dense_int8`` (an ``i16`` call
-    that sums its exact integers with AVX-512 VNNI dot products instead of tables: no table
+    that sums its exact integers with dot-product instructions instead of tables: no table
     is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``).
     """
     pw = _check_pw(pw)

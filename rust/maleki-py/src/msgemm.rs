@@ -692,7 +692,8 @@ fn plan_info<'py>(
         .is_some_and(|(r, _)| maleki_msgemm::dense::applies(r, opts.backend));
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
-    d.set_item("backend", if dense { "avx512" } else { kernel })?;
+    let dense_kernel = maleki_msgemm::dense::kind_for(opts.backend).filter(|_| dense);
+    d.set_item("backend", dense_kernel.map_or(kernel, |k| k.backend_name()))?;
     d.set_item("table", plan.precision.name())?;
     d.set_item("levels", plan.levels)?;
     d.set_item("tuples_per_group", plan.tuples.per_group)?;

@@ -1,19 +1,23 @@
-//! The dense int8 path of the `i16` mode: `vpdpbusd` (AVX-512 VNNI) instead of tables.
+//! The dense int8 path of the `i16` mode: dot-product instructions instead of tables.
 //!
 //! In `i16` mode every partial sum is the exact integer `P = sum_k ints[q_k] * xq_k` of the
 //! group's int8 activations `xq` and the codebook's integer values (see [`crate::table`]):
-//! the tables only change how `P` is summed, not its value. On a CPU with AVX-512 VNNI one
-//! `vpdpbusd` multiplies 64 unsigned bytes by 64 signed bytes and adds them by fours into 16
-//! int32 lanes: summing `P` densely from the 4-bit codes beats looking it up, for a GEMV and
-//! more so for batches, where the `i16` tables' lookups cost as much per column as the first
-//! (int4 4096 x 4096 on 2 threads, `examples/prof`: N = 1 0.44 -> 0.20 ms, N = 16 and 64
-//! 2.2 / 7.5 ms with `i8` tables -> 0.91 / 3.6 ms; figures in BENCHMARKS.md). The result is the same integer and then the same epilogue
-//! as every `i16` kernel (`KERNELS.md`), so the output is bitwise the scalar kernel's.
+//! the tables only change how `P` is summed, not its value. On AVX-512 VNNI one `vpdpbusd`
+//! multiplies 64 unsigned bytes by 64 signed bytes and adds them by fours into 16 int32 lanes;
+//! on AVX2 a `vpmaddubsw` and a `vpmaddwd` do the same for 32 bytes into 8 lanes. Summing `P`
+//! densely from the 4-bit codes beats looking it up, for a GEMV and more so for batches,
+//! where the `i16` tables' lookups cost as much per column as the first (int4 4096 x 4096 on
+//! 2 threads, `examples/prof`: AVX-512 VNNI N = 1 0.44 -> 0.20 ms, N = 16 and 64 0.90 / 3.6
+//! ms against 2.2 / 7.5 ms with `i8` tables; AVX2 N = 1 0.31 -> 0.23 ms, N = 16 4.8-5.3 ->
+//! 1.7-1.9 ms, `i8` tables 3.6 ms; figures in BENCHMARKS.md). The result is the same integer
+//! and then the same epilogue as every `i16` kernel (`KERNELS.md`), so the output is bitwise
+//! the scalar kernel's.
 //!
 //! Applies to `i16` plans without mirror or labels, codebooks of at most 16 levels whose
 //! integer values are affine in the code (`ints[c] = ints[0] + a c`: int4, uint4 with zero
-//! points, int3, int2, ternary), group sizes that are multiples of 8, on CPUs with AVX-512 F,
-//! BW and VNNI (2-bit codebooks: batches only). Then `P = a * sum_k q_k xq_k + ints[0] * sum_k xq_k`, with the codes `q` as the
+//! points, int3, int2, ternary), group sizes that are multiples of 8 (2-bit codebooks: batches
+//! only), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and VNNI) and `avx2` (AVX2 and
+//! F16C). Then `P = a * sum_k q_k xq_k + ints[0] * sum_k xq_k`, with the codes `q` as the
 //! unsigned operand and the activations as the signed one.
 //!
 //! Weights are read from their own tile layout ([`DenseLayout`], built on first use, as large
@@ -122,32 +126,59 @@ fn affine(plan: &Plan) -> Option<(i32, i32)> {
         .then_some((a, c0))
 }
 
-/// Whether the CPU has what the dense kernel needs.
-pub fn cpu_ok() -> bool {
+/// Which instructions sum a dense call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// AVX-512 VNNI `vpdpbusd`: 16 rows per instruction.
+    Vnni512,
+    /// AVX2 `vpmaddubsw` + `vpmaddwd`: 8 rows per pair (CPUs without AVX-512 VNNI).
+    Avx2,
+}
+
+impl Kind {
+    /// The backend name this kernel belongs to.
+    pub fn backend_name(self) -> &'static str {
+        match self {
+            Kind::Vnni512 => "avx512",
+            Kind::Avx2 => "avx2",
+        }
+    }
+}
+
+/// The dense kernel that runs calls on `backend` on this CPU, if any: `auto` takes AVX-512 VNNI
+/// where the CPU has it, else AVX2; `avx512` and `avx2` name theirs.
+pub fn kind_for(backend: Backend) -> Option<Kind> {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
+        let vnni = || {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+        };
+        let avx2 = || is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
+        match backend {
+            Backend::Auto if vnni() => Some(Kind::Vnni512),
+            Backend::Auto | Backend::Avx2 if avx2() => Some(Kind::Avx2),
+            Backend::Avx512 if vnni() => Some(Kind::Vnni512),
+            _ => None,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        let _ = backend;
+        None
     }
 }
 
 /// Whether a call with `opts` may take the dense path, before its plan is made (the driver
 /// then decides with [`applies`]).
 pub fn may_apply(opts: &GemmOptions) -> bool {
-    matches!(opts.backend, Backend::Auto | Backend::Avx512)
-        && opts.precision == TablePrecision::I16
-        && cpu_ok()
+    opts.precision == TablePrecision::I16 && kind_for(opts.backend).is_some()
 }
 
 /// Whether a call of `plan` on `backend` runs on the dense path (see the module docs).
 pub fn applies(plan: &Plan, backend: Backend) -> bool {
-    matches!(backend, Backend::Auto | Backend::Avx512)
-        && plan.precision == TablePrecision::I16
+    plan.precision == TablePrecision::I16
         && plan.mirror.is_none()
         && plan.labels.is_none()
         && plan.levels <= 16
@@ -164,7 +195,7 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
                 * plan.group_size as i64;
             bound < i64::from(i32::MAX) / 2
         })
-        && cpu_ok()
+        && kind_for(backend).is_some()
 }
 
 /// One column's outputs of [`Acts::new`]: `(((xq, x), tsc), zsum), corr`.
@@ -250,14 +281,16 @@ impl Acts {
 pub fn run(
     pw: &PackedWeights,
     plan: &Plan,
+    backend: Backend,
     xt: &[f32],
     y: &mut [f32],
     y_layout: YLayout,
 ) -> maleki_common::Result<()> {
     let (a, c0) = affine(plan).expect("dense::run on a plan it applies to");
+    let kind = kind_for(backend).expect("dense::run on a CPU it applies to");
     let lay = pw.dense_layout()?;
     let acts = Acts::new(plan, xt, c0, true);
-    let blocks = Blocks::new(pw, plan, lay, &acts, a);
+    let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
     let n = plan.n;
     match y_layout {
         YLayout::MbyN => y.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each_init(
@@ -284,18 +317,21 @@ pub fn run(
 /// ([`pool::join_here`]: the rows in two halves), without rayon: for callers off every pool
 /// whose weights have everything the call reads built ([`PackedWeights::dense_ready`]), so
 /// that a small call does not pay for waking the pool. The same bits as [`run`].
+#[allow(clippy::too_many_arguments)]
 pub fn run_here(
     pw: &PackedWeights,
     plan: &Plan,
+    backend: Backend,
     xt: &[f32],
     y: &mut [f32],
     y_layout: YLayout,
     two: bool,
 ) -> maleki_common::Result<()> {
     let (a, c0) = affine(plan).expect("dense::run_here on a plan it applies to");
+    let kind = kind_for(backend).expect("dense::run_here on a CPU it applies to");
     let lay = pw.dense_layout()?;
     let acts = Acts::new(plan, xt, c0, false);
-    let blocks = Blocks::new(pw, plan, lay, &acts, a);
+    let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
     let n = plan.n;
     let half = if two {
         plan.row_blocks.div_ceil(2)
@@ -351,6 +387,7 @@ struct Blocks<'a> {
     lay: &'a DenseLayout,
     acts: &'a Acts,
     a: i32,
+    kind: Kind,
     slices: Vec<Range<usize>>,
 }
 
@@ -360,7 +397,7 @@ impl<'a> Blocks<'a> {
         plan: &'a Plan,
         lay: &'a DenseLayout,
         acts: &'a Acts,
-        a: i32,
+        (a, kind): (i32, Kind),
     ) -> Blocks<'a> {
         Blocks {
             pw,
@@ -368,6 +405,7 @@ impl<'a> Blocks<'a> {
             lay,
             acts,
             a,
+            kind,
             slices: k_slices(plan),
         }
     }
@@ -423,8 +461,11 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
             scales: b.pw.tiled_scales(),
             zeros: crate::gemm::job_zeros(b.pw, b.plan),
         };
-        // SAFETY: `applies` checked the CPU features; `ys` holds `n * 64` floats.
-        unsafe { vnni::block_sums(&job, rb, groups, ys) }
+        // SAFETY: `kind_for` checked the CPU features; `ys` holds `n * 64` floats.
+        match b.kind {
+            Kind::Vnni512 => unsafe { vnni::block_sums(&job, rb, groups, ys) },
+            Kind::Avx2 => unsafe { avx2::block_sums(&job, rb, groups, ys) },
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -444,7 +485,7 @@ mod vnni {
     use crate::layout::ROW_BLOCK;
     use crate::plan::Plan;
 
-    pub(super) struct Job<'a> {
+    pub(crate) struct Job<'a> {
         pub plan: &'a Plan,
         pub lay: &'a DenseLayout,
         pub acts: &'a Acts,
@@ -566,6 +607,158 @@ mod vnni {
                             }
                             _ => {
                                 part::<1>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::vnni::Job;
+    use super::{CHUNK, SUB, SUBS};
+    use crate::kernels::avx2::load_tiled8;
+    use crate::kernels::scalar::epilogue;
+    use crate::kernels::Zeros;
+    use crate::layout::ROW_BLOCK;
+
+    /// `Q` of 8 rows (half `h` of a 16-row part) and one group for `NC` columns, as
+    /// `vnni::part_sums`: each 4-byte word's products summed by `vpmaddubsw` (codes times
+    /// int8 activations, pairs in int16: at most `2 * 15 * 127`, no saturation) and
+    /// `vpmaddwd` against ones (int32).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn half_sums<const NC: usize>(
+        w: *const u8,
+        chunks: usize,
+        x: *const i8,
+        stride: usize,
+    ) -> [__m256i; NC] {
+        let mut acc = [_mm256_setzero_si256(); NC];
+        let low = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        for ch in 0..chunks {
+            // SAFETY: as `vnni::part_sums` (32 of each 64-byte word vector; 32-byte aligned).
+            unsafe {
+                let v = _mm256_load_si256(w.add(ch * 64) as *const __m256i);
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                for (c, s) in acc.iter_mut().enumerate() {
+                    let p = x.add(c * stride + ch * CHUNK) as *const i32;
+                    let even = _mm256_set1_epi32(p.read_unaligned());
+                    let odd = _mm256_set1_epi32(p.add(1).read_unaligned());
+                    let pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, even),
+                        _mm256_maddubs_epi16(hi, odd),
+                    );
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        acc
+    }
+
+    /// Half `h` of part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: sums and
+    /// epilogue into `ys` (`[n][64]`), 8 rows per vector with the scalar epilogue's
+    /// operations (rows past M: not written).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn half<const NC: usize>(
+        job: &Job<'_>,
+        (rb, g, s, h): (usize, usize, usize, usize),
+        c0: usize,
+        ys: &mut [f32],
+    ) {
+        let (plan, lay, acts) = (job.plan, job.lay, job.acts);
+        let (k, groups) = (plan.k, plan.groups);
+        let w = lay.data[lay.part(g, rb, s) + 32 * h..].as_ptr();
+        let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
+        // SAFETY: offsets inside the layout and the activations.
+        let q = unsafe { half_sums::<NC>(w, lay.chunks, x, k) };
+        let r0 = s * SUB + 8 * h; // first row within the block
+        let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(8);
+        let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;
+        let a = _mm256_set1_epi32(job.a);
+        for (c, q) in q.into_iter().enumerate() {
+            let gn = (c0 + c) * groups + g;
+            let p = if job.a == 1 {
+                q
+            } else {
+                _mm256_mullo_epi32(q, a)
+            };
+            let p = _mm256_add_epi32(p, _mm256_set1_epi32(acts.corr[gn]));
+            let (tsc, zs) = (acts.tsc[gn], acts.zsum[gn]);
+            let yb = &mut ys[(c0 + c) * ROW_BLOCK + r0..(c0 + c) * ROW_BLOCK + r0 + lanes];
+            if lanes == 8 {
+                // SAFETY: 8 rows of `yb`, 8 tiled values from `sz` (64 per row block).
+                unsafe {
+                    let mut u = _mm256_cvtepi32_ps(p);
+                    if plan.zero_term {
+                        let z = match job.zeros {
+                            Zeros::None => _mm256_setzero_ps(),
+                            Zeros::Uniform(z) => _mm256_set1_ps(z),
+                            Zeros::Tiled(t) => load_tiled8(t, sz),
+                        };
+                        u = _mm256_sub_ps(u, _mm256_mul_ps(z, _mm256_set1_ps(zs)));
+                    }
+                    u = _mm256_mul_ps(u, _mm256_set1_ps(tsc));
+                    let yp = yb.as_mut_ptr();
+                    let su = _mm256_mul_ps(load_tiled8(job.scales, sz), u);
+                    _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), su));
+                }
+            } else {
+                let mut sums = [0i32; 8];
+                // SAFETY: 8 int32 into an 8-int array.
+                unsafe { _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, p) };
+                for (r, y) in yb.iter_mut().enumerate() {
+                    let (sc, z) = (job.scales.at(sz + r), job.zeros.at(sz + r));
+                    *y = epilogue(plan, sums[r] as f32, sc, z, tsc, zs, *y);
+                }
+            }
+        }
+    }
+
+    /// `vnni::block_sums` on AVX2.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn block_sums(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+    ) {
+        let (plan, n) = (job.plan, job.plan.n);
+        assert!(ys.len() >= n * ROW_BLOCK);
+        let rows = plan.m - rb * ROW_BLOCK;
+        let halves = rows.div_ceil(8).min(2 * SUBS);
+        for g in groups {
+            for hh in 0..halves {
+                let at = (rb, g, hh / 2, hh % 2);
+                let mut c0 = 0;
+                while c0 < n {
+                    // SAFETY: as `half`.
+                    unsafe {
+                        c0 += match n - c0 {
+                            8.. => {
+                                half::<8>(job, at, c0, ys);
+                                8
+                            }
+                            4.. => {
+                                half::<4>(job, at, c0, ys);
+                                4
+                            }
+                            2.. => {
+                                half::<2>(job, at, c0, ys);
+                                2
+                            }
+                            _ => {
+                                half::<1>(job, at, c0, ys);
                                 1
                             }
                         }

@@ -881,7 +881,7 @@ fn dense_here(
         None => Cow::Borrowed(x),
         Some(perm) => Cow::Owned(perm.iter().map(|&p| x[p as usize]).collect()),
     };
-    dense::run_here(pw, &run, &xt, y, YLayout::MbyN, threads == 2)?;
+    dense::run_here(pw, &run, opts.backend, &xt, y, YLayout::MbyN, threads == 2)?;
     check_result(y)?;
     Ok(Here::Ran(Box::new(plan)))
 }
@@ -1117,7 +1117,7 @@ fn gemm_on_pool(
     }
     let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
     if dense::applies(&run, opts.backend) {
-        dense::run(pw, &run, &xt, y, y_layout)?;
+        dense::run(pw, &run, opts.backend, &xt, y, y_layout)?;
     } else {
         run_plan(pw, &run, kernel, &xt, y, y_layout)?;
     }

@@ -367,7 +367,7 @@ unsafe fn tuple_sums<const KIND: u8, const PAIRED: bool>(
 /// 8 values from offset `i` of a tiled array (`i + 8` inside it), widened exactly from float16
 /// bits where they are stored so.
 #[target_feature(enable = "avx2,f16c")]
-fn load_tiled8(t: Tiled<'_>, i: usize) -> __m256 {
+pub(crate) fn load_tiled8(t: Tiled<'_>, i: usize) -> __m256 {
     match t {
         Tiled::F32(v) => {
             let v = &v[i..i + 8];
