@@ -107,14 +107,15 @@ def test_avx2_kernel_reads_paired_indices_with_the_scalar_bits(fmt, g, depth, n)
 @pytest.mark.parametrize("fmt,g", [("int4", 128), ("int2", 64), ("ternary", 128), ("fp4", 32)])
 def test_i16_auto_runs_16_entry_tables_on_paired_indices(fmt, g):
     # table="i16" with depth="auto" on an x86 CPU with AVX2 (AVX-512 or not) runs the AVX2 i16
-    # kernel: tables of at most 16 entries, two 4-bit indices per byte; the scalar kernel at
-    # that depth gives the same bits.
+    # kernel (tables of at most 16 entries, two 4-bit indices per byte) or, for integer
+    # formats, the dense int8 path; the scalar kernel at that depth gives the same bits.
     rng = np.random.default_rng(3)
     pw = mg.quantize(rng.standard_normal((130, 4 * g)), fmt, g)
     x = rng.standard_normal((pw.shape[1], 3)).astype(np.float32)
     info = mg.plan_info(pw, n=3, table="i16")
     assert info["backend"] in ("avx512", "avx2") and info["table_entries"] <= 16, info
-    assert info["paired_indices"], info
+    assert info["dense_int8"] == (fmt != "fp4"), info
+    assert info["paired_indices"] == (fmt == "fp4"), info
     got = mg.msgemm(pw, x, table="i16")
     want = mg.msgemm(pw, x, table="i16", depth=info["depth"], backend="scalar")
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

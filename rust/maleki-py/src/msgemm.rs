@@ -678,22 +678,24 @@ fn plan_info<'py>(
         let plan = core_gemm::plan(&w, n, &opts)?;
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
-        Ok(match opts.backend {
-            Backend::Reference => (plan, "reference", None),
-            b => {
+        // The dense `i16` path runs at any depth, with no table kernel.
+        let dense = maleki_msgemm::dense::kind_for(opts.backend)
+            .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
+        Ok(match (opts.backend, dense) {
+            (Backend::Reference, _) => (plan, "reference", None),
+            (_, Some(k)) => (plan, k.backend_name(), None),
+            (b, None) => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
                 let kind = k.layout_kind(&run);
                 (plan, k.backend().name(), Some((run, kind)))
             }
         })
     })?;
-    let dense = run
-        .as_ref()
-        .is_some_and(|(r, _)| maleki_msgemm::dense::applies(r, opts.backend));
+    let dense =
+        opts.backend != Backend::Reference && maleki_msgemm::dense::applies(&plan, opts.backend);
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
-    let dense_kernel = maleki_msgemm::dense::kind_for(opts.backend).filter(|_| dense);
-    d.set_item("backend", dense_kernel.map_or(kernel, |k| k.backend_name()))?;
+    d.set_item("backend", kernel)?;
     d.set_item("table", plan.precision.name())?;
     d.set_item("levels", plan.levels)?;
     d.set_item("tuples_per_group", plan.tuples.per_group)?;
@@ -798,7 +800,7 @@ fn backend_supports(
     };
     Ok(match opts.backend {
         Backend::Reference => plan.precision == TablePrecision::F32,
-        b => kernels::select(b, &plan).is_ok(),
+        b => maleki_msgemm::dense::applies(&plan, b) || kernels::select(b, &plan).is_ok(),
     })
 }
 

@@ -828,16 +828,15 @@ fn batch_here(
     Ok(true)
 }
 
-/// The plan and execution plan of a call of `n` columns that runs on the dense `i16` path
+/// The plan of a call of `n` columns that runs on the dense `i16` path
 /// ([`crate::dense::applies`]), or `None`: not such a call, or weights whose used codes are not
 /// known yet (a plan needs them; then the table paths on the caller decline the call too).
-fn dense_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Option<(Plan, Plan)>> {
+fn dense_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Option<Plan>> {
     if !dense::may_apply(opts) || !pw.used_codes_ready() {
         return Ok(None);
     }
     let plan = plan(pw, n, opts)?;
-    let (run, _) = execution_plan(pw, &plan, opts.backend)?;
-    Ok(dense::applies(&run, opts.backend).then_some((plan, run)))
+    Ok(dense::applies(&plan, opts.backend).then_some(plan))
 }
 
 /// What [`dense_here`] did.
@@ -866,10 +865,10 @@ fn dense_here(
     y: &mut [f32],
 ) -> Result<Here> {
     let threads = pool::pool().current_num_threads();
-    let Some((plan, run)) = dense_plan(pw, 1, opts)? else {
+    let Some(plan) = dense_plan(pw, 1, opts)? else {
         return Ok(Here::NotDense);
     };
-    if !caller_may_run(threads, pw, opts) || !pw.dense_ready(&run) {
+    if !caller_may_run(threads, pw, opts) || !pw.dense_ready(&plan) {
         return Ok(Here::NotReady);
     }
     check_inputs(pw, x, 1, layout, Some(y.len()))?;
@@ -881,7 +880,7 @@ fn dense_here(
         None => Cow::Borrowed(x),
         Some(perm) => Cow::Owned(perm.iter().map(|&p| x[p as usize]).collect()),
     };
-    dense::run_here(pw, &run, opts.backend, &xt, y, YLayout::MbyN, threads == 2)?;
+    dense::run_here(pw, &plan, opts.backend, &xt, y, YLayout::MbyN, threads == 2)?;
     check_result(y)?;
     Ok(Here::Ran(Box::new(plan)))
 }
@@ -894,13 +893,14 @@ pub fn prepare(pw: &PackedWeights, opts: &GemmOptions) -> Result<Plan> {
     let build = || {
         let plan = plan(pw, 1, opts)?;
         if opts.backend != Backend::Reference {
-            let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
-            if dense::applies(&run, opts.backend) {
+            if dense::applies(&plan, opts.backend) {
                 pw.dense_layout()?;
+                job_zeros(pw, &plan);
             } else {
+                let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
                 pw.layout_for(&run, kernel.layout_kind(&run))?;
+                job_zeros(pw, &run);
             }
-            job_zeros(pw, &run);
         }
         pw.tiled_scales();
         pw.tiled_zeros();
@@ -1115,10 +1115,12 @@ fn gemm_on_pool(
         check_result(y)?;
         return Ok(plan);
     }
-    let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
-    if dense::applies(&run, opts.backend) {
-        dense::run(pw, &run, opts.backend, &xt, y, y_layout)?;
+    // The dense path sums the plan's exact integers at any depth: it needs no table kernel
+    // for it (an `i16` plan is also its execution plan).
+    if dense::applies(&plan, opts.backend) {
+        dense::run(pw, &plan, opts.backend, &xt, y, y_layout)?;
     } else {
+        let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;
         run_plan(pw, &run, kernel, &xt, y, y_layout)?;
     }
     check_result(y)?;

@@ -329,3 +329,29 @@ fn plans_the_dense_path_does_not_take() {
         );
     }
 }
+
+#[test]
+fn dense_runs_at_any_depth_on_every_dense_backend() {
+    // The dense sums do not depend on the depth: a backend whose table kernel lacks a depth
+    // (AVX2 tables of at most 16 entries; int4 depth 3 has 4096) still runs it densely, with
+    // the scalar kernel's bits at that depth.
+    if !vnni() {
+        return;
+    }
+    let cb = Codebook::new(Format::Uint4).unwrap();
+    let pw = random_weights(&cb, (77, 384, 96), true, false, 12);
+    for n in [1, 6] {
+        let x = activations(pw.k(), n, 3);
+        for d in [1, 2, 3] {
+            let opts = |backend| GemmOptions {
+                depth: Depth::Fixed(d),
+                ..i16_opts(backend)
+            };
+            let want = gemm(&pw, &x, n, &opts(Backend::Scalar)).unwrap();
+            for b in dense_backends() {
+                let got = gemm(&pw, &x, n, &opts(b)).unwrap();
+                assert_eq!(first_mismatch(&got, &want), None, "n={n} d={d} {b:?}");
+            }
+        }
+    }
+}
