@@ -631,7 +631,8 @@ mod avx2 {
 
     /// `Q` of 8 rows (half `h` of a 16-row part) and one group for `NC` columns, as
     /// `vnni::part_sums`: each 4-byte word's products summed by `vpmaddubsw` (codes times
-    /// int8 activations, pairs in int16: at most `2 * 15 * 127`, no saturation) and
+    /// int8 activations, pairs in int16: at most `2 * 15 * 127`, the
+    /// low and high nibbles' pairs added at most `4 * 15 * 127 = 7620`: no saturation) and
     /// `vpmaddwd` against ones (int32).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
