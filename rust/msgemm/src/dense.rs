@@ -27,7 +27,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use maleki_common::pool;
+use maleki_common::{pool, Error, Result};
 
 use crate::aligned::AlignedVec;
 use crate::gemm::{k_slices, GemmOptions, YLayout};
@@ -274,6 +274,33 @@ impl Acts {
     }
 }
 
+/// The constants of a dense call `(a, c0, kernel)`, or an error when the plan is not one for
+/// the dense path on `backend` ([`applies`]) or `xt` / `y` are not `N K` / `M N` long.
+fn setup(plan: &Plan, backend: Backend, xt: &[f32], y: &[f32]) -> Result<(i32, i32, Kind)> {
+    let (Some((a, c0)), Some(kind), true) =
+        (affine(plan), kind_for(backend), applies(plan, backend))
+    else {
+        return Err(Error::Unsupported(
+            "the dense i16 path does not apply to this plan on this backend and CPU".into(),
+        ));
+    };
+    if xt.len() != plan.n * plan.k || y.len() != plan.m * plan.n {
+        return Err(Error::invalid(
+            "x",
+            format!(
+                "dense call of ({}, {}) x ({}, {}) given {} inputs and {} outputs",
+                plan.m,
+                plan.k,
+                plan.k,
+                plan.n,
+                xt.len(),
+                y.len()
+            ),
+        ));
+    }
+    Ok((a, c0, kind))
+}
+
 /// `y = Wd @ X` on the dense path into `y` (overwritten, laid out as `y_layout`), for a plan
 /// that [`applies`]: per row and column, each K slice ([`k_slices`]) accumulated over its
 /// groups in ascending order from `+0.0` with the `i16` epilogue, the slices added in order,
@@ -285,9 +312,8 @@ pub fn run(
     xt: &[f32],
     y: &mut [f32],
     y_layout: YLayout,
-) -> maleki_common::Result<()> {
-    let (a, c0) = affine(plan).expect("dense::run on a plan it applies to");
-    let kind = kind_for(backend).expect("dense::run on a CPU it applies to");
+) -> Result<()> {
+    let (a, c0, kind) = setup(plan, backend, xt, y)?;
     let lay = pw.dense_layout()?;
     let acts = Acts::new(plan, xt, c0, true);
     let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
@@ -326,9 +352,8 @@ pub fn run_here(
     y: &mut [f32],
     y_layout: YLayout,
     two: bool,
-) -> maleki_common::Result<()> {
-    let (a, c0) = affine(plan).expect("dense::run_here on a plan it applies to");
-    let kind = kind_for(backend).expect("dense::run_here on a CPU it applies to");
+) -> Result<()> {
+    let (a, c0, kind) = setup(plan, backend, xt, y)?;
     let lay = pw.dense_layout()?;
     let acts = Acts::new(plan, xt, c0, false);
     let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));

@@ -319,6 +319,21 @@ fn plans_the_dense_path_does_not_take() {
         3,
     );
     assert!(!dense::applies(&plan_of(&bent, base), Backend::Auto));
+    // Called directly on such a plan, or with inputs of the wrong length: errors, no panic.
+    let i8_plan = plan_of(
+        &int4,
+        GemmOptions {
+            precision: TablePrecision::I8,
+            ..base
+        },
+    );
+    let (x4, mut y4) = (vec![0.5f32; 64 * 4], vec![0f32; 64 * 4]);
+    assert!(dense::run(&int4, &i8_plan, Backend::Auto, &x4, &mut y4, YLayout::MbyN).is_err());
+    if cpu {
+        let p = plan_of(&int4, base);
+        assert!(dense::run(&int4, &p, Backend::Auto, &x4[..10], &mut y4, YLayout::MbyN).is_err());
+        assert!(dense::run(&int4, &p, Backend::Auto, &x4, &mut y4, YLayout::MbyN).is_ok());
+    }
     // ... and still give the scalar kernel's bits through the tables.
     let x = activations(64, 4, 4);
     for pw in [&g4, &bent] {
