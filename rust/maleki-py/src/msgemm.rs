@@ -674,7 +674,7 @@ fn plan_info<'py>(
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     // On the pool: a plan of fresh weights first finds the codes they use (in parallel).
     let w = pw.get();
-    let (plan, kernel, run) = run_quick(py, || {
+    let (plan, kernel, run, dense) = run_quick(py, || {
         let plan = core_gemm::plan(&w, n, &opts)?;
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
@@ -682,17 +682,15 @@ fn plan_info<'py>(
         let dense = maleki_msgemm::dense::kind_for(opts.backend)
             .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
         Ok(match (opts.backend, dense) {
-            (Backend::Reference, _) => (plan, "reference", None),
-            (_, Some(k)) => (plan, k.backend_name(), None),
+            (Backend::Reference, _) => (plan, "reference", None, false),
+            (_, Some(k)) => (plan, k.backend_name(), None, true),
             (b, None) => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
                 let kind = k.layout_kind(&run);
-                (plan, k.backend().name(), Some((run, kind)))
+                (plan, k.backend().name(), Some((run, kind)), false)
             }
         })
     })?;
-    let dense =
-        opts.backend != Backend::Reference && maleki_msgemm::dense::applies(&plan, opts.backend);
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
     d.set_item("backend", kernel)?;

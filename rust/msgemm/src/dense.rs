@@ -30,8 +30,9 @@ use rayon::prelude::*;
 use maleki_common::{pool, Error, Result};
 
 use crate::aligned::AlignedVec;
-use crate::gemm::{k_slices, GemmOptions, YLayout};
+use crate::gemm::{job_zeros, k_slices, GemmOptions, YLayout};
 use crate::kernels::Backend;
+use crate::kernels::{Tiled, Zeros};
 use crate::layout::ROW_BLOCK;
 use crate::packed::PackedWeights;
 use crate::plan::{Plan, TablePrecision};
@@ -403,15 +404,23 @@ fn columns_to_rows(cols: &[f32], n: usize, c: usize, out: &mut [f32]) {
     }
 }
 
-// Read by the x86-64 kernel only (the dense path does not apply elsewhere).
+// Read by the x86-64 kernels only (the dense path does not apply elsewhere).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-/// What every row block of a call reads, and its two ways of writing a block out.
-struct Blocks<'a> {
-    pw: &'a PackedWeights,
+/// What the kernels read for every row block of a call.
+struct Job<'a> {
     plan: &'a Plan,
     lay: &'a DenseLayout,
     acts: &'a Acts,
+    /// The slope of the codebook's integer values (`P = a Q + c0 S`).
     a: i32,
+    scales: Tiled<'a>,
+    zeros: Zeros<'a>,
+}
+
+/// A call's [`Job`], its kernel and K slices, and the two ways of writing a row block out.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Blocks<'a> {
+    job: Job<'a>,
     kind: Kind,
     slices: Vec<Range<usize>>,
 }
@@ -424,12 +433,16 @@ impl<'a> Blocks<'a> {
         acts: &'a Acts,
         (a, kind): (i32, Kind),
     ) -> Blocks<'a> {
-        Blocks {
-            pw,
+        let job = Job {
             plan,
             lay,
             acts,
             a,
+            scales: pw.tiled_scales(),
+            zeros: job_zeros(pw, plan),
+        };
+        Blocks {
+            job,
             kind,
             slices: k_slices(plan),
         }
@@ -437,12 +450,12 @@ impl<'a> Blocks<'a> {
 
     /// A scratch buffer for [`Blocks::sums`].
     fn scratch(&self) -> Vec<f32> {
-        vec![0f32; self.slices.len() * ROW_BLOCK * self.plan.n]
+        vec![0f32; self.slices.len() * ROW_BLOCK * self.job.plan.n]
     }
 
     /// The results of row block `rb` into `ys[..64 n]`, column-major (`[n][64]`).
     fn sums(&self, rb: usize, ys: &mut [f32]) {
-        let n = self.plan.n;
+        let n = self.job.plan.n;
         ys.fill(0.0);
         for (si, groups) in self.slices.iter().enumerate() {
             let ys = &mut ys[si * ROW_BLOCK * n..(si + 1) * ROW_BLOCK * n];
@@ -459,7 +472,7 @@ impl<'a> Blocks<'a> {
     /// Row block `rb` into `out`, its rows of `(M, N)` row-major `y`.
     fn rows(&self, rb: usize, out: &mut [f32], ys: &mut [f32]) {
         self.sums(rb, ys);
-        let n = self.plan.n;
+        let n = self.job.plan.n;
         for (r, row) in out.chunks_exact_mut(n).enumerate() {
             for (c, o) in row.iter_mut().enumerate() {
                 *o = ys[c * ROW_BLOCK + r];
@@ -478,18 +491,10 @@ impl<'a> Blocks<'a> {
 fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let job = vnni::Job {
-            plan: b.plan,
-            lay: b.lay,
-            acts: b.acts,
-            a: b.a,
-            scales: b.pw.tiled_scales(),
-            zeros: crate::gemm::job_zeros(b.pw, b.plan),
-        };
         // SAFETY: `kind_for` checked the CPU features; `ys` holds `n * 64` floats.
         match b.kind {
-            Kind::Vnni512 => unsafe { vnni::block_sums(&job, rb, groups, ys) },
-            Kind::Avx2 => unsafe { avx2::block_sums(&job, rb, groups, ys) },
+            Kind::Vnni512 => unsafe { vnni::block_sums(&b.job, rb, groups, ys) },
+            Kind::Avx2 => unsafe { avx2::block_sums(&b.job, rb, groups, ys) },
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -504,20 +509,9 @@ mod vnni {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Acts, DenseLayout, CHUNK, SUB, SUBS};
+    use super::{Job, CHUNK, SUB, SUBS};
     use crate::kernels::avx512::{epilogue16, TileEpi};
-    use crate::kernels::{Tiled, Zeros};
     use crate::layout::ROW_BLOCK;
-    use crate::plan::Plan;
-
-    pub(crate) struct Job<'a> {
-        pub plan: &'a Plan,
-        pub lay: &'a DenseLayout,
-        pub acts: &'a Acts,
-        pub a: i32,
-        pub scales: Tiled<'a>,
-        pub zeros: Zeros<'a>,
-    }
 
     /// The sums `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns:
     /// `w` the part's words (`chunks` of 64 bytes), `x` the first column's activations of the
@@ -647,8 +641,7 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::vnni::Job;
-    use super::{CHUNK, SUB, SUBS};
+    use super::{Job, CHUNK, SUB, SUBS};
     use crate::kernels::avx2::load_tiled8;
     use crate::kernels::scalar::epilogue;
     use crate::kernels::Zeros;

@@ -864,10 +864,10 @@ fn dense_here(
     opts: &GemmOptions,
     y: &mut [f32],
 ) -> Result<Here> {
-    let threads = pool::pool().current_num_threads();
     let Some(plan) = dense_plan(pw, 1, opts)? else {
         return Ok(Here::NotDense);
     };
+    let threads = pool::pool().current_num_threads();
     if !caller_may_run(threads, pw, opts) || !pw.dense_ready(&plan) {
         return Ok(Here::NotReady);
     }
