@@ -43,6 +43,10 @@ check-aarch64:
 	        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
 	        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
 	        cargo test --locked --profile ci --target $(AARCH64) -p maleki-msgemm; \
+	        echo "check-aarch64: again on a CPU without the dot-product extension (the i16 tables instead of sdot)"; \
+	        QEMU_CPU=cortex-a72 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+	        cargo test --locked --profile ci --target $(AARCH64) -p maleki-msgemm --test dense --test simd_kernels; \
 	    else \
 	        echo "check-aarch64: no qemu-aarch64-static / aarch64-linux-gnu-gcc: the Arm64 tests are skipped (compile-checked only)"; \
 	    fi; \

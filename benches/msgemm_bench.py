@@ -370,7 +370,9 @@ def main() -> None:
     brows = []
     sessions = {level: ort_session(pw, 4, level, th) for level in (0, 4)}  # any N
     has_avx2 = "avx2" in mg.available_backends()
-    dense = mg.plan_info(pw, n=16, table="i16")["dense_int8"]
+    info16 = mg.plan_info(pw, n=16, table="i16")
+    dense = info16["dense_int8"]
+    dense_name = {"avx512": "AVX-512 VNNI", "avx2": "AVX2", "neon": "Arm64 sdot"}.get(info16["backend"], info16["backend"])
     batch_err: dict[str, float] = {}
     for n in [1, 4, 16, 64] if not args.quick else [4, 16]:
         xb = rng.standard_normal((k, n), dtype=np.float32)
@@ -425,7 +427,7 @@ def main() -> None:
         errs = ", ".join(f"{key} {v:.2e}" for key, v in batch_err.items())
         lines.append(f"\nRelative L1 error against float64 at N = 16: {errs}. The `i16` mode rounds activations "
                      "to int8 per (column, group) and sums exact integers, as ORT level 4 does"
-                     + (" (here on the dense AVX-512 VNNI path)." if dense else "."))
+                     + (f" (here on the dense {dense_name} path)." if dense else "."))
 
     # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------
     shrows = []

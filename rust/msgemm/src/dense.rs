@@ -4,7 +4,9 @@
 //! group's int8 activations `xq` and the codebook's integer values (see [`crate::table`]):
 //! the tables only change how `P` is summed, not its value. On AVX-512 VNNI one `vpdpbusd`
 //! multiplies 64 unsigned bytes by 64 signed bytes and adds them by fours into 16 int32 lanes;
-//! on AVX2 a `vpmaddubsw` and a `vpmaddwd` do the same for 32 bytes into 8 lanes. Summing `P`
+//! on AVX2 a `vpmaddubsw` and a `vpmaddwd` do the same for 32 bytes into 8 lanes; on Arm64
+//! with the dot-product extension one `sdot` (by element) does it for 16 bytes into 4 lanes,
+//! against 4 activations broadcast from a register. Summing `P`
 //! densely from the 4-bit codes beats looking it up, for a GEMV and more so for batches,
 //! where the `i16` tables' lookups cost as much per column as the first (int4 4096 x 4096 on
 //! 2 threads, `examples/prof`: AVX-512 VNNI N = 1 0.44 -> 0.20 ms, N = 16 and 64 0.90 / 3.6
@@ -17,7 +19,8 @@
 //! integer values are affine in the code (`ints[c] = ints[0] + a c`: int4, uint4 with zero
 //! points, int3, int2, ternary), group sizes that are multiples of 8 (2-bit codebooks: batches
 //! only), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and VNNI) and `avx2` (AVX2 and
-//! F16C). Then `P = a * sum_k q_k xq_k + ints[0] * sum_k xq_k`, with the codes `q` as the
+//! F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the dot-product extension (FEAT_DotProd;
+//! its speed is not measured on Arm hardware, its bits are tested under qemu-user). Then `P = a * sum_k q_k xq_k + ints[0] * sum_k xq_k`, with the codes `q` as the
 //! unsigned operand and the activations as the signed one.
 //!
 //! Weights are read from their own tile layout ([`DenseLayout`], built on first use, as large
@@ -134,6 +137,9 @@ pub enum Kind {
     Vnni512,
     /// AVX2 `vpmaddubsw` + `vpmaddwd`: 8 rows per pair (CPUs without AVX-512 VNNI).
     Avx2,
+    /// Arm64 `sdot` (the dot-product extension, FEAT_DotProd: Armv8.2 and later, every Apple
+    /// M-series, Graviton 2 and later, Cortex-A55/A76 and later): 4 rows per instruction.
+    Sdot,
 }
 
 impl Kind {
@@ -142,12 +148,15 @@ impl Kind {
         match self {
             Kind::Vnni512 => "avx512",
             Kind::Avx2 => "avx2",
+            Kind::Sdot => "neon",
         }
     }
 }
 
-/// The dense kernel that runs calls on `backend` on this CPU, if any: `auto` takes AVX-512 VNNI
-/// where the CPU has it, else AVX2; `avx512` and `avx2` name theirs.
+/// The dense kernel that runs calls on `backend` on this CPU, if any: on x86-64 `auto` takes
+/// AVX-512 VNNI where the CPU has it, else AVX2, and `avx512` and `avx2` name theirs; on Arm64
+/// `auto` and `neon` take `sdot` where the CPU has the dot-product extension (without it, the
+/// NEON table kernels run the call).
 pub fn kind_for(backend: Backend) -> Option<Kind> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -164,7 +173,16 @@ pub fn kind_for(backend: Backend) -> Option<Kind> {
             _ => None,
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        match backend {
+            Backend::Auto | Backend::Neon if std::arch::is_aarch64_feature_detected!("dotprod") => {
+                Some(Kind::Sdot)
+            }
+            _ => None,
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = backend;
         None
@@ -205,12 +223,16 @@ type ColumnOut<'a> = (
     &'a mut [i32],
 );
 
-// Read by the x86-64 kernel only (the dense path does not apply elsewhere).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// Read by the x86-64 and Arm64 kernels only (the dense path does not apply elsewhere).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 /// The int8 activations of a call and the per-(column, group) constants of the epilogue.
 struct Acts {
     /// `[n][K]` int8, each chunk of 8 inputs stored as inputs `0, 2, 4, 6, 1, 3, 5, 7` (the
-    /// low then the high nibbles of a weight word).
+    /// low then the high nibbles of a weight word), then [`CHUNK`] bytes of padding (the Arm64
+    /// kernel loads 16 bytes per chunk).
     xq: Vec<i8>,
     /// `[n][g]`: `tscale` (`a / 2^int_exp`) as [`table::build_block`] computes it.
     tsc: Vec<f32>,
@@ -225,7 +247,7 @@ impl Acts {
     /// `parallel`, else on the calling thread without rayon.
     fn new(plan: &Plan, xt: &[f32], c0: i32, parallel: bool) -> Acts {
         let (k, g_size, groups, n) = (plan.k, plan.group_size, plan.groups, plan.n);
-        let mut xq = vec![0i8; n * k];
+        let mut xq = vec![0i8; n * k + CHUNK];
         let mut tsc = vec![0f32; n * groups];
         let mut zsum = vec![0f32; n * groups];
         let mut corr = vec![0i32; n * groups];
@@ -251,15 +273,16 @@ impl Acts {
                 }
             }
         };
+        let cols = &mut xq[..n * k];
         if parallel {
-            xq.par_chunks_mut(k)
+            cols.par_chunks_mut(k)
                 .zip(xt.par_chunks(k))
                 .zip(tsc.par_chunks_mut(groups))
                 .zip(zsum.par_chunks_mut(groups))
                 .zip(corr.par_chunks_mut(groups))
                 .for_each(column);
         } else {
-            xq.chunks_mut(k)
+            cols.chunks_mut(k)
                 .zip(xt.chunks(k))
                 .zip(tsc.chunks_mut(groups))
                 .zip(zsum.chunks_mut(groups))
@@ -404,8 +427,11 @@ fn columns_to_rows(cols: &[f32], n: usize, c: usize, out: &mut [f32]) {
     }
 }
 
-// Read by the x86-64 kernels only (the dense path does not apply elsewhere).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// Read by the x86-64 and Arm64 kernels only (the dense path does not apply elsewhere).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 /// What the kernels read for every row block of a call.
 struct Job<'a> {
     plan: &'a Plan,
@@ -418,7 +444,10 @@ struct Job<'a> {
 }
 
 /// A call's [`Job`], its kernel and K slices, and the two ways of writing a row block out.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 struct Blocks<'a> {
     job: Job<'a>,
     kind: Kind,
@@ -495,12 +524,21 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
         match b.kind {
             Kind::Vnni512 => unsafe { vnni::block_sums(&b.job, rb, groups, ys) },
             Kind::Avx2 => unsafe { avx2::block_sums(&b.job, rb, groups, ys) },
+            Kind::Sdot => unreachable!("no Arm64 kernel on x86-64"),
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: `kind_for` checked the dot-product extension; `ys` holds `n * 64` floats.
+        match b.kind {
+            Kind::Sdot => unsafe { sdot::block_sums(&b.job, rb, groups, ys) },
+            Kind::Vnni512 | Kind::Avx2 => unreachable!("no x86-64 kernel on Arm64"),
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (b, rb, groups, ys);
-        unreachable!("dense::applies is false off x86-64")
+        unreachable!("dense::applies is false off x86-64 and Arm64")
     }
 }
 
@@ -778,6 +816,149 @@ mod avx2 {
                             }
                             _ => {
                                 half::<1>(job, at, c0, ys);
+                                1
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod sdot {
+    use std::arch::aarch64::*;
+    use std::arch::asm;
+    use std::ops::Range;
+
+    use super::{Job, CHUNK, SUB, SUBS};
+    use crate::kernels::scalar::epilogue;
+    use crate::layout::ROW_BLOCK;
+
+    /// `acc + (w . x[L])`: each int32 lane of `acc` plus the dot product of its 4 bytes of `w`
+    /// with the 4 bytes of lane `L` of `x` (`sdot` by element). Inline assembly: Rust's
+    /// `vdotq_laneq_s32` is not stable; the caller enables `dotprod`.
+    #[inline(always)]
+    unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        let mut acc = acc;
+        // SAFETY: register-only instruction, available where the caller's `dotprod` is.
+        unsafe {
+            asm!(
+                "sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[{lane}]",
+                acc = inout(vreg) acc,
+                w = in(vreg) w,
+                x = in(vreg) x,
+                lane = const L,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
+    }
+
+    /// `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns, as
+    /// `vnni::part_sums`, in 4 vectors of 4 rows: `w` the part's words (`chunks` of 64 bytes),
+    /// `x` the first column's activations of the group, `stride` bytes between columns. The
+    /// codes (0..15) are the signed operand too: `sdot` multiplies signed by signed.
+    #[inline]
+    #[target_feature(enable = "dotprod")]
+    unsafe fn part_sums<const NC: usize>(
+        w: *const u8,
+        chunks: usize,
+        x: *const i8,
+        stride: usize,
+    ) -> [[int32x4_t; 4]; NC] {
+        let mut acc = [[vdupq_n_s32(0); 4]; NC];
+        let low = vdupq_n_u8(0x0f);
+        for ch in 0..chunks {
+            // SAFETY: the part holds `chunks` words of 64 bytes; each column's activations
+            // hold the group's `8 chunks` bytes, and 8 bytes follow the last column's (the
+            // padding of `Acts::xq`), so a 16-byte load at a chunk stays inside.
+            unsafe {
+                let v: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(w.add(ch * 64 + 16 * i)));
+                let lo = v.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low)));
+                let hi = v.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+                for (c, s) in acc.iter_mut().enumerate() {
+                    // Lane 0: the chunk's even inputs (low nibbles), lane 1: the odd ones.
+                    let xs = vld1q_s8(x.add(c * stride + ch * CHUNK));
+                    for i in 0..4 {
+                        s[i] = sdot_lane::<0>(s[i], lo[i], xs);
+                        s[i] = sdot_lane::<1>(s[i], hi[i], xs);
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    /// One 16-row part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: sums, then
+    /// the scalar epilogue per row into `ys` (`[n][64]`; rows past M: not written).
+    #[inline]
+    #[target_feature(enable = "dotprod")]
+    unsafe fn part<const NC: usize>(
+        job: &Job<'_>,
+        rb: usize,
+        g: usize,
+        s: usize,
+        c0: usize,
+        ys: &mut [f32],
+    ) {
+        let (plan, lay, acts) = (job.plan, job.lay, job.acts);
+        let (k, groups) = (plan.k, plan.groups);
+        let w = lay.data[lay.part(g, rb, s)..].as_ptr();
+        let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
+        // SAFETY: offsets inside the layout and the activations (see `part_sums`).
+        let q = unsafe { part_sums::<NC>(w, lay.chunks, x, k) };
+        let r0 = s * SUB;
+        let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(SUB);
+        let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;
+        for (c, q) in q.into_iter().enumerate() {
+            let gn = (c0 + c) * groups + g;
+            let corr = vdupq_n_s32(acts.corr[gn]);
+            let mut sums = [0i32; SUB];
+            for (i, q) in q.into_iter().enumerate() {
+                let p = if job.a == 1 { q } else { vmulq_n_s32(q, job.a) };
+                // SAFETY: 4 int32 into `sums[4 i..]`.
+                unsafe { vst1q_s32(sums[4 * i..].as_mut_ptr(), vaddq_s32(p, corr)) };
+            }
+            let (tsc, zs) = (acts.tsc[gn], acts.zsum[gn]);
+            let yb = &mut ys[(c0 + c) * ROW_BLOCK + r0..(c0 + c) * ROW_BLOCK + r0 + lanes];
+            for (r, y) in yb.iter_mut().enumerate() {
+                let (sc, z) = (job.scales.at(sz + r), job.zeros.at(sz + r));
+                *y = epilogue(plan, sums[r] as f32, sc, z, tsc, zs, *y);
+            }
+        }
+    }
+
+    /// `vnni::block_sums` on Arm64 with the dot-product extension.
+    #[target_feature(enable = "dotprod")]
+    pub(super) unsafe fn block_sums(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+    ) {
+        let (plan, n) = (job.plan, job.plan.n);
+        assert!(ys.len() >= n * ROW_BLOCK);
+        let rows = plan.m - rb * ROW_BLOCK;
+        let parts = rows.div_ceil(SUB).min(SUBS);
+        for g in groups {
+            for s in 0..parts {
+                let mut c0 = 0;
+                while c0 < n {
+                    // SAFETY: as `part`.
+                    unsafe {
+                        c0 += match n - c0 {
+                            4.. => {
+                                part::<4>(job, rb, g, s, c0, ys);
+                                4
+                            }
+                            2.. => {
+                                part::<2>(job, rb, g, s, c0, ys);
+                                2
+                            }
+                            _ => {
+                                part::<1>(job, rb, g, s, c0, ys);
                                 1
                             }
                         }

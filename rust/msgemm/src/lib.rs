@@ -12,7 +12,7 @@
 //! (driver), [`count`] (operation-count model and instrumented reference), [`interop`]
 //! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers),
 //! [`fused`] (the fused dequantize GEMV the benchmark compares against), [`dense`] (the
-//! `i16` mode's dense int8 path for batches on AVX-512 VNNI).
+//! `i16` mode's dense int8 path: AVX-512 VNNI, AVX2, Arm64 `sdot`).
 
 pub mod aligned;
 pub mod count;

@@ -1,8 +1,10 @@
-//! The dense int8 path of the `i16` mode (`maleki_msgemm::dense`, AVX-512 VNNI) against the
+//! The dense int8 path of the `i16` mode (`maleki_msgemm::dense`: AVX-512 VNNI, AVX2, Arm64
+//! `sdot`) against the
 //! scalar table kernel, which sums the same exact integers through tables: equal bits for
 //! every affine integer codebook, group size, ragged M, N (column-chunk tails), act-order,
 //! both output layouts and thread count; its layout holds the codes; plans it must not take
-//! stay on the tables. Skipped (with a note) on CPUs without AVX-512 VNNI.
+//! stay on the tables. Skipped (with a note) on CPUs without a dense kernel (x86-64 without
+//! AVX2, Arm64 without the dot-product extension).
 
 use maleki_common::pool::sized_pool;
 use maleki_common::rng::{below, stream};
@@ -62,18 +64,21 @@ fn activations(k: usize, n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Whether this CPU has a dense kernel (AVX-512 VNNI or AVX2).
-fn vnni() -> bool {
+/// Whether this CPU has a dense kernel (AVX-512 VNNI or AVX2; Arm64 `sdot`).
+fn has_dense() -> bool {
     let ok = dense::kind_for(Backend::Auto).is_some();
     if !ok {
-        eprintln!("no AVX-512 VNNI nor AVX2 on this CPU: the dense path is not tested here");
+        eprintln!(
+            "no AVX-512 VNNI nor AVX2 (x86-64), no dot-product extension (Arm64) on this CPU: \
+             the dense path is not tested here"
+        );
     }
     ok
 }
 
 /// The backends that run dense kernels here: `auto` and each named one the CPU has.
 fn dense_backends() -> Vec<Backend> {
-    [Backend::Auto, Backend::Avx512, Backend::Avx2]
+    [Backend::Auto, Backend::Avx512, Backend::Avx2, Backend::Neon]
         .into_iter()
         .filter(|&b| dense::kind_for(b).is_some())
         .collect()
@@ -159,7 +164,7 @@ fn dense_layout_holds_the_codes() {
 
 #[test]
 fn dense_path_equals_the_table_kernel_bitwise() {
-    if !vnni() {
+    if !has_dense() {
         return;
     }
     let formats = [
@@ -200,7 +205,7 @@ fn dense_path_equals_the_table_kernel_bitwise() {
 
 #[test]
 fn dense_sums_at_their_largest() {
-    if !vnni() {
+    if !has_dense() {
         return;
     }
     // Every code at its extreme and every activation at +-127 after rounding, in long groups:
@@ -247,7 +252,7 @@ fn dense_sums_at_their_largest() {
 
 #[test]
 fn dense_results_do_not_depend_on_the_thread_count() {
-    if !vnni() {
+    if !has_dense() {
         return;
     }
     let cb = Codebook::new(Format::Uint4).unwrap();
@@ -299,8 +304,21 @@ fn plans_the_dense_path_does_not_take() {
             "{opts:?}"
         );
     }
-    for b in [Backend::Scalar, Backend::Neon] {
-        assert!(!dense::applies(&plan_of(&int4, base), b), "{b:?}");
+    assert!(!dense::applies(&plan_of(&int4, base), Backend::Scalar));
+    // Each named backend takes the dense path exactly where this CPU has its kernel, and
+    // no other backend's: AVX-512 VNNI / AVX2 on x86-64, `sdot` on Arm64.
+    for (b, kind) in [
+        (Backend::Avx512, dense::Kind::Vnni512),
+        (Backend::Avx2, dense::Kind::Avx2),
+        (Backend::Neon, dense::Kind::Sdot),
+    ] {
+        let got = dense::kind_for(b);
+        assert!(got.is_none() || got == Some(kind), "{b:?}: {got:?}");
+        assert_eq!(
+            dense::applies(&plan_of(&int4, base), b),
+            got.is_some(),
+            "{b:?}"
+        );
     }
     // Group sizes that are not multiples of 8, and codebooks that are not affine integers.
     let g4 = random_weights(
@@ -350,7 +368,7 @@ fn dense_runs_at_any_depth_on_every_dense_backend() {
     // The dense sums do not depend on the depth: a backend whose table kernel lacks a depth
     // (AVX2 tables of at most 16 entries; int4 depth 3 has 4096) still runs it densely, with
     // the scalar kernel's bits at that depth.
-    if !vnni() {
+    if !has_dense() {
         return;
     }
     let cb = Codebook::new(Format::Uint4).unwrap();
