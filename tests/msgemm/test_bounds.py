@@ -242,8 +242,9 @@ def test_i16_mode_is_the_exact_integer_computation(fmt, mirror, k, g):
 @pytest.mark.parametrize("fmt, g", [("int4", 128), ("uint4", 32), ("int2", 64), ("ternary", 40)])
 def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     # Batches of every column-chunk size (16, 8, 4, 2, 1 columns), act-order weights, (B, K)
-    # activations through `linear`: on AVX-512 VNNI CPUs the dense int8 path, elsewhere the
-    # table kernels; the same bits as the replica and as one GEMV per column either way.
+    # activations through `linear`: on AVX-512 VNNI or AVX2 CPUs (Arm64: with the dot-product
+    # extension) the dense int8 path, elsewhere the table kernels; the same bits as the replica
+    # and as one GEMV per column either way.
     rng = np.random.default_rng(31)
     k = 8 * g
     w = rng.standard_normal((150, k))
@@ -265,14 +266,22 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     info = mg.plan_info(pw, n=16, table="i16")
     assert isinstance(info["dense_int8"], bool)
     if info["dense_int8"]:
-        assert info["backend"] in ("avx512", "avx2")
+        assert info["backend"] in ("avx512", "avx2", "neon")
     if "avx2" in BACKENDS:  # AVX2 CPUs sum densely too (vpmaddubsw + vpmaddwd)
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["dense_int8"]
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["backend"] == "avx2"
     # Plans it never takes.
     assert not mg.plan_info(pw, n=16)["dense_int8"]
     assert not mg.plan_info(pw, n=16, table="i16", backend="scalar")["dense_int8"]
-    assert not mg.plan_info(pw, n=16, table="i16", mirror=True)["dense_int8"]
+    # Mirror plans sum the same integers densely too: the shifted codebook's, or in
+    # sign-magnitude label space (symmetric int4 / int2 that never use the most negative code)
+    # the codebook's own.
+    mi = mg.plan_info(pw, n=16, table="i16", mirror=True)
+    assert mi["mirror"]
+    assert mi["dense_int8"] == info["dense_int8"]
+    x = rng.standard_normal((pw.shape[1], 16)).astype(np.float32)
+    y = mg.msgemm(pw, x, table="i16", mirror=True)
+    assert y.view(np.uint32).tolist() == _i16_replica(pw, x, True).view(np.uint32).tolist()
 
 
 def test_prepare_builds_what_an_i16_call_reads():

@@ -15,13 +15,14 @@
 //! and then the same epilogue as every `i16` kernel (`KERNELS.md`), so the output is bitwise
 //! the scalar kernel's.
 //!
-//! Applies to `i16` plans without mirror or labels, codebooks of at most 16 levels whose
-//! integer values are affine in the code (`ints[c] = ints[0] + a c`: int4, uint4 with zero
-//! points, int3, int2, ternary), group sizes that are multiples of 8 (2-bit codebooks: batches
-//! only), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and VNNI) and `avx2` (AVX2 and
-//! F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the dot-product extension (FEAT_DotProd;
-//! its speed is not measured on Arm hardware, its bits are tested under qemu-user). Then `P = a * sum_k q_k xq_k + ints[0] * sum_k xq_k`, with the codes `q` as the
-//! unsigned operand and the activations as the signed one.
+//! Applies to `i16` plans (mirror plans included), codebooks of at most 16 levels whose
+//! integer values are affine in the code (`ints[c] = c0 + a c`: int4, uint4 with zero
+//! points, int3, int2, ternary, and their mirror plans), group sizes that are multiples of 8
+//! (2-bit codebooks: batches only), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
+//! VNNI) and `avx2` (AVX2 and F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the
+//! dot-product extension (FEAT_DotProd; its speed is not measured on Arm hardware, its bits
+//! are tested under qemu-user). Then `P = a * sum_k q_k xq_k + c0 * sum_k xq_k`, with the
+//! codes `q` as the unsigned operand and the activations as the signed one.
 //!
 //! Weights are read from their own tile layout ([`DenseLayout`], built on first use, as large
 //! as the packed codes of 4-bit formats).
@@ -119,15 +120,41 @@ impl DenseLayout {
     }
 }
 
-/// `(a, c0)` with `ints[c] = c0 + a c` for every code, when the plan's integer values are so.
+/// `(a, c0)` with `ints[c] = c0 + a c` for every code the weights may hold, when the plan's
+/// integer values are so. In label space ([`Plan::labels`]) code `c`'s integer is that of its
+/// label, and the spare code (label `V/2`, which the weights never use: see
+/// [`crate::format::SignMagnitude`]) is left out of the fit.
 fn affine(plan: &Plan) -> Option<(i32, i32)> {
     let ints = plan.int_values.as_deref()?;
-    let (&c0, rest) = ints.split_first()?;
-    let a = rest.first().map_or(0, |&v| v - c0);
-    ints.iter()
+    let code_ints: Vec<Option<i32>> = match &plan.labels {
+        None => ints.iter().map(|&v| Some(v)).collect(),
+        Some(labels) => labels
+            .iter()
+            .map(|&l| (usize::from(l) != plan.levels / 2).then(|| ints[usize::from(l)]))
+            .collect(),
+    };
+    let mut known = code_ints
+        .iter()
         .enumerate()
-        .all(|(c, &v)| i64::from(v) == i64::from(c0) + i64::from(a) * c as i64)
-        .then_some((a, c0))
+        .filter_map(|(c, v)| v.map(|v| (c as i64, i64::from(v))));
+    let (c_a, v_a) = known.next()?;
+    let (a, c0) = match known.next() {
+        // Two known codes fix the line; it must pass through integers at every code.
+        Some((c_b, v_b)) => {
+            let d = c_b - c_a;
+            if (v_b - v_a) % d != 0 {
+                return None;
+            }
+            let a = (v_b - v_a) / d;
+            (a, v_a - a * c_a)
+        }
+        None => (0, v_a),
+    };
+    let fits = code_ints
+        .iter()
+        .enumerate()
+        .all(|(c, v)| v.is_none_or(|v| i64::from(v) == c0 + a * c as i64));
+    fits.then_some((i32::try_from(a).ok()?, i32::try_from(c0).ok()?))
 }
 
 /// Which instructions sum a dense call.
@@ -197,9 +224,10 @@ pub fn may_apply(opts: &GemmOptions) -> bool {
 
 /// Whether a call of `plan` on `backend` runs on the dense path (see the module docs).
 pub fn applies(plan: &Plan, backend: Backend) -> bool {
+    // A mirror plan's integers are those of the shifted codebook (int4: `2 c - 15`), still
+    // affine in the code, and its epilogue subtracts the uniform shift term; in label space
+    // they are the codebook's own (see `affine`): the same sums and bits either way.
     plan.precision == TablePrecision::I16
-        && plan.mirror.is_none()
-        && plan.labels.is_none()
         && plan.levels <= 16
         // A GEMV of 2-bit codes reads them from the paired table layout at 2 bits per weight,
         // here at 4: the tables measured faster (int2 g64 4096 x 4096, 2 threads: 0.19 against

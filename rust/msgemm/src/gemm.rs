@@ -146,7 +146,8 @@ fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
     match backend {
         Backend::Reference => plan.precision == TablePrecision::F32,
         Backend::Auto | Backend::Scalar => true,
-        b => kernels::select(b, plan).is_ok(),
+        // The dense `i16` path runs any depth of the plans it takes, on its backends.
+        b => dense::applies(plan, b) || kernels::select(b, plan).is_ok(),
     }
 }
 

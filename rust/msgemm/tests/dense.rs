@@ -284,7 +284,7 @@ fn plans_the_dense_path_does_not_take() {
     let base = i16_opts(Backend::Auto);
     let cpu = dense::kind_for(Backend::Auto).is_some();
     assert_eq!(dense::applies(&plan_of(&int4, base), Backend::Auto), cpu);
-    // Other precisions, backends and mirror tables stay on the tables.
+    // Other precisions stay on the tables.
     for opts in [
         GemmOptions {
             precision: TablePrecision::I8,
@@ -292,10 +292,6 @@ fn plans_the_dense_path_does_not_take() {
         },
         GemmOptions {
             precision: TablePrecision::F32,
-            ..base
-        },
-        GemmOptions {
-            mirror: true,
             ..base
         },
     ] {
@@ -384,6 +380,80 @@ fn dense_runs_at_any_depth_on_every_dense_backend() {
             for b in dense_backends() {
                 let got = gemm(&pw, &x, n, &opts(b)).unwrap();
                 assert_eq!(first_mismatch(&got, &want), None, "n={n} d={d} {b:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn mirror_plans_run_densely_in_label_space_too() {
+    if !has_dense() {
+        return;
+    }
+    let mirror = |b| GemmOptions {
+        mirror: true,
+        ..i16_opts(b)
+    };
+    // Integers of the shifted codebook (int4: 2 c - 15, with the uniform shift term in the
+    // epilogue; uint4 with zero points; ternary, unshifted): the scalar mirror kernel's bits.
+    for (f, zeros) in [
+        (Format::Int4, false),
+        (Format::Uint4, true),
+        (Format::Int3, false),
+        (Format::Ternary, false),
+    ] {
+        let pw = random_weights(&Codebook::new(f).unwrap(), (130, 256, 64), zeros, true, 21);
+        for n in [1, 3, 16] {
+            let plan = make_plan(&pw, n, &mirror(Backend::Auto)).unwrap();
+            assert!(plan.mirror.is_some() && plan.labels.is_none(), "{f:?}");
+            // (2-bit GEMVs stay on the tables, as without mirror.)
+            let dense_call = n >= 2 || pw.codebook().levels() > 4;
+            assert_eq!(
+                dense::applies(&plan, Backend::Auto),
+                dense_call,
+                "{f:?} n={n}"
+            );
+            let x = activations(pw.k(), n, 5 + n as u64);
+            let want = gemm(&pw, &x, n, &mirror(Backend::Scalar)).unwrap();
+            // A named backend without an `i16` mirror table kernel runs only dense calls.
+            let backends = if dense_call {
+                dense_backends()
+            } else {
+                vec![Backend::Auto]
+            };
+            for b in backends {
+                for call in 0..2 {
+                    let got = gemm(&pw, &x, n, &mirror(b)).unwrap();
+                    assert_eq!(
+                        first_mismatch(&got, &want),
+                        None,
+                        "{f:?} n={n} {b:?} call {call}"
+                    );
+                }
+            }
+        }
+    }
+    // int4 / int3 weights that never use their most negative code get sign-magnitude labels:
+    // the codes' integers are the codebook's own, the unused code left out.
+    for f in [Format::Int4, Format::Int3] {
+        let cb = Codebook::new(f).unwrap();
+        let mut r = stream(9, 0);
+        let (m, k) = (100, 128);
+        let levels = cb.levels() as u64;
+        let codes: Vec<u8> = (0..m * k)
+            .map(|_| 1 + below(&mut r, levels - 1) as u8)
+            .collect();
+        let scales = (0..m * 4).map(|i| 0.05 + 0.01 * (i % 7) as f32).collect();
+        let pw = PackedWeights::from_codes(cb, m, k, 32, &codes, scales, None, None).unwrap();
+        for n in [1, 4, 17] {
+            let plan = make_plan(&pw, n, &mirror(Backend::Auto)).unwrap();
+            assert!(plan.labels.is_some(), "{f:?}");
+            assert!(dense::applies(&plan, Backend::Auto), "{f:?} n={n}");
+            let x = activations(k, n, 6);
+            let want = gemm(&pw, &x, n, &mirror(Backend::Scalar)).unwrap();
+            for b in dense_backends() {
+                let got = gemm(&pw, &x, n, &mirror(b)).unwrap();
+                assert_eq!(first_mismatch(&got, &want), None, "{f:?} n={n} {b:?}");
             }
         }
     }
