@@ -22,7 +22,8 @@
 //! VNNI) and `avx2` (AVX2 and F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the
 //! dot-product extension (FEAT_DotProd; its speed is not measured on Arm hardware, its bits
 //! are tested under qemu-user). Then `P = a * sum_k q_k xq_k + c0 * sum_k xq_k`, with the
-//! codes `q` as the unsigned operand and the activations as the signed one.
+//! codes `q` as the unsigned operand and the activations as the signed one (`sdot` multiplies
+//! signed by signed: codes of at most 15 are the same bytes either way).
 //!
 //! Weights are read from their own tile layout ([`DenseLayout`], built on first use, as large
 //! as the packed codes of 4-bit formats).
@@ -164,8 +165,9 @@ pub enum Kind {
     Vnni512,
     /// AVX2 `vpmaddubsw` + `vpmaddwd`: 8 rows per pair (CPUs without AVX-512 VNNI).
     Avx2,
-    /// Arm64 `sdot` (the dot-product extension, FEAT_DotProd: Armv8.2 and later, every Apple
-    /// M-series, Graviton 2 and later, Cortex-A55/A76 and later): 4 rows per instruction.
+    /// Arm64 `sdot` (the dot-product extension, FEAT_DotProd: optional from Armv8.2, required
+    /// from Armv8.4; every Apple M-series, Graviton 2 and later, Cortex-A55/A76 and later): 4
+    /// rows per instruction.
     Sdot,
 }
 
@@ -326,9 +328,17 @@ impl Acts {
     }
 }
 
-/// The constants of a dense call `(a, c0, kernel)`, or an error when the plan is not one for
-/// the dense path on `backend` ([`applies`]) or `xt` / `y` are not `N K` / `M N` long.
-fn setup(plan: &Plan, backend: Backend, xt: &[f32], y: &[f32]) -> Result<(i32, i32, Kind)> {
+/// The constants of a dense call `(a, c0, kernel)` and the weights' dense layout, or an error
+/// when the plan is not one for the dense path on `backend` ([`applies`]), is not a plan of
+/// `pw` (the kernels read the layout through raw pointers at the plan's offsets), or `xt` /
+/// `y` are not `N K` / `M N` long.
+fn setup<'a>(
+    pw: &'a PackedWeights,
+    plan: &Plan,
+    backend: Backend,
+    xt: &[f32],
+    y: &[f32],
+) -> Result<(i32, i32, Kind, &'a DenseLayout)> {
     let (Some((a, c0)), Some(kind), true) =
         (affine(plan), kind_for(backend), applies(plan, backend))
     else {
@@ -336,6 +346,24 @@ fn setup(plan: &Plan, backend: Backend, xt: &[f32], y: &[f32]) -> Result<(i32, i
             "the dense i16 path does not apply to this plan on this backend and CPU".into(),
         ));
     };
+    if (plan.m, plan.k, plan.group_size, plan.levels)
+        != (pw.m(), pw.k(), pw.group_size(), pw.codebook().levels())
+    {
+        return Err(Error::invalid(
+            "plan",
+            format!(
+                "a plan of ({}, {}) weights, group size {}, {} levels, given ({}, {}) weights, group size {}, {} levels",
+                plan.m,
+                plan.k,
+                plan.group_size,
+                plan.levels,
+                pw.m(),
+                pw.k(),
+                pw.group_size(),
+                pw.codebook().levels()
+            ),
+        ));
+    }
     if xt.len() != plan.n * plan.k || y.len() != plan.m * plan.n {
         return Err(Error::invalid(
             "x",
@@ -350,7 +378,18 @@ fn setup(plan: &Plan, backend: Backend, xt: &[f32], y: &[f32]) -> Result<(i32, i
             ),
         ));
     }
-    Ok((a, c0, kind))
+    let lay = pw.dense_layout()?;
+    // Built from `pw`'s own shape, so these hold; checked because the kernels trust them.
+    if (lay.groups, lay.row_blocks, lay.chunks)
+        != (plan.groups, plan.row_blocks, plan.group_size / CHUNK)
+        || lay.data.len() != plan.groups * plan.row_blocks * ROW_BLOCK * plan.group_size / 2
+    {
+        return Err(Error::invalid(
+            "plan",
+            "the dense layout does not match the plan",
+        ));
+    }
+    Ok((a, c0, kind, lay))
 }
 
 /// `y = Wd @ X` on the dense path into `y` (overwritten, laid out as `y_layout`), for a plan
@@ -365,8 +404,7 @@ pub fn run(
     y: &mut [f32],
     y_layout: YLayout,
 ) -> Result<()> {
-    let (a, c0, kind) = setup(plan, backend, xt, y)?;
-    let lay = pw.dense_layout()?;
+    let (a, c0, kind, lay) = setup(pw, plan, backend, xt, y)?;
     let acts = Acts::new(plan, xt, c0, true);
     let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
     let n = plan.n;
@@ -405,8 +443,7 @@ pub fn run_here(
     y_layout: YLayout,
     two: bool,
 ) -> Result<()> {
-    let (a, c0, kind) = setup(plan, backend, xt, y)?;
-    let lay = pw.dense_layout()?;
+    let (a, c0, kind, lay) = setup(pw, plan, backend, xt, y)?;
     let acts = Acts::new(plan, xt, c0, false);
     let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
     let n = plan.n;
@@ -870,7 +907,9 @@ mod sdot {
     #[inline(always)]
     unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
         let mut acc = acc;
-        // SAFETY: register-only instruction, available where the caller's `dotprod` is.
+        // SAFETY: a register-only instruction of the dot-product extension, which `kind_for`
+        // found on this CPU before any caller runs (this function is inlined into
+        // `part_sums`, which enables `dotprod`).
         unsafe {
             asm!(
                 "sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[{lane}]",

@@ -12,7 +12,7 @@ use maleki_msgemm::dense::{self, DenseLayout, CHUNK, SUB};
 use maleki_msgemm::gemm::plan as make_plan;
 use maleki_msgemm::layout::ROW_BLOCK;
 use maleki_msgemm::{
-    gemm, gemm_into_layout, Backend, Codebook, Depth, Format, GemmOptions, PackedWeights,
+    gemm, gemm_into_layout, Backend, Codebook, Depth, Format, GemmOptions, PackedWeights, Plan,
     TablePrecision, XLayout, YLayout,
 };
 
@@ -347,6 +347,20 @@ fn plans_the_dense_path_does_not_take() {
         let p = plan_of(&int4, base);
         assert!(dense::run(&int4, &p, Backend::Auto, &x4[..10], &mut y4, YLayout::MbyN).is_err());
         assert!(dense::run(&int4, &p, Backend::Auto, &x4, &mut y4, YLayout::MbyN).is_ok());
+        // A plan of other weights (one row more, a wider group): an error before any read of
+        // the layout at the plan's offsets (the review's reproducer read past its end).
+        let cb = Codebook::new(Format::Int4).unwrap();
+        for (m, k, g) in [(65, 64, 16), (64, 64, 32), (64, 128, 16)] {
+            let other =
+                Plan::new(&cb, m, k, 4, g, false, 1, TablePrecision::I16, false, None).unwrap();
+            let (x, mut y) = (vec![0.5f32; k * 4], vec![0f32; m * 4]);
+            for b in dense_backends() {
+                let r = dense::run(&int4, &other, b, &x, &mut y, YLayout::MbyN);
+                assert!(r.is_err(), "({m}, {k}) g{g} {b:?}");
+                let r = dense::run_here(&int4, &other, b, &x, &mut y, YLayout::MbyN, false);
+                assert!(r.is_err(), "({m}, {k}) g{g} {b:?}");
+            }
+        }
     }
     // ... and still give the scalar kernel's bits through the tables.
     let x = activations(64, 4, 4);
