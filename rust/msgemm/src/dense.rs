@@ -35,7 +35,7 @@ use rayon::prelude::*;
 use maleki_common::{pool, Error, Result};
 
 use crate::aligned::AlignedVec;
-use crate::gemm::{job_zeros, k_slices, GemmOptions, YLayout};
+use crate::gemm::{check_plan_call, job_zeros, k_slices, GemmOptions, YLayout};
 use crate::kernels::Backend;
 use crate::kernels::{Tiled, Zeros};
 use crate::layout::ROW_BLOCK;
@@ -346,38 +346,7 @@ fn setup<'a>(
             "the dense i16 path does not apply to this plan on this backend and CPU".into(),
         ));
     };
-    if (plan.m, plan.k, plan.group_size, plan.levels)
-        != (pw.m(), pw.k(), pw.group_size(), pw.codebook().levels())
-    {
-        return Err(Error::invalid(
-            "plan",
-            format!(
-                "a plan of ({}, {}) weights, group size {}, {} levels, given ({}, {}) weights, group size {}, {} levels",
-                plan.m,
-                plan.k,
-                plan.group_size,
-                plan.levels,
-                pw.m(),
-                pw.k(),
-                pw.group_size(),
-                pw.codebook().levels()
-            ),
-        ));
-    }
-    if xt.len() != plan.n * plan.k || y.len() != plan.m * plan.n {
-        return Err(Error::invalid(
-            "x",
-            format!(
-                "dense call of ({}, {}) x ({}, {}) given {} inputs and {} outputs",
-                plan.m,
-                plan.k,
-                plan.k,
-                plan.n,
-                xt.len(),
-                y.len()
-            ),
-        ));
-    }
+    check_plan_call(pw, plan, xt, y)?;
     let lay = pw.dense_layout()?;
     // Built from `pw`'s own shape, so these hold; checked because the kernels trust them.
     if (lay.groups, lay.row_blocks, lay.chunks)

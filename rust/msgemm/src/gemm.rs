@@ -508,8 +508,54 @@ pub fn job_zeros<'a>(pw: &'a PackedWeights, plan: &Plan) -> Zeros<'a> {
     }
 }
 
+/// Checks that `plan` is a plan of `pw` (shape, group size, levels) and that `xt` and `y` hold
+/// `N K` inputs and `M N` outputs: the kernels read the weights' layouts and these buffers
+/// through raw pointers at offsets the plan gives.
+pub(crate) fn check_plan_call(
+    pw: &PackedWeights,
+    plan: &Plan,
+    xt: &[f32],
+    y: &[f32],
+) -> Result<()> {
+    if (plan.m, plan.k, plan.group_size, plan.levels)
+        != (pw.m(), pw.k(), pw.group_size(), pw.codebook().levels())
+        || (plan.groups, plan.row_blocks) != (pw.k() / pw.group_size(), pw.m().div_ceil(ROW_BLOCK))
+    {
+        return Err(Error::invalid(
+            "plan",
+            format!(
+                "a plan of ({}, {}) weights, group size {}, {} levels, given ({}, {}) weights, group size {}, {} levels",
+                plan.m,
+                plan.k,
+                plan.group_size,
+                plan.levels,
+                pw.m(),
+                pw.k(),
+                pw.group_size(),
+                pw.codebook().levels()
+            ),
+        ));
+    }
+    if xt.len() != plan.n * plan.k || y.len() != plan.m * plan.n {
+        return Err(Error::invalid(
+            "x",
+            format!(
+                "a call of ({}, {}) x ({}, {}) given {} inputs and {} outputs",
+                plan.m,
+                plan.k,
+                plan.k,
+                plan.n,
+                xt.len(),
+                y.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the plan with `kernel` into `y` (overwritten), laid out as `y_layout`: the K slices
-/// ([`k_slices`]) into `y` and a scratch buffer, added in slice order.
+/// ([`k_slices`]) into `y` and a scratch buffer, added in slice order. An error when `plan` is
+/// not a plan of `pw` or `xt` / `y` have the wrong length ([`check_plan_call`]).
 pub fn run_plan(
     pw: &PackedWeights,
     plan: &Plan,
@@ -518,6 +564,7 @@ pub fn run_plan(
     y: &mut [f32],
     y_layout: YLayout,
 ) -> Result<()> {
+    check_plan_call(pw, plan, xt, y)?;
     let slices = k_slices(plan);
     let (first, rest) = slices.split_first().expect("at least one slice");
     if plan.n == 1

@@ -360,6 +360,10 @@ fn plans_the_dense_path_does_not_take() {
                 let r = dense::run_here(&int4, &other, b, &x, &mut y, YLayout::MbyN, false);
                 assert!(r.is_err(), "({m}, {k}) g{g} {b:?}");
             }
+            // The table driver likewise.
+            let k16 = maleki_msgemm::kernels::select(Backend::Scalar, &other).unwrap();
+            let r = maleki_msgemm::gemm::run_plan(&int4, &other, k16, &x, &mut y, YLayout::MbyN);
+            assert!(r.is_err(), "run_plan ({m}, {k}) g{g}");
         }
     }
     // ... and still give the scalar kernel's bits through the tables.
