@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 export CARGO_TERM_COLOR ?= never
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv develop test test-rust check-aarch64 test-python wheel-check tour bench wheel clean
+.PHONY: venv develop test test-rust check-aarch64 test-other-cpus test-python wheel-check tour bench wheel clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,23 @@ check-aarch64:
 	    fi; \
 	fi
 
+# The msgemm tests on CPUs other than this one, under qemu-user where it is installed (with
+# the Arm64 tools above): the Python tests on a CPU without AVX-512 (Haswell: AVX2 + F16C, what
+# most laptops and Zen 2/3 run), whose `auto` calls take the AVX2 kernels and their depths (the
+# Rust tests already run every AVX2 kernel by name, natively; under emulation they would take
+# 7 minutes); and on Arm64 (.ci/aarch64_python.sh: Debian's aarch64 CPython and our aarch64
+# wheel).
+QEMU_AVX2 := qemu-x86_64-static -cpu Haswell-v4
+test-other-cpus: develop
+	@if command -v qemu-x86_64-static >/dev/null; then \
+	    set -e; echo "test-other-cpus: msgemm on an emulated AVX2 CPU (no AVX-512)"; \
+	    $(QEMU_AVX2) $(PY) -c "import maleki_rs.msgemm as mg; b = mg.available_backends(); print(b); assert 'avx512' not in b"; \
+	    $(QEMU_AVX2) $(PY) -m pytest -q -p no:cacheprovider tests/msgemm; \
+	else \
+	    echo "test-other-cpus: no qemu-x86_64-static: the AVX2-only run is skipped"; \
+	fi
+	bash .ci/aarch64_python.sh $(PY) $(VENV)/bin/maturin
+
 test-python: develop
 	$(PY) -m pytest -q tests
 
@@ -67,7 +84,7 @@ wheel-check: venv
 	    print('packaged CUDA sources:', sorted(str(p.relative_to(r)) for p in r.rglob('*.cu')))"
 
 # pytest runs last so that its summary closes the log.
-test: test-rust wheel-check test-python
+test: test-rust wheel-check test-other-cpus test-python
 
 tour:
 	$(PYTHON) -m pip install . && maleki tour
