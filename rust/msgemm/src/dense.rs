@@ -868,6 +868,7 @@ mod sdot {
 
     use super::{Job, CHUNK, SUB, SUBS};
     use crate::kernels::scalar::epilogue;
+    use crate::kernels::{Tiled, Zeros};
     use crate::layout::ROW_BLOCK;
 
     /// `acc + (w . x[L])`: each int32 lane of `acc` plus the dot product of its 4 bytes of `w`
@@ -927,8 +928,45 @@ mod sdot {
         acc
     }
 
+    /// `fcvtl`: 4 float16 bits widened exactly to float32 (base Armv8 SIMD; Rust's
+    /// `vcvt_f32_f16` needs the unstable `f16` type).
+    #[inline(always)]
+    unsafe fn widen_f16(h: uint16x4_t) -> float32x4_t {
+        let out: float32x4_t;
+        // SAFETY: a register-only instruction of the base Arm64 SIMD set.
+        unsafe {
+            asm!(
+                "fcvtl {out:v}.4s, {h:v}.4h",
+                out = lateout(vreg) out,
+                h = in(vreg) h,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        out
+    }
+
+    /// The 16 values of a tiled array (`[g][rb][64]`) from offset `i` (a 16-row part, inside
+    /// its row block's 64), as 4 vectors of 4 rows, widened from float16 where stored so.
+    #[inline(always)]
+    fn tiled16(t: Tiled<'_>, i: usize) -> [float32x4_t; 4] {
+        // SAFETY: 4 loads of 4 values inside the bounds-checked 16-value slices.
+        match t {
+            Tiled::F32(v) => {
+                let v = &v[i..i + SUB];
+                std::array::from_fn(|j| unsafe { vld1q_f32(v[4 * j..].as_ptr()) })
+            }
+            Tiled::F16(h) => {
+                let h = &h[i..i + SUB];
+                std::array::from_fn(|j| unsafe { widen_f16(vld1_u16(h[4 * j..].as_ptr())) })
+            }
+        }
+    }
+
     /// One 16-row part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: sums, then
-    /// the scalar epilogue per row into `ys` (`[n][64]`; rows past M: not written).
+    /// the epilogue into `ys` (`[n][64]`; rows past M: not written). A full part runs the
+    /// scalar epilogue's operations on 4 rows per vector (`scvtf` rounds as `as f32` does;
+    /// separate multiplies and adds, no fused ones: the same bits); a part with fewer rows
+    /// runs the scalar epilogue.
     #[inline]
     #[target_feature(enable = "dotprod")]
     unsafe fn part<const NC: usize>(
@@ -948,20 +986,53 @@ mod sdot {
         let r0 = s * SUB;
         let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(SUB);
         let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;
+        // The part's scales and zero points, shared by its columns.
+        let full = lanes == SUB;
+        let (sc, z) = if full {
+            let z = match job.zeros {
+                _ if !plan.zero_term => [vdupq_n_f32(0.0); 4],
+                Zeros::None => [vdupq_n_f32(0.0); 4],
+                Zeros::Uniform(z) => [vdupq_n_f32(z); 4],
+                Zeros::Tiled(t) => tiled16(t, sz),
+            };
+            (tiled16(job.scales, sz), z)
+        } else {
+            ([vdupq_n_f32(0.0); 4], [vdupq_n_f32(0.0); 4])
+        };
         for (c, q) in q.into_iter().enumerate() {
             let gn = (c0 + c) * groups + g;
             let corr = vdupq_n_s32(acts.corr[gn]);
-            let mut sums = [0i32; SUB];
-            for (i, q) in q.into_iter().enumerate() {
-                let p = if job.a == 1 { q } else { vmulq_n_s32(q, job.a) };
-                // SAFETY: 4 int32 into `sums[4 i..]`.
-                unsafe { vst1q_s32(sums[4 * i..].as_mut_ptr(), vaddq_s32(p, corr)) };
-            }
+            let p = q.map(|q| {
+                let aq = if job.a == 1 { q } else { vmulq_n_s32(q, job.a) };
+                vaddq_s32(aq, corr)
+            });
             let (tsc, zs) = (acts.tsc[gn], acts.zsum[gn]);
             let yb = &mut ys[(c0 + c) * ROW_BLOCK + r0..(c0 + c) * ROW_BLOCK + r0 + lanes];
-            for (r, y) in yb.iter_mut().enumerate() {
-                let (sc, z) = (job.scales.at(sz + r), job.zeros.at(sz + r));
-                *y = epilogue(plan, sums[r] as f32, sc, z, tsc, zs, *y);
+            if full {
+                let (tscv, zsv) = (vdupq_n_f32(tsc), vdupq_n_f32(zs));
+                for (i, y4) in yb.chunks_exact_mut(4).enumerate() {
+                    // u = P; u -= z zsum; u *= tscale; y += s u (`scalar::epilogue`).
+                    let mut u = vcvtq_f32_s32(p[i]);
+                    if plan.zero_term {
+                        u = vsubq_f32(u, vmulq_f32(z[i], zsv));
+                    }
+                    u = vmulq_f32(u, tscv);
+                    // SAFETY: 4 floats of `y4`.
+                    unsafe {
+                        let y = vld1q_f32(y4.as_ptr());
+                        vst1q_f32(y4.as_mut_ptr(), vaddq_f32(y, vmulq_f32(sc[i], u)));
+                    }
+                }
+            } else {
+                let mut sums = [0i32; SUB];
+                for (i, p) in p.into_iter().enumerate() {
+                    // SAFETY: 4 int32 into `sums[4 i..]`.
+                    unsafe { vst1q_s32(sums[4 * i..].as_mut_ptr(), p) };
+                }
+                for (r, y) in yb.iter_mut().enumerate() {
+                    let (sc, z) = (job.scales.at(sz + r), job.zeros.at(sz + r));
+                    *y = epilogue(plan, sums[r] as f32, sc, z, tsc, zs, *y);
+                }
             }
         }
     }

@@ -10,6 +10,7 @@ use maleki_common::pool::sized_pool;
 use maleki_common::rng::{below, stream};
 use maleki_msgemm::dense::{self, DenseLayout, CHUNK, SUB};
 use maleki_msgemm::gemm::plan as make_plan;
+use maleki_msgemm::kernels::Tiled;
 use maleki_msgemm::layout::ROW_BLOCK;
 use maleki_msgemm::{
     gemm, gemm_into_layout, Backend, Codebook, Depth, Format, GemmOptions, PackedWeights, Plan,
@@ -201,6 +202,41 @@ fn dense_path_equals_the_table_kernel_bitwise() {
         }
     }
     assert_eq!(ran, 7 * 4 * 7 + 9);
+}
+
+#[test]
+fn float16_scales_and_zero_points_give_the_same_bits() {
+    if !has_dense() {
+        return;
+    }
+    // Scales and zero points that are all float16 values are kept as float16 bits and widened
+    // by the kernels (`Tiled::F16`): full 16-row parts take the vector epilogues, the last
+    // part of M = 150 the scalar one.
+    let mut r = stream(77, 0);
+    for (f, zeros) in [
+        (Format::Uint4, true),
+        (Format::Int4, false),
+        (Format::Int3, false),
+    ] {
+        let cb = Codebook::new(f).unwrap();
+        let (m, k, g) = (150, 384, 64);
+        let codes: Vec<u8> = (0..m * k)
+            .map(|_| below(&mut r, cb.levels() as u64) as u8)
+            .collect();
+        let half = |v: f32| half::f16::from_f32(v).to_f32();
+        let scales: Vec<f32> = (0..m * k / g)
+            .map(|_| half(0.003 + below(&mut r, 1000) as f32 * 1e-4))
+            .collect();
+        let z = zeros.then(|| (0..m * k / g).map(|_| below(&mut r, 16) as f32).collect());
+        let pw = PackedWeights::from_codes(cb, m, k, g, &codes, scales, z, None).unwrap();
+        assert!(matches!(pw.tiled_scales(), Tiled::F16(_)), "{f:?}");
+        if zeros {
+            assert!(matches!(pw.tiled_zeros(), Some(Tiled::F16(_))), "{f:?}");
+        }
+        for n in [1, 2, 5, 16] {
+            check(&pw, n, &format!("{f:?} float16 scales"));
+        }
+    }
 }
 
 #[test]
