@@ -6,6 +6,9 @@ Oracles (stop at the first failure, nothing is timed then): the GPU tests of
 ``tests/gpu/test_msgemm_gpu.py`` (exact equality with the float64 host reference on integer
 data for every format and depth, the float32 bound on random data, determinism, errors).
 
+Then a sweep of the LUT GEMV's launch shapes (rows per thread, K splits) on the two headline
+shapes, from which the library's defaults come.
+
 Timings: int4 g128, shapes (M, K) of spec section 6, N in {1, 4, 16} (N = 16 is two calls of
 8 columns: the LUT kernel takes N <= 8; cuBLAS runs N = 16 in one call), plus cuBLAS alone at
 N = 256 for reference. 10 warm-ups, median of 50, warm and with a 256 MiB L2 flush before each
@@ -45,6 +48,8 @@ def run_oracles() -> str:
         capture_output=True, text=True, cwd=ROOT,
     )
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
+    if os.environ.get("OUT"):  # the whole log comes back from the lent machine
+        Path(os.environ["OUT"], "oracles.log").write_text(r.stdout + "\n" + r.stderr)
     print(r.stdout[-3000:])
     if r.returncode != 0:
         print(r.stderr[-3000:])
@@ -80,6 +85,34 @@ def timed(cp, fn, flush=None, warmup=10, reps=50) -> float:
     return float(np.median(times))
 
 
+def sweep(cp, mg, mgc, quick: bool) -> str:
+    """L2-flushed times of the LUT GEMV over its launch shapes (rows per thread, K splits), on
+    the two headline shapes; the library's defaults come from this table."""
+    rng = np.random.default_rng(1)
+    flush_buf = cp.empty(256 << 20, cp.uint8)
+    configs = [(rpt, bps) for rpt in (2, 4) for bps in (2, 4, 8)]
+    saved = (mgc._RPT, mgc._BLOCKS_PER_SM)
+    rows = []
+    try:
+        for m, k in [(28672, 8192), (8192, 28672)][: 1 if quick else 2]:
+            codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
+            scales = (rng.random((m, k // 128), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+            pwd = mgc.to_device(mg.PackedWeights.from_arrays(codes, scales, None, format="int4"))
+            del codes
+            for n in (1, 4, 8):
+                x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
+                cells = []
+                for rpt, bps in configs:
+                    mgc._RPT, mgc._BLOCKS_PER_SM = rpt, bps
+                    cells.append(f"{timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1)) * 1e3:.1f}")
+                rows.append([f"({m}, {k})", n, *cells])
+                print("sweep", rows[-1], flush=True)
+            del pwd
+    finally:
+        mgc._RPT, mgc._BLOCKS_PER_SM = saved
+    return _report.table(["(M, K)", "N", *[f"{r} rows, {b}/SM" for r, b in configs]], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -95,6 +128,7 @@ def main() -> None:
     name = name.decode() if isinstance(name, bytes) else str(name)
     oracle = run_oracles()
 
+    tuning = sweep(cp, mg, mgc, args.quick)
     shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
     if args.quick:
         shapes = shapes[:2]
@@ -170,6 +204,11 @@ def main() -> None:
             "",
             "Ours: f32 tables (`msgemm_tables`) + LUT GEMV + split reduction, all included. "
             "For N >= 256 tensor cores win, as expected: the paper's point is that LUT GEMM needs new hardware.",
+            "",
+            f"Launch shapes (rows per thread, K splits from blocks per SM; library default: {mgc._RPT} rows, "
+            f"{mgc._BLOCKS_PER_SM} blocks per SM), L2-flushed µs:",
+            "",
+            tuning,
         ]
     )
     print(body)

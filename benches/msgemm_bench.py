@@ -115,7 +115,10 @@ def ort_session(pw: mg.PackedWeights, bits: int, level: int, threads: int):
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", m])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    # IR version 8 (the lowest opset 17 allows): onnx's default is the newest IR it knows, which
+    # an older ONNX Runtime refuses to load (ORT 1.30 with onnx 1.23 did, on the GPU machine).
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1

@@ -8,7 +8,8 @@
 //           row m (idx = sum_j q[m, p*d + j] * V^j, first code least significant). Lane = row,
 //           so a warp's 32 loads of one tuple quad are coalesced.
 //   T       [(p * N + n) * slot + e] float32: table e of tuple p for column n, slot = V^d.
-//   scales, zeros  (M, K/G) float32 row-major (zeros optional, in value units).
+//   scales_t, zeros_t  (K/G, M) float32 row-major: scales and zero points transposed (lane =
+//           row: coalesced); zero points optional, in value units.
 //
 // Arithmetic: every table entry is the left-to-right float32 sum of the products
 // v[c_j] * x_j (__fmul_rn / __fadd_rn: no FMA contraction), exactly the host scalar build;
@@ -20,7 +21,35 @@
 
 #define MSGEMM_MAX_N 8
 #define MSGEMM_ROWS 256
-#define MSGEMM_RPT 4  // rows per thread of msgemm_gemv_lut (cuda.py: _RPT)
+
+#ifdef MSGEMM_COUNT
+// The counting build (cuda.py: msgemm_cuda(..., count=True)): each thread counts the operations
+// it runs, by kind, and adds them to `msgemm_counts` with one atomic per kind at its end; the
+// tests compare the totals with closed forms. Rows past M are not counted.
+enum {
+    CNT_table_mul,
+    CNT_table_add,
+    CNT_sum_add,
+    CNT_words,
+    CNT_staged,
+    CNT_lookups,
+    CNT_scale_mul,
+    CNT_zero_mul,
+    CNT_reduce_add,
+    CNT_KINDS
+};
+__device__ unsigned long long msgemm_counts[CNT_KINDS];
+#define MSGEMM_COUNTERS_DECLARE unsigned long long cnt_[CNT_KINDS] = {};
+#define MSGEMM_COUNT_ADD(kind, v) (cnt_[CNT_##kind] += static_cast<unsigned long long>(v))
+#define MSGEMM_COUNTERS_FLUSH                                  \
+    for (int k_ = 0; k_ < CNT_KINDS; ++k_) {                   \
+        if (cnt_[k_] != 0) atomicAdd(&msgemm_counts[k_], cnt_[k_]); \
+    }
+#else
+#define MSGEMM_COUNTERS_DECLARE
+#define MSGEMM_COUNT_ADD(kind, v) ((void)0)
+#define MSGEMM_COUNTERS_FLUSH
+#endif
 
 // One thread per table entry (grid-stride loop).
 extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const float* __restrict__ values,
@@ -28,6 +57,7 @@ extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const flo
                                          float* __restrict__ tables) {
     const long long tuples = k / depth;
     const long long total = tuples * n_cols * slot;
+    MSGEMM_COUNTERS_DECLARE
     for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
         const int e = static_cast<int>(i % slot);
@@ -44,7 +74,10 @@ extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const flo
             acc = (j == 0) ? prod : __fadd_rn(acc, prod);
         }
         tables[i] = acc;
+        MSGEMM_COUNT_ADD(table_mul, depth);
+        MSGEMM_COUNT_ADD(table_add, depth - 1);
     }
+    MSGEMM_COUNTERS_FLUSH
 }
 
 // S[n][g] = ((x_0 + x_1) + ...) + x_{G-1} over the group (the zero-point term), one thread each.
@@ -59,98 +92,150 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
     float s = xs[0];
     for (int j = 1; j < group_size; ++j) s = __fadd_rn(s, xs[j]);
     sums[i] = s;
+    MSGEMM_COUNTERS_DECLARE
+    MSGEMM_COUNT_ADD(sum_add, group_size - 1);
+    MSGEMM_COUNTERS_FLUSH
 }
 
-// Grid (ceil(M / 1024), splits); 256 threads, MSGEMM_RPT = 4 rows per thread (rows
-// m0 + r * 256, so every load of a tuple quad is coalesced). For each chunk of `nc` columns and
-// each group of its split, the group's tables (tpg tuples x nc columns x slot floats) are
-// staged in shared memory, then each thread adds one entry per tuple, column and row. Four rows
-// per thread make each staged table serve 1024 rows: the staging traffic (L2 -> shared) per
-// weight byte is a quarter of one row per thread's, and four independent index loads are in
-// flight per tuple quad. The order of the adds of each row is the same for any RPT.
-extern "C" __global__ void __launch_bounds__(MSGEMM_ROWS)
+// Grid (ceil(M / (256 RPT)), splits), 256 threads, RPT rows per thread (rows m0 + r * 256, so
+// every load of a tuple quad is coalesced), NC = N columns (every column in one pass: each
+// weight word is read once whatever N). A split's groups are cut into pieces of `pw` words
+// (4 pw tuples) of one group; for each piece the block stages the piece's tables (4 pw tuples x
+// NC columns x slot floats, at most 32 KiB: pw <= 8 / NC) into shared memory, then each thread
+// adds one entry per tuple, column and row.
+//
+// Why this shape (measured on an H200, int4 (28672, 8192) N = 1, BENCHMARKS.md): with one
+// group's 64 KiB of tables staged per step and the index words loaded just before their
+// lookups it took 561 us; this one takes 107 us. The words of the next piece are loaded into
+// registers before the current piece's tables are staged and looked up, so the weight stream
+// has a piece of loads in flight per thread at all times, and small pieces let several blocks
+// share an SM, whose lookups fill each other's waits.
+// Scales and zero points are read transposed ((K/G, M): lane = row, coalesced), with the
+// group's first piece. The order of the adds of each row is that of the host scalar build.
+template <int NC, int RPT>
+__global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     msgemm_gemv_lut(const unsigned int* __restrict__ idx4, const float* __restrict__ tables,
-                    const float* __restrict__ scales, const float* __restrict__ zeros,
-                    const float* __restrict__ sums, long long m_rows, int n_cols, int groups, int tpg,
-                    int slot, int groups_per_split, int nc, float* __restrict__ partial) {
-    extern __shared__ float tab[];  // [t][c][slot]
-    const long long m0 = static_cast<long long>(blockIdx.x) * (MSGEMM_ROWS * MSGEMM_RPT) + threadIdx.x;
+                    const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
+                    const float* __restrict__ sums, long long m_rows, int groups, int qpg, int pw, int slot,
+                    int groups_per_split, float* __restrict__ partial) {
+    constexpr int PWMAX = NC >= 8 ? 1 : 8 / NC;  // words per piece, at most
+    extern __shared__ float4 tab4[];
+    float* tab = reinterpret_cast<float*>(tab4);  // [tuple of the piece][column][slot]
+    const long long m0 = static_cast<long long>(blockIdx.x) * (MSGEMM_ROWS * RPT) + threadIdx.x;
     const int split = blockIdx.y;
     const int g0 = split * groups_per_split;
     const int g1 = min(groups, g0 + groups_per_split);
-    const bool has_zeros = zeros != nullptr;
-    for (int c0 = 0; c0 < n_cols; c0 += nc) {
-        const int ncc = min(nc, n_cols - c0);
-        float y[MSGEMM_RPT][MSGEMM_MAX_N];
+    const int ppg = qpg / pw;  // pieces per group
+    const int i0 = g0 * ppg;
+    const int i1 = g1 * ppg;
+    const bool has_zeros = zeros_t != nullptr;
+    bool live[RPT];
 #pragma unroll
-        for (int r = 0; r < MSGEMM_RPT; ++r) {
+    for (int r = 0; r < RPT; ++r) live[r] = m0 + r * MSGEMM_ROWS < m_rows;
+    MSGEMM_COUNTERS_DECLARE
+    unsigned int wn[RPT][PWMAX];  // the next piece's words
+    float sn[RPT], zn[RPT];       // the next group's scale and zero point
+    // Loads piece i's words (and its group's scale and zero point if it is the group's first).
+#define MSGEMM_LOAD_PIECE(i)                                                                         \
+    {                                                                                                \
+        const int g_ = (i) / ppg;                                                                    \
+        const int piece_ = (i) - g_ * ppg;                                                           \
+        const long long q0_ = static_cast<long long>(g_) * qpg + piece_ * pw;                        \
+        _Pragma("unroll") for (int r = 0; r < RPT; ++r) {                                            \
+            const long long m_ = m0 + r * MSGEMM_ROWS;                                               \
+            _Pragma("unroll") for (int q = 0; q < PWMAX; ++q) {                                      \
+                /* Weights are read once: stream them past the caches (evict-first). */              \
+                wn[r][q] = (q < pw && live[r]) ? __ldcs(idx4 + (q0_ + q) * m_rows + m_) : 0u;        \
+                MSGEMM_COUNT_ADD(words, (q < pw && live[r]) ? 1 : 0);                                \
+            }                                                                                        \
+            if (piece_ == 0) {                                                                       \
+                sn[r] = live[r] ? __ldg(scales_t + static_cast<long long>(g_) * m_rows + m_) : 0.0f; \
+                zn[r] = (live[r] && has_zeros) ? __ldg(zeros_t + static_cast<long long>(g_) * m_rows + m_) : 0.0f; \
+            }                                                                                        \
+        }                                                                                            \
+    }
+    if (i0 < i1) MSGEMM_LOAD_PIECE(i0)
+    float y[RPT][NC];
+    float p[RPT][NC];
+    float sc[RPT], zc[RPT];
 #pragma unroll
-            for (int c = 0; c < MSGEMM_MAX_N; ++c) y[r][c] = 0.0f;
+    for (int r = 0; r < RPT; ++r) {
+        sc[r] = 0.0f;
+        zc[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            y[r][c] = 0.0f;
+            p[r][c] = 0.0f;
         }
-        for (int g = g0; g < g1; ++g) {
-            __syncthreads();  // the previous group's tables are no longer read
-            const int total = tpg * ncc * slot;
-            for (int i = threadIdx.x; i < total; i += blockDim.x) {
-                const int e = i % slot;
-                const int tc = i / slot;
-                const int c = tc % ncc;
-                const int t = tc / ncc;
-                tab[i] = __ldg(tables + ((static_cast<long long>(g) * tpg + t) * n_cols + c0 + c) * slot + e);
+    }
+    for (int i = i0; i < i1; ++i) {
+        const int g = i / ppg;
+        const int piece = i - g * ppg;
+        unsigned int wc[RPT][PWMAX];
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+            for (int q = 0; q < PWMAX; ++q) wc[r][q] = wn[r][q];
+            if (piece == 0) {
+                sc[r] = sn[r];
+                zc[r] = zn[r];
             }
-            __syncthreads();
-            float p[MSGEMM_RPT][MSGEMM_MAX_N];
+        }
+        if (i + 1 < i1) MSGEMM_LOAD_PIECE(i + 1)
+        // Stage the piece's tables: 4 pw tuples x NC columns x slot floats, contiguous in
+        // `tables` ([tuple][column][slot], N = NC columns).
+        const int count = pw * 4 * NC * slot;
+        const float* src = tables + static_cast<long long>(4) * (static_cast<long long>(g) * qpg + piece * pw) * NC * slot;
+        __syncthreads();  // the previous piece's tables are no longer read
+        if ((slot & 3) == 0) {
+            const float4* src4 = reinterpret_cast<const float4*>(src);
+            for (int v = threadIdx.x; v < count / 4; v += MSGEMM_ROWS) tab4[v] = __ldg(src4 + v);
+        } else {
+            for (int v = threadIdx.x; v < count; v += MSGEMM_ROWS) tab[v] = __ldg(src + v);
+        }
+        MSGEMM_COUNT_ADD(staged, count / MSGEMM_ROWS + (threadIdx.x < count % MSGEMM_ROWS ? 1 : 0));
+        __syncthreads();
 #pragma unroll
-            for (int r = 0; r < MSGEMM_RPT; ++r) {
+        for (int q = 0; q < PWMAX; ++q) {
+            if (q < pw) {
 #pragma unroll
-                for (int c = 0; c < MSGEMM_MAX_N; ++c) p[r][c] = 0.0f;
-            }
-            const unsigned int* ip = idx4 + (static_cast<long long>(g) * (tpg / 4)) * m_rows + m0;
-            for (int q = 0; q < tpg / 4; ++q) {
+                for (int j = 0; j < 4; ++j) {
+                    const float* row = tab + (4 * q + j) * NC * slot;
 #pragma unroll
-                for (int r = 0; r < MSGEMM_RPT; ++r) {
-                    if (m0 + r * MSGEMM_ROWS < m_rows) {
-                        // Weights are read once: stream them past the caches (evict-first).
-                        const unsigned int w = __ldcs(ip + static_cast<long long>(q) * m_rows + r * MSGEMM_ROWS);
+                    for (int r = 0; r < RPT; ++r) {
+                        const int e = (wc[r][q] >> (8 * j)) & 0xff;
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const int e = (w >> (8 * j)) & 0xff;
-                            const float* row = tab + (4 * q + j) * ncc * slot + e;
-#pragma unroll
-                            for (int c = 0; c < MSGEMM_MAX_N; ++c) {
-                                if (c < ncc) p[r][c] = __fadd_rn(p[r][c], row[c * slot]);
-                            }
-                        }
+                        for (int c = 0; c < NC; ++c) p[r][c] = __fadd_rn(p[r][c], row[c * slot + e]);
+                        MSGEMM_COUNT_ADD(lookups, live[r] ? NC : 0);
                     }
                 }
             }
-#pragma unroll
-            for (int r = 0; r < MSGEMM_RPT; ++r) {
-                const long long m = m0 + r * MSGEMM_ROWS;
-                if (m < m_rows) {
-                    const float s = scales[m * groups + g];
-                    const float z = has_zeros ? zeros[m * groups + g] : 0.0f;
-#pragma unroll
-                    for (int c = 0; c < MSGEMM_MAX_N; ++c) {
-                        if (c < ncc) {
-                            float u = p[r][c];
-                            if (has_zeros) u = __fsub_rn(u, __fmul_rn(z, sums[(c0 + c) * groups + g]));
-                            y[r][c] = __fadd_rn(y[r][c], __fmul_rn(s, u));
-                        }
-                    }
-                }
-            }
         }
+        if (piece == ppg - 1) {  // the group's last piece: y += s * (P - z * S)
 #pragma unroll
-        for (int r = 0; r < MSGEMM_RPT; ++r) {
-            const long long m = m0 + r * MSGEMM_ROWS;
-            if (m < m_rows) {
+            for (int r = 0; r < RPT; ++r) {
 #pragma unroll
-                for (int c = 0; c < MSGEMM_MAX_N; ++c) {
-                    if (c < ncc) partial[(static_cast<long long>(split) * n_cols + c0 + c) * m_rows + m] = y[r][c];
+                for (int c = 0; c < NC; ++c) {
+                    float u = p[r][c];
+                    if (has_zeros) u = __fsub_rn(u, __fmul_rn(zc[r], sums[c * groups + g]));
+                    y[r][c] = __fadd_rn(y[r][c], __fmul_rn(sc[r], u));
+                    p[r][c] = 0.0f;
                 }
+                MSGEMM_COUNT_ADD(scale_mul, live[r] ? NC : 0);
+                MSGEMM_COUNT_ADD(zero_mul, (live[r] && has_zeros) ? NC : 0);
             }
         }
     }
+#undef MSGEMM_LOAD_PIECE
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        const long long m = m0 + r * MSGEMM_ROWS;
+        if (live[r]) {
+#pragma unroll
+            for (int c = 0; c < NC; ++c) partial[(static_cast<long long>(split) * NC + c) * m_rows + m] = y[r][c];
+        }
+    }
+    MSGEMM_COUNTERS_FLUSH
 }
 
 // y (M, N) row-major = sum over splits, in split order, of partial[split][n][m].
@@ -163,6 +248,9 @@ extern "C" __global__ void msgemm_reduce_splits(const float* __restrict__ partia
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s) acc = __fadd_rn(acc, partial[(static_cast<long long>(s) * n_cols + n) * m_rows + m]);
     y[i] = acc;
+    MSGEMM_COUNTERS_DECLARE
+    MSGEMM_COUNT_ADD(reduce_add, splits);
+    MSGEMM_COUNTERS_FLUSH
 }
 
 // The dense comparator: dequantize in registers and FMA, one warp per row, 4-bit codes in the
@@ -171,7 +259,7 @@ extern "C" __global__ void msgemm_reduce_splits(const float* __restrict__ partia
 // K % 8 == 0 and G % 8 == 0 (a 32-bit word of codes never straddles a group). The warp sum is a
 // fixed shuffle tree: deterministic.
 extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ packed, const float* __restrict__ values,
-                                             const float* __restrict__ scales, const float* __restrict__ zeros,
+                                             const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
                                              const float* __restrict__ xt, long long m_rows, long long k, int n_cols,
                                              int group_size, float* __restrict__ y) {
     const int lane = threadIdx.x & 31;
@@ -190,8 +278,8 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
         const unsigned int bits = valid ? __ldcs(row + w) : 0u;
         const long long k0 = 8 * w;
         const long long g = valid ? k0 / group_size : 0;
-        const float s = valid ? scales[m * groups + g] : 0.0f;
-        const float z = (valid && zeros != nullptr) ? zeros[m * groups + g] : 0.0f;
+        const float s = valid ? scales_t[g * m_rows + m] : 0.0f;
+        const float z = (valid && zeros_t != nullptr) ? zeros_t[g * m_rows + m] : 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int c = (bits >> (4 * j)) & 15;

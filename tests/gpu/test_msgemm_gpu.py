@@ -72,7 +72,7 @@ def test_lut_gemv_equals_float64_reference_exactly(fmt, depth, g, zeros):
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros, perm=fmt == "int4")
     pwd = mgc.to_device(pw, depth=depth)
     wd = pw.dequantize()
-    for n in [None, 3, 8]:
+    for n in [None, 2, 3, 5, 8]:  # every column count has its own kernel instantiation
         x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
         want = (wd @ x.astype(np.float64)).astype(np.float32)
         for splits in [None, 1, 3]:
@@ -82,15 +82,54 @@ def test_lut_gemv_equals_float64_reference_exactly(fmt, depth, g, zeros):
             np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_gemv_cuda(pwd, x)), want)
 
 
+COUNTED = [("int4", 2, 128, False, 1), ("uint4", 2, 64, True, 3), ("ternary", 5, 80, False, 8),
+           ("fp8_e4m3", 1, 128, False, 2), ("int2", 4, 64, True, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, depth, g, zeros, n", COUNTED)
+def test_device_counts_equal_the_formulas(fmt, depth, g, zeros, n):
+    """The counting build's per-kind totals against closed forms (lookups: the host's
+    ``op_counts``): every weight word loaded once whatever N, every table staged once per row
+    tile, one lookup per row, tuple and column; and the same result as the plain build."""
+    cp = _gpu.require()
+    rng = np.random.default_rng(zlib.crc32(f"count/{fmt}/{n}".encode()))
+    m, k = 300, (640 if fmt == "ternary" else 512)
+    pw = integer_weights(fmt, rng, m, k, g, zeros=zeros)
+    pwd = mgc.to_device(pw, depth=depth)
+    x = rng.integers(-8, 9, size=(k, n)).astype(np.float32)
+    y, got = mgc.msgemm_cuda(pwd, x, splits=3, count=True)
+    np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=3)))
+    np.testing.assert_array_equal(cp.asnumpy(y), (pw.dequantize() @ x.astype(np.float64)).astype(np.float32))
+    slot, tuples, groups = pwd.levels**depth, k // depth, k // g
+    per = -(-groups // 3)
+    splits = -(-groups // per)
+    tiles = -(-m // (mgc._ROWS * mgc._RPT))
+    host = mg.op_counts(m, k, n, format=fmt, depth=depth, group_size=g, zero_points=zeros)
+    want = {
+        "table_mul": depth * tuples * n * slot,
+        "table_add": (depth - 1) * tuples * n * slot,
+        "sum_add": n * groups * (g - 1) if zeros else 0,
+        "words": m * tuples // 4,
+        "staged": tiles * tuples * n * slot,
+        "lookups": host["lookup"],
+        "scale_mul": m * n * groups,
+        "zero_mul": m * n * groups if zeros else 0,
+        "reduce_add": m * n * splits,
+    }
+    assert got == want
+
+
 @pytest.mark.gpu
 def test_random_data_within_the_f32_bound_and_deterministic():
     cp = _gpu.require()
     rng = np.random.default_rng(5)
-    m, k, g, d = 1000, 2048, 128, 2
+    m, k, g = 1000, 2048, 128
     w = rng.standard_normal((m, k)).astype(np.float32)
     for fmt in ["int4", "uint4", "nf4", "fp4"]:
         pw = mg.quantize(w, fmt, g)
         pwd = mgc.to_device(pw)
+        d = pwd.depth
         x = rng.standard_normal((k, 4)).astype(np.float32)
         wd = pw.dequantize()
         want = wd @ x.astype(np.float64)

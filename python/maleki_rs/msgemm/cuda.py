@@ -29,18 +29,35 @@ from typing import Any
 import numpy as np
 
 from .._gpu import require
-from .._gpu.loader import get_function
+from .._gpu.loader import get_module
 from .._util.validate import check_bool, check_int
 from ._api import PackedWeights
 
-__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "MAX_COLUMNS"]
+__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "kernel_names", "MAX_COLUMNS",
+           "COUNT_KINDS"]
 
 _SRC = "msgemm/msgemm.cu"
 #: Most columns of X one call takes (decode and small batches).
 MAX_COLUMNS = 8
 _ROWS = 256
-_RPT = 4  # rows per thread of msgemm_gemv_lut (MSGEMM_RPT in msgemm.cu): a block covers 1024 rows
-_SMEM_BUDGET = 200 * 1024  # dynamic shared memory per block (H100/H200 allow up to 227 KiB)
+_RPT = 2  # rows per thread of msgemm_gemv_lut (its template argument): a block covers 512 rows
+_BLOCKS_PER_SM = 4  # default K splits: about this many blocks per SM
+_PLAIN = ("msgemm_tables", "msgemm_group_sums", "msgemm_reduce_splits", "dequant_gemv_shfl")
+#: Operation kinds of the counting build (``msgemm_cuda(..., count=True)``), in the order of
+#: ``msgemm_counts`` in msgemm.cu.
+COUNT_KINDS = ("table_mul", "table_add", "sum_add", "words", "staged", "lookups", "scale_mul", "zero_mul",
+               "reduce_add")
+_COUNT_OPTION = "-DMSGEMM_COUNT"
+
+
+def _lut_name(n: int, rpt: int) -> str:
+    return f"msgemm_gemv_lut<{n}, {rpt}>"
+
+
+def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
+    """Every kernel of msgemm.cu, as compiled into one module: the ``extern "C"`` ones and
+    ``msgemm_gemv_lut`` for 1 to 8 columns (the compile check in CI instantiates the same)."""
+    return _PLAIN + tuple(_lut_name(n, rpt) for n in range(1, MAX_COLUMNS + 1))
 
 
 @dataclass
@@ -55,8 +72,10 @@ class DeviceWeights:
         Table indices of 4 consecutive tuples per word, row = lane.
     values : cupy.ndarray, shape (V,), float32
         Codebook (non-finite fp8 codes read 0).
-    scales : cupy.ndarray, shape (M, K/G), float32
-    zeros : cupy.ndarray (M, K/G) float32 or None
+    scales_t : cupy.ndarray, shape (K/G, M), float32
+        Scales, transposed (row = lane: coalesced loads).
+    zeros_t : cupy.ndarray (K/G, M) float32 or None
+        Zero points (value units), transposed.
     k_perm : cupy.ndarray (K,) int64 or None
         Act-order permutation: packed column j is input ``k_perm[j]``.
     packed : cupy.ndarray (M, K/2) uint8 or None
@@ -71,8 +90,8 @@ class DeviceWeights:
     levels: int
     idx4: Any
     values: Any
-    scales: Any
-    zeros: Any
+    scales_t: Any
+    zeros_t: Any
     k_perm: Any
     packed: Any
     nbytes: int
@@ -125,21 +144,12 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         levels=v,
         idx4=cp.asarray(idx4),
         values=cp.asarray(values),
-        scales=cp.asarray(np.ascontiguousarray(pw.scales, dtype=np.float32)),
-        zeros=None if pw.zeros is None else cp.asarray(np.ascontiguousarray(pw.zeros, dtype=np.float32)),
+        scales_t=cp.asarray(np.ascontiguousarray(np.asarray(pw.scales, dtype=np.float32).T)),
+        zeros_t=None if pw.zeros is None else cp.asarray(np.ascontiguousarray(np.asarray(pw.zeros, np.float32).T)),
         k_perm=None if pw.k_perm is None else cp.asarray(np.asarray(pw.k_perm, dtype=np.int64)),
         packed=packed,
         nbytes=pw.nbytes,
     )
-
-
-@functools.lru_cache(maxsize=16)
-def _smem_budget(device: int) -> int:
-    """Dynamic shared memory one block of ours may use on ``device`` (opt-in limit, at most
-    ``_SMEM_BUDGET``: 227 KiB on H100/H200, 163 KiB on A100, 99 KiB on Ada)."""
-    cp = require()
-    props = cp.cuda.runtime.getDeviceProperties(device)
-    return int(min(_SMEM_BUDGET, props.get("sharedMemPerBlockOptin", 48 * 1024)))
 
 
 @functools.lru_cache(maxsize=16)
@@ -148,22 +158,20 @@ def _sm_count(device: int) -> int:
     return int(cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
 
-def _kernel(name: str, smem: int = 0) -> Any:
-    """A kernel of ``msgemm.cu`` (cached per device) that may use ``smem`` bytes of dynamic
-    shared memory (at most ``_SMEM_BUDGET``)."""
+def _kernel(name: str, count: bool = False) -> Any:
+    """A kernel of ``msgemm.cu`` on the current device (one module holds them all; the counting
+    build is a second module)."""
+    opts = (_COUNT_OPTION,) if count else ()
+    return get_module(_SRC, kernel_names(_RPT), opts).get_function(name)
+
+
+def _reset_counts() -> Any:
+    """Zeroes the counting module's ``msgemm_counts`` and returns it as a cupy array."""
     cp = require()
-    return _kernel_cached(name, cp.cuda.Device().id, smem > 48 * 1024)
-
-
-@functools.lru_cache(maxsize=64)
-def _kernel_cached(name: str, device: int, large_smem: bool) -> Any:
-    k = get_function(_SRC, name)
-    if large_smem:
-        # The limit belongs to the kernel handle, which every call of this kernel shares: it is
-        # set once to the whole budget (a cap, not a reservation; the launch says how much it
-        # uses), so that a call with small tables cannot lower it under a later call's need.
-        k.max_dynamic_shared_size_bytes = _smem_budget(device)
-    return k
+    mod = get_module(_SRC, kernel_names(_RPT), (_COUNT_OPTION,))
+    counts = cp.ndarray((len(COUNT_KINDS),), cp.uint64, mod.get_global("msgemm_counts"))
+    counts.fill(0)
+    return counts
 
 
 def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
@@ -192,11 +200,21 @@ def _splits(pwd: DeviceWeights, sm_count: int) -> int:
     m = pwd.shape[0]
     groups = pwd.shape[1] // pwd.group_size
     tiles = -(-m // (_ROWS * _RPT))
-    want = -(-4 * sm_count // tiles)  # about 4 blocks per SM
+    want = -(-_BLOCKS_PER_SM * sm_count // tiles)
     return max(1, min(groups, want))
 
 
-def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True) -> Any:
+def _piece_words(n: int, words_per_group: int) -> int:
+    """Index words per staged piece: the largest power of two <= 8 / n dividing the group's
+    words (a piece's tables then take at most 32 KiB of shared memory)."""
+    pw = max(1, 8 // n)
+    while words_per_group % pw:
+        pw //= 2
+    return pw
+
+
+def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True,
+                count: bool = False) -> Any:
     """``Wd @ x`` through look-up tables on the device.
 
     Parameters
@@ -208,54 +226,61 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         Number of K splits (blocks along K); default: about 4 blocks per SM.
     check : bool
         Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
+    count : bool
+        Run the counting build of the kernels (slower; compiled with ``-DMSGEMM_COUNT``) and
+        return ``(y, counts)``: ``counts`` maps each of :data:`COUNT_KINDS` to the operations
+        the device ran (rows past M not counted): table multiplies and adds, group-sum adds,
+        weight words loaded, table floats staged in shared memory, lookups (each with its add),
+        scale and zero-point multiplies, and split-reduction adds.
 
     Returns
     -------
-    cupy.ndarray, float32, shape (M,) or (M, N)
+    cupy.ndarray, float32, shape (M,) or (M, N); with ``count=True``, ``(y, counts)``.
     """
     if not isinstance(pwd, DeviceWeights):
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
     cp = require()
+    count = check_bool(count, "count")
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
     g, d, v, slot, tpg = pwd.group_size, pwd.depth, pwd.levels, pwd.slot, pwd.tuples_per_group
     groups = k // g
+    counts = _reset_counts() if count else None
     tables = cp.empty((k // d) * n * slot, cp.float32)
     total = tables.size
-    _kernel("msgemm_tables")(
+    _kernel("msgemm_tables", count)(
         (min(-(-total // 256), 65535),), (256,),
         (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), tables),
     )
     sums = cp.zeros(n * groups, cp.float32)
-    if pwd.zeros is not None:
-        _kernel("msgemm_group_sums")(
+    if pwd.zeros_t is not None:
+        _kernel("msgemm_group_sums", count)(
             (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
         )
     sm = _sm_count(cp.cuda.Device().id)
     s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=min(groups, 65535))
     per = -(-groups // s)
     s = -(-groups // per)
-    per_col = tpg * slot * 4
-    budget = _smem_budget(cp.cuda.Device().id)
-    nc = max(1, min(n, budget // per_col))
-    smem = tpg * nc * slot * 4
-    if smem > budget:
-        raise ValueError(f"group_size/depth: one group's tables ({smem} bytes) exceed the shared-memory budget")
-    kern = _kernel("msgemm_gemv_lut", smem)
+    qpg = tpg // 4
+    pw = _piece_words(n, qpg)
+    smem = pw * 4 * n * slot * 4  # <= 32 KiB: no opt-in to large shared memory needed
     partial = cp.empty((s, n, m), cp.float32)
-    zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)  # a null pointer
-    kern(
+    zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)  # a null pointer
+    _kernel(_lut_name(n, _RPT), count)(
         (-(-m // (_ROWS * _RPT)), s), (_ROWS,),
-        (pwd.idx4, tables, pwd.scales, zeros, sums, np.int64(m), np.int32(n), np.int32(groups), np.int32(tpg),
-         np.int32(slot), np.int32(per), np.int32(nc), partial),
+        (pwd.idx4, tables, pwd.scales_t, zeros, sums, np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw),
+         np.int32(slot), np.int32(per), partial),
         shared_mem=smem,
     )
     y = cp.empty((m, n), cp.float32)
-    _kernel("msgemm_reduce_splits")(
+    _kernel("msgemm_reduce_splits", count)(
         (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y)
     )
-    return y.reshape(m) if vector else y
+    y = y.reshape(m) if vector else y
+    if count:
+        return y, dict(zip(COUNT_KINDS, (int(c) for c in cp.asnumpy(counts)), strict=True))
+    return y
 
 
 def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
@@ -272,11 +297,11 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
     n = xt.shape[0]
     m, k = pwd.shape
     y = cp.empty((m, n), cp.float32)
-    zeros = pwd.zeros if pwd.zeros is not None else np.uint64(0)
+    zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     warps = 8
     _kernel("dequant_gemv_shfl")(
         (-(-m // warps),), (32 * warps,),
-        (pwd.packed, pwd.values, pwd.scales, zeros, xt, np.int64(m), np.int64(k), np.int32(n),
+        (pwd.packed, pwd.values, pwd.scales_t, zeros, xt, np.int64(m), np.int64(k), np.int32(n),
          np.int32(pwd.group_size), y),
     )
     return y.reshape(m) if vector else y
