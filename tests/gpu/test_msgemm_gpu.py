@@ -47,6 +47,16 @@ def test_validation_runs_without_a_device():
         mgc.to_device(tern, depth=5)
 
 
+def test_device_weights_show_scales_in_the_host_layout():
+    st = np.arange(6.0).reshape(2, 3)  # (K/G, M) as the kernels read them
+    pwd = mgc.DeviceWeights(shape=(3, 64), group_size=32, depth=2, levels=16, idx4=None, values=None,
+                            scales_t=st, zeros_t=-st, k_perm=None, packed=None, nbytes=0)
+    np.testing.assert_array_equal(pwd.scales, st.T)
+    np.testing.assert_array_equal(pwd.zeros, -st.T)
+    pwd.zeros_t = None
+    assert pwd.zeros is None and pwd.slot == 256 and pwd.tuples_per_group == 16
+
+
 def test_without_gpu_raises_clear_error():
     if _gpu.is_available():
         pytest.skip("a GPU is present")

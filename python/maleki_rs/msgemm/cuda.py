@@ -58,6 +58,7 @@ def _lut_name(n: int, rpt: int) -> str:
     return f"msgemm_gemv_lut<{n}, {rpt}>"
 
 
+@functools.lru_cache(maxsize=8)
 def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     """Every kernel of msgemm.cu, as compiled into one module: the ``extern "C"`` ones and
     ``msgemm_gemv_lut`` for 1 to 8 columns (the compile check in CI instantiates the same)."""
@@ -107,6 +108,16 @@ class DeviceWeights:
     @property
     def tuples_per_group(self) -> int:
         return self.group_size // self.depth
+
+    @property
+    def scales(self) -> Any:
+        """Scales, shape (M, K/G) (a transposed view of ``scales_t``)."""
+        return self.scales_t.T
+
+    @property
+    def zeros(self) -> Any:
+        """Zero points, shape (M, K/G), or None (a transposed view of ``zeros_t``)."""
+        return None if self.zeros_t is None else self.zeros_t.T
 
 
 def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
