@@ -24,7 +24,7 @@ def pw():
 def test_one_and_two_threads_give_identical_bits(pw, one_and_two_threads):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((512, 7)).astype(np.float32)
-    for table in mg.TABLES:
+    for table in (None, *mg.TABLES):  # None: the library's choice (a batch: `i16` where it runs densely)
         for backend in [b for b in BACKENDS if b != "reference"]:
             if not mg.backend_supports(pw, backend, n=7, table=table):
                 continue  # a SIMD kernel need not implement every precision (KERNELS.md)
@@ -148,6 +148,8 @@ BAD_CALLS = [
     (lambda pw: mg.msgemm(pw, np.ones(512), depth=5), ValueError, "depth"),
     (lambda pw: mg.msgemm(pw, np.ones(512), depth="deep"), ValueError, "depth"),
     (lambda pw: mg.msgemm(pw, np.ones(512), table="i4"), ValueError, "table"),
+    (lambda pw: mg.msgemm(pw, np.ones(512), table="auto"), ValueError, "table"),
+    (lambda pw: mg.linear(np.ones((2, 512)), pw, table=8), TypeError, "table"),
     (lambda pw: mg.msgemm(pw, np.ones(512), backend="cuda"), ValueError, "backend"),
     (lambda pw: mg.msgemm(pw, np.ones(512), backend="reference", table="i8"), ValueError, "f32"),
     (lambda pw: mg.msgemm(pw, np.ones(512), backend="scalar", count=True), ValueError, "count"),
@@ -209,7 +211,7 @@ def _no_panic(fn):
 @given(
     m=st.integers(-1, 70), k=st.integers(-1, 70), groups=st.integers(-1, 5), n=st.integers(-1, 4),
     fmt=st.sampled_from(list(mg.FORMATS) + ["bogus"]), depth=st.one_of(st.integers(-2, 12), st.just("auto")),
-    table=st.sampled_from(["i8", "i16", "f32", "x"]), backend=st.sampled_from(list(mg.BACKENDS) + ["gpu"]),
+    table=st.sampled_from([None, "i8", "i16", "f32", "x", "auto"]), backend=st.sampled_from(list(mg.BACKENDS) + ["gpu"]),
     mirror=st.booleans(), code=st.integers(-2, 300), value=st.sampled_from([0.0, 1.0, -3.5, np.nan, np.inf, 1e39]),
 )
 def test_no_input_reaches_a_panic(m, k, groups, n, fmt, depth, table, backend, mirror, code, value):

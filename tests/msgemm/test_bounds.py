@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -270,8 +272,14 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     if "avx2" in BACKENDS:  # AVX2 CPUs sum densely too (vpmaddubsw + vpmaddwd)
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["dense_int8"]
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["backend"] == "avx2"
+    # The default table runs batches densely wherever `i16` does; GEMVs and named depths
+    # keep the `i8` tables.
+    assert mg.plan_info(pw, n=16)["dense_int8"] == info["dense_int8"]
+    assert mg.plan_info(pw, n=16)["table"] == ("i16" if info["dense_int8"] else "i8")
+    assert not mg.plan_info(pw, n=1)["dense_int8"]
+    assert not mg.plan_info(pw, n=16, depth=2)["dense_int8"]
     # Plans it never takes.
-    assert not mg.plan_info(pw, n=16)["dense_int8"]
+    assert not mg.plan_info(pw, n=16, table="i8")["dense_int8"]
     assert not mg.plan_info(pw, n=16, table="i16", backend="scalar")["dense_int8"]
     # Mirror plans sum the same integers densely too: the shifted codebook's, or in
     # sign-magnitude label space (symmetric int4 / int2 that never use the most negative code)
@@ -282,6 +290,44 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     x = rng.standard_normal((pw.shape[1], 16)).astype(np.float32)
     y = mg.msgemm(pw, x, table="i16", mirror=True)
     assert y.view(np.uint32).tolist() == _i16_replica(pw, x, True).view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("fmt, g", [("int4", 128), ("uint4", 64), ("int3", 32), ("int2", 64), ("ternary", 40),
+                                    ("nf4", 64), ("fp4", 32), ("int4", 20)])
+def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
+    # table=None: `i8` tables, except batches at depth "auto" that the dense path runs, which
+    # take `i16` (faster there, and more accurate). The choice depends on the weights, N and
+    # the options only, not on what is cached: fresh weights (no used-code scan, no layout
+    # yet) give the same bits on their first call as on later ones.
+    rng = np.random.default_rng(41)
+    k = 6 * g
+    pw = mg.quantize(rng.standard_normal((70, k)), fmt, g)
+    try:
+        dense_possible = mg.plan_info(pw, n=16, table="i16")["dense_int8"]
+    except ValueError:  # nf4: no integer codebook, no `i16` mode at all
+        dense_possible = False
+    if fmt in ("nf4", "fp4") or g % 8:  # non-integer codebooks, groups off the 8-input chunks
+        assert not dense_possible
+    for n in (1, 2, 3, 16):
+        x = rng.standard_normal((k, n)).astype(np.float32)
+        dense = dense_possible and n >= 2
+        info = mg.plan_info(pw, n=n)
+        assert info["table"] == ("i16" if dense else "i8") and info["dense_int8"] == dense, (n, info)
+        want = mg.msgemm(pw, x, table="i16" if dense else "i8")
+        fresh = pickle.loads(pickle.dumps(pw))
+        for y in (mg.msgemm(fresh, x), mg.msgemm(fresh, x), mg.msgemm(pw, x),
+                  mg.linear(np.ascontiguousarray(x.T), pickle.loads(pickle.dumps(pw))).T):
+            assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist(), n
+        # A named depth asks for tables: `i8`, never the dense path.
+        d = mg.plan_info(pw, n=n, table="i8")["depth"]
+        y = mg.msgemm(pw, x, depth=d)
+        assert y.view(np.uint32).tolist() == mg.msgemm(pw, x, depth=d, table="i8").view(np.uint32).tolist()
+    # Against the float64 product, the default batch is within the `i16` mode's accuracy on
+    # Gaussian data where it runs densely (about 6.5e-3 relative L1), the `i8` mode's elsewhere.
+    x = rng.standard_normal((k, 16))
+    ref = pw.dequantize() @ x
+    rel = np.abs(mg.msgemm(pw, x) - ref).sum() / np.abs(ref).sum()
+    assert rel < (1.2e-2 if dense_possible else 2e-2), rel
 
 
 def test_prepare_builds_what_an_i16_call_reads():

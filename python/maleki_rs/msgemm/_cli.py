@@ -39,40 +39,47 @@ def _report_counts(m: int, k: int, n: int, fmt: str, depth: int, g: int | None, 
 
 
 def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_size: int | None = 128,
-          table: str = "i8", depth: int | str = "auto", repeat: int = 20, count_limit: int = 1 << 26,
+          table: str | None = None, depth: int | str = "auto", repeat: int = 20, count_limit: int = 1 << 26,
           out: Callable[[str], None] = print, seed: int = 0, scale_dtype: str = "float32") -> dict[str, Any]:
-    """Counts and times one shape; prints a short report. Returns the figures."""
+    """Counts and times one shape; prints a short report. Returns the figures.
+
+    ``table=None`` and ``depth="auto"`` time what :func:`maleki_rs.msgemm.msgemm` runs by
+    default (``i8`` tables, or the dense ``i16`` path for batches where it runs).
+    """
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, k), dtype=np.float32)
     pw = mg.quantize(w, fmt, group_size, scale_dtype=scale_dtype)
     x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
     info = mg.plan_info(pw, n=n, depth=depth, table=table)
     d = int(info["depth"])
-    pw.prepare(d, table=table)
+    pw.prepare(d, table=info["table"])
     how = " (half tables)" if info["folded_indices"] else ""
+    cd = d  # the depth the table method is counted at
     if info["dense_int8"]:
-        how = " (dense int8 dot products, no tables: the counts below are the table method's)"
-    out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={table}, depth={d}, "
+        # No tables run (the plan's depth is moot): count the table method at its i8 depth.
+        cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
+        how = f" (dense int8 dot products, no tables: the counts below are the table method's at depth {cd})"
+    out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={info['table']}, depth={d}, "
         f"kernel={info['backend']}{how}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB"
         f"{', float16 scales' if pw.scale_dtype == np.float16 else ''}")
     # 1. the counted reduction (the instrumented kernel, when the shape is small enough)
     zero_points = pw.zeros is not None
-    _report_counts(m, k, n, fmt, d, pw.group_size, zero_points, False, out)
+    _report_counts(m, k, n, fmt, cd, pw.group_size, zero_points, False, out)
     counted = None
     if m * k * n <= count_limit:
-        _, counted = mg.msgemm(pw, x, depth=d, count=True)
-        model = mg.op_counts(m, k, n, format=fmt, depth=d, group_size=pw.group_size, zero_points=zero_points)
+        _, counted = mg.msgemm(pw, x, depth=cd, count=True)
+        model = mg.op_counts(m, k, n, format=fmt, depth=cd, group_size=pw.group_size, zero_points=zero_points)
         same = all(counted[key] == model[key] for key in ("table_mul", "table_add", "lookup", "add", "mul"))
         out(f"  counted by the instrumented kernel: {counted['table_add']:,} table adds, {counted['lookup']:,} "
             f"lookups, {counted['mul']:,} multiplies -> {counted['mac_ratio']:.2f}x "
             f"({'equals' if same else 'DIFFERS FROM'} the closed form)")
     # 2. the measured speed
     wd = pw.dequantize(np.float32)
-    ours = _times(lambda: mg.msgemm(pw, x, depth=d, table=table), repeat)
+    ours = _times(lambda: mg.msgemm(pw, x, depth=depth, table=table), repeat)
     dense = _times(lambda: wd @ x, repeat)
     deq = _times(lambda: pw.dequantize(np.float32) @ x, max(3, repeat // 5))
     ref = wd.astype(np.float64) @ x
-    y = mg.msgemm(pw, x, depth=d, table=table)
+    y = mg.msgemm(pw, x, depth=depth, table=table)
     rel = float(np.abs(y - ref).sum() / max(np.abs(ref).sum(), 1e-300))
     gbs = pw.nbytes / ours[0] / 1e9
     out(f"  msgemm               {ours[0] * 1e3:8.3f} ms (median {ours[1] * 1e3:.3f}), {gbs:6.2f} GB/s of packed weights, "
@@ -107,7 +114,8 @@ def register(subparsers: Any) -> None:
     b.add_argument("--n", type=int, default=1, help="columns of X (default 1: GEMV)")
     b.add_argument("--format", default="int4", choices=[f for f in mg.FORMATS if f != "codebook"])
     b.add_argument("--group-size", type=int, default=128, help="-1: per channel")
-    b.add_argument("--table", default="i8", choices=mg.TABLES)
+    b.add_argument("--table", default=None, choices=mg.TABLES,
+                   help="table precision (default: the library's, i8 or, for batches on the dense path, i16)")
     b.add_argument("--depth", default="auto", help="'auto' or an integer")
     b.add_argument("--repeat", type=int, default=20)
     b.add_argument("--scale-dtype", default="float32", choices=["float32", "float16"],
@@ -125,4 +133,4 @@ def tour() -> None:
     print("Lower bit widths gain more (ternary, depth 5):")
     _report_counts(4096, 4096, 1, "ternary", 5, None, False, False, print)
     print()
-    bench(4096, 4096, 1, "int4", 128, "i8", "auto", repeat=10, count_limit=1 << 24)
+    bench(4096, 4096, 1, "int4", 128, None, "auto", repeat=10, count_limit=1 << 24)

@@ -501,18 +501,43 @@ fn quant_opts(
     })
 }
 
-fn options(
-    depth: Option<usize>,
-    table: &str,
-    backend: &str,
-    mirror: bool,
-) -> CoreResult<GemmOptions> {
-    Ok(GemmOptions {
-        depth: depth.map_or(Depth::Auto, Depth::Fixed),
-        precision: TablePrecision::from_name(table)?,
-        backend: Backend::from_name(backend)?,
-        mirror,
+/// The options of a call. `table="auto"` (the Python default off the reference backend) is
+/// `i8` until [`Opts::for_call`] resolves it for the call's column count.
+fn options(depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> CoreResult<Opts> {
+    let auto = table == "auto";
+    Ok(Opts {
+        opts: GemmOptions {
+            depth: depth.map_or(Depth::Auto, Depth::Fixed),
+            precision: if auto {
+                TablePrecision::I8
+            } else {
+                TablePrecision::from_name(table)?
+            },
+            backend: Backend::from_name(backend)?,
+            mirror,
+        },
+        auto,
     })
+}
+
+/// Parsed options, and whether the table precision is the library's choice.
+#[derive(Clone, Copy)]
+struct Opts {
+    opts: GemmOptions,
+    auto: bool,
+}
+
+impl Opts {
+    /// The options a call of `n` columns runs with (`core_gemm::auto_precision` when the
+    /// precision is the library's choice; it may scan the weights once, so call it with the
+    /// GIL released).
+    fn for_call(&self, pw: &PackedWeights, n: usize) -> GemmOptions {
+        if self.auto {
+            core_gemm::auto_precision(pw, n, &self.opts)
+        } else {
+            self.opts
+        }
+    }
 }
 
 fn counts_dict<'py>(
@@ -572,6 +597,7 @@ fn gemm<'py>(
         (YLayout::MbyN, [m, n])
     };
     let run = |y: &mut [f32]| {
+        let opts = opts.for_call(&w, n);
         core_gemm::gemm_into_layout(&w, xs, n, layout, y_layout, &opts, y).map(|_| ())
     };
     match out {
@@ -641,7 +667,9 @@ fn gemm_counted<'py>(
     table: &str,
     mirror: bool,
 ) -> PyResult<(Bound<'py, PyArray2<f32>>, Bound<'py, PyDict>)> {
-    let opts = options(depth, table, "reference", mirror).map_err(to_pyerr)?;
+    let opts = options(depth, table, "reference", mirror)
+        .map_err(to_pyerr)?
+        .opts;
     let (n, layout) = columns_of(&x, transposed);
     let xs = slice(&x, "x")?;
     let w = pw.get();
@@ -675,6 +703,7 @@ fn plan_info<'py>(
     // On the pool: a plan of fresh weights first finds the codes they use (in parallel).
     let w = pw.get();
     let (plan, kernel, run, dense) = run_quick(py, || {
+        let opts = opts.for_call(&w, n);
         let plan = core_gemm::plan(&w, n, &opts)?;
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
@@ -793,7 +822,10 @@ fn backend_supports(
     // The plan of the named backend: under depth="auto" the depth is that backend's choice
     // (on the pool: a plan of fresh weights first finds the codes they use, in parallel).
     let w = pw.get();
-    let Ok(plan) = run_quick(py, || core_gemm::plan(&w, n, &opts)) else {
+    let Ok((plan, opts)) = run_quick(py, || {
+        let opts = opts.for_call(&w, n);
+        Ok((core_gemm::plan(&w, n, &opts)?, opts))
+    }) else {
         return Ok(false);
     };
     Ok(match opts.backend {

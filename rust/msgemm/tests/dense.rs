@@ -512,3 +512,68 @@ fn mirror_plans_run_densely_in_label_space_too() {
         }
     }
 }
+
+#[test]
+fn auto_precision_takes_the_dense_path_for_batches_only() {
+    use maleki_msgemm::gemm::auto_precision;
+    let int4 = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 128, 32),
+        false,
+        false,
+        3,
+    );
+    let nf4 = random_weights(
+        &Codebook::new(Format::Nf4).unwrap(),
+        (64, 128, 32),
+        false,
+        false,
+        3,
+    );
+    let i8_auto = GemmOptions::default();
+    assert_eq!(i8_auto.precision, TablePrecision::I8);
+    let cpu = dense::kind_for(Backend::Auto).is_some();
+    for n in [2, 5, 64] {
+        let got = auto_precision(&int4, n, &i8_auto);
+        let want = if cpu {
+            TablePrecision::I16
+        } else {
+            TablePrecision::I8
+        };
+        assert_eq!(got.precision, want, "n = {n}");
+        assert_eq!(
+            got,
+            GemmOptions {
+                precision: want,
+                ..i8_auto
+            }
+        );
+        // No dense path for a codebook without integers, nor on the scalar backend.
+        assert_eq!(auto_precision(&nf4, n, &i8_auto), i8_auto);
+        let scalar = GemmOptions {
+            backend: Backend::Scalar,
+            ..i8_auto
+        };
+        assert_eq!(auto_precision(&int4, n, &scalar), scalar);
+        // A named depth or precision is kept.
+        let fixed = GemmOptions {
+            depth: Depth::Fixed(2),
+            ..i8_auto
+        };
+        assert_eq!(auto_precision(&int4, n, &fixed), fixed);
+        let f32_opts = GemmOptions {
+            precision: TablePrecision::F32,
+            ..i8_auto
+        };
+        assert_eq!(auto_precision(&int4, n, &f32_opts), f32_opts);
+    }
+    // A GEMV keeps its tables.
+    assert_eq!(auto_precision(&int4, 1, &i8_auto), i8_auto);
+    // The choice runs the batch densely: the same bits as naming `i16`.
+    if cpu {
+        let x = activations(128, 5, 4);
+        let a = gemm(&int4, &x, 5, &auto_precision(&int4, 5, &i8_auto)).unwrap();
+        let b = gemm(&int4, &x, 5, &i16_opts(Backend::Auto)).unwrap();
+        assert_eq!(first_mismatch(&a, &b), None);
+    }
+}
