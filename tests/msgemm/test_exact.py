@@ -104,18 +104,23 @@ def test_avx2_kernel_reads_paired_indices_with_the_scalar_bits(fmt, g, depth, n)
 
 
 @pytest.mark.skipif("avx2" not in BACKENDS, reason="the CPU has no AVX2")
-@pytest.mark.parametrize("fmt,g", [("int4", 128), ("int2", 64), ("ternary", 128), ("fp4", 32)])
-def test_i16_auto_runs_16_entry_tables_on_paired_indices(fmt, g):
-    # table="i16" with depth="auto" on an x86 CPU with AVX2 (AVX-512 or not) runs the AVX2 i16
-    # kernel (tables of at most 16 entries, two 4-bit indices per byte) or, for integer
-    # formats, the dense int8 path; the scalar kernel at that depth gives the same bits.
+@pytest.mark.parametrize("fmt,g,dense", [("int4", 128, True), ("int2", 64, True), ("ternary", 128, True),
+                                         ("fp4", 32, True), ("int4", 20, False), ("codebook", 32, False)])
+def test_i16_auto_runs_16_entry_tables_on_paired_indices(fmt, g, dense):
+    # table="i16" with depth="auto" on an x86 CPU with AVX2 (AVX-512 or not) runs the dense
+    # int8 path for integer codebooks (fp4's integers, twice its values, are not affine in the
+    # code: the dense kernels look them up in registers), and otherwise the AVX2 i16 kernel
+    # (tables of at most 16 entries, two 4-bit indices per byte): group sizes that are not
+    # multiples of 8, integer codebooks spanning more than 64; the scalar kernel at that
+    # depth gives the same bits.
     rng = np.random.default_rng(3)
-    pw = mg.quantize(rng.standard_normal((130, 4 * g)), fmt, g)
+    codebook = [-100.0, -3.0, 0.0, 1.0, 2.5, 7.0, 40.0, 90.0] if fmt == "codebook" else None
+    pw = mg.quantize(rng.standard_normal((130, 4 * g)), fmt, g, codebook=codebook)
     x = rng.standard_normal((pw.shape[1], 3)).astype(np.float32)
     info = mg.plan_info(pw, n=3, table="i16")
     assert info["backend"] in ("avx512", "avx2") and info["table_entries"] <= 16, info
-    assert info["dense_int8"] == (fmt != "fp4"), info
-    assert info["paired_indices"] == (fmt == "fp4"), info
+    assert info["dense_int8"] == dense, info
+    assert info["paired_indices"] == (not dense), info
     got = mg.msgemm(pw, x, table="i16")
     want = mg.msgemm(pw, x, table="i16", depth=info["depth"], backend="scalar")
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

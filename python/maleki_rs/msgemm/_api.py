@@ -747,7 +747,8 @@ def msgemm(
         integer partial sums (ONNX Runtime ``MatMulNBits`` accuracy level 4's arithmetic). On
         x86-64 (AVX-512 VNNI or AVX2) and on Arm64 CPUs with the dot-product extension,
         ``"i16"`` calls on weights of at most 16 integer levels (int4, uint4, int3, int2,
-        ternary) with group sizes that are multiples of 8 sum those same integers with
+        ternary, fp4, and integer codebooks whose values span at most 64)
+        with group sizes that are multiples of 8 sum those same integers with
         dot-product instructions (``vpdpbusd``, ``vpmaddubsw`` on AVX2, ``sdot`` on Arm64)
         instead of tables (bitwise the same result, at any ``depth``; 2-bit formats for batches
         only, their GEMVs read fewer bytes from the tables): there ``"i16"`` is the fastest

@@ -17,13 +17,16 @@
 //!
 //! Applies to `i16` plans (mirror plans included), codebooks of at most 16 levels whose
 //! integer values are affine in the code (`ints[c] = c0 + a c`: int4, uint4 with zero
-//! points, int3, int2, ternary, and their mirror plans), group sizes that are multiples of 8
+//! points, int3, int2, ternary, and their mirror plans) or span at most
+//! [`MAP_SPAN`] (fp4, whose integers are twice its values, and custom integer codebooks: see
+//! [`Ints`]), group sizes that are multiples of 8
 //! (2-bit codebooks: batches only), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
 //! VNNI) and `avx2` (AVX2 and F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the
 //! dot-product extension (FEAT_DotProd; its speed is not measured on Arm hardware, its bits
-//! are tested under qemu-user). Then `P = a * sum_k q_k xq_k + c0 * sum_k xq_k`, with the
-//! codes `q` as the unsigned operand and the activations as the signed one (`sdot` multiplies
-//! signed by signed: codes of at most 15 are the same bytes either way).
+//! are tested under qemu-user). Then `P = a * sum_k u_k xq_k + c0 * sum_k xq_k`, with `u` (the
+//! codes, or their looked-up values) as the unsigned operand and the activations as the
+//! signed one (`sdot` multiplies signed by signed: codes of at most 15 are the same bytes
+//! either way).
 //!
 //! Weights are read from their own tile layout ([`DenseLayout`], built on first use, as large
 //! as the packed codes of 4-bit formats).
@@ -121,12 +124,42 @@ impl DenseLayout {
     }
 }
 
-/// `(a, c0)` with `ints[c] = c0 + a c` for every code the weights may hold, when the plan's
-/// integer values are so. In label space ([`Plan::labels`]) code `c`'s integer is that of its
-/// label, and the spare code (label `V/2`, which the weights never use: see
-/// [`crate::format::SignMagnitude`]) is left out of the fit.
-fn affine(plan: &Plan) -> Option<(i32, i32)> {
+/// Largest span (`max - min`) of a non-affine codebook's integer values that the dense
+/// kernels take: each code's value less the minimum, `u <= 64`, is the unsigned operand; the AVX2
+/// kernel adds four products of it with int8 activations in int16 (`4 * 64 * 127 < 2^15`).
+pub const MAP_SPAN: i32 = 64;
+
+/// The integers a dense call sums: `ints[c] = c0 + a u(c)` for every code `c` the weights may
+/// hold, with `u(c) = c` (a codebook affine in its codes: int4, uint4, int3, int2, ternary
+/// and their mirror plans; `map` None), or else, for an integer codebook whose values span at
+/// most [`MAP_SPAN`] (fp4, custom integer codebooks), `a = 1`, `c0` the smallest value and
+/// `u(c) = map[c] = ints[c] - c0`, which the kernels look up from the 4-bit code in
+/// registers (`vpshufb`, Arm64 `tbl`: one more instruction per 64 (AVX-512), 32 (AVX2) or 16
+/// (Arm64) codes, shared by every column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ints {
+    pub a: i32,
+    pub c0: i32,
+    pub map: Option<[u8; 16]>,
+}
+
+impl Ints {
+    /// The largest `u(c)`.
+    fn u_max(&self) -> i64 {
+        self.map
+            .map_or(15, |m| i64::from(m.iter().copied().max().unwrap_or(0)))
+    }
+}
+
+/// The plan's [`Ints`], when its integer values are affine in the code or span at most
+/// [`MAP_SPAN`]. In label space ([`Plan::labels`]) code `c`'s integer is that of its label,
+/// and the spare code (label `V/2`, which the weights never use: see
+/// [`crate::format::SignMagnitude`]) is left out (mapped to 0).
+pub fn ints(plan: &Plan) -> Option<Ints> {
     let ints = plan.int_values.as_deref()?;
+    if plan.levels > 16 {
+        return None;
+    }
     let code_ints: Vec<Option<i32>> = match &plan.labels {
         None => ints.iter().map(|&v| Some(v)).collect(),
         Some(labels) => labels
@@ -134,6 +167,29 @@ fn affine(plan: &Plan) -> Option<(i32, i32)> {
             .map(|&l| (usize::from(l) != plan.levels / 2).then(|| ints[usize::from(l)]))
             .collect(),
     };
+    if let Some((a, c0)) = affine(&code_ints) {
+        return Some(Ints { a, c0, map: None });
+    }
+    let known = code_ints.iter().flatten();
+    let (lo, hi) = (*known.clone().min()?, *known.max()?);
+    if i64::from(hi) - i64::from(lo) > i64::from(MAP_SPAN) {
+        return None;
+    }
+    let mut map = [0u8; 16];
+    for (m, v) in map.iter_mut().zip(&code_ints) {
+        // In range: `0 <= v - lo <= MAP_SPAN`.
+        *m = v.map_or(0, |v| (v - lo) as u8);
+    }
+    Some(Ints {
+        a: 1,
+        c0: lo,
+        map: Some(map),
+    })
+}
+
+/// `(a, c0)` with `code_ints[c] = c0 + a c` for every code with a value (`None`: a code the
+/// weights never hold), when there is such a line through integers.
+fn affine(code_ints: &[Option<i32>]) -> Option<(i32, i32)> {
     let mut known = code_ints
         .iter()
         .enumerate()
@@ -236,10 +292,10 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
         // 0.23 ms); from 2 columns on, the dense sums are (N = 4: 0.43 against 0.80 ms).
         && (plan.n >= 2 || plan.levels > 4)
         && plan.group_size.is_multiple_of(CHUNK)
-        && affine(plan).is_some_and(|(a, c0)| {
-            // |a Q| and |c0 S| (Q, S: sums of codes times activations and of activations) stay
-            // far inside int32 for the group sizes in use: bounded here for any.
-            let bound = (i64::from(a.unsigned_abs()) * 15 + i64::from(c0.unsigned_abs()))
+        && ints(plan).is_some_and(|i| {
+            // |a Q| and |c0 S| (Q, S: sums of u(code) times activations and of activations)
+            // stay far inside int32 for the group sizes in use: bounded here for any.
+            let bound = (i64::from(i.a.unsigned_abs()) * i.u_max() + i64::from(i.c0.unsigned_abs()))
                 * 127
                 * plan.group_size as i64;
             bound < i64::from(i32::MAX) / 2
@@ -328,7 +384,7 @@ impl Acts {
     }
 }
 
-/// The constants of a dense call `(a, c0, kernel)` and the weights' dense layout, or an error
+/// The constants of a dense call ([`Ints`], kernel) and the weights' dense layout, or an error
 /// when the plan is not one for the dense path on `backend` ([`applies`]), is not a plan of
 /// `pw` (the kernels read the layout through raw pointers at the plan's offsets), or `xt` /
 /// `y` are not `N K` / `M N` long.
@@ -338,9 +394,8 @@ fn setup<'a>(
     backend: Backend,
     xt: &[f32],
     y: &[f32],
-) -> Result<(i32, i32, Kind, &'a DenseLayout)> {
-    let (Some((a, c0)), Some(kind), true) =
-        (affine(plan), kind_for(backend), applies(plan, backend))
+) -> Result<(Ints, Kind, &'a DenseLayout)> {
+    let (Some(ints), Some(kind), true) = (ints(plan), kind_for(backend), applies(plan, backend))
     else {
         return Err(Error::Unsupported(
             "the dense i16 path does not apply to this plan on this backend and CPU".into(),
@@ -349,7 +404,7 @@ fn setup<'a>(
     // A plan of `pw`'s shape and group size reads `pw`'s layout, built from that same
     // shape, within its bounds.
     check_plan_call(pw, plan, xt, y)?;
-    Ok((a, c0, kind, pw.dense_layout()?))
+    Ok((ints, kind, pw.dense_layout()?))
 }
 
 /// `y = Wd @ X` on the dense path into `y` (overwritten, laid out as `y_layout`), for a plan
@@ -364,9 +419,9 @@ pub fn run(
     y: &mut [f32],
     y_layout: YLayout,
 ) -> Result<()> {
-    let (a, c0, kind, lay) = setup(pw, plan, backend, xt, y)?;
-    let acts = Acts::new(plan, xt, c0, true);
-    let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
+    let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
+    let acts = Acts::new(plan, xt, ints.c0, true);
+    let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
     match y_layout {
         YLayout::MbyN => y.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each_init(
@@ -403,9 +458,9 @@ pub fn run_here(
     y_layout: YLayout,
     two: bool,
 ) -> Result<()> {
-    let (a, c0, kind, lay) = setup(pw, plan, backend, xt, y)?;
-    let acts = Acts::new(plan, xt, c0, false);
-    let blocks = Blocks::new(pw, plan, lay, &acts, (a, kind));
+    let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
+    let acts = Acts::new(plan, xt, ints.c0, false);
+    let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
     let half = if two {
         plan.row_blocks.div_ceil(2)
@@ -464,6 +519,8 @@ struct Job<'a> {
     acts: &'a Acts,
     /// The slope of the codebook's integer values (`P = a Q + c0 S`).
     a: i32,
+    /// `u(c)` of the 16 codes, when not the code itself ([`Ints::map`]).
+    map: Option<[u8; 16]>,
     scales: Tiled<'a>,
     zeros: Zeros<'a>,
 }
@@ -485,13 +542,14 @@ impl<'a> Blocks<'a> {
         plan: &'a Plan,
         lay: &'a DenseLayout,
         acts: &'a Acts,
-        (a, kind): (i32, Kind),
+        (ints, kind): (Ints, Kind),
     ) -> Blocks<'a> {
         let job = Job {
             plan,
             lay,
             acts,
-            a,
+            a: ints.a,
+            map: ints.map,
             scales: pw.tiled_scales(),
             zeros: job_zeros(pw, plan),
         };
@@ -579,13 +637,16 @@ mod vnni {
     /// The sums `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns:
     /// `w` the part's words (`chunks` of 64 bytes), `x` the first column's activations of the
     /// group, `stride` bytes between columns.
+    /// With `MAP`, each 4-bit code `c` is replaced by `map[c]` (the 16 bytes of `map`, in
+    /// every 128-bit lane) before it is multiplied.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn part_sums<const NC: usize>(
+    unsafe fn part_sums<const NC: usize, const MAP: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
         stride: usize,
+        map: __m512i,
     ) -> [__m512i; NC] {
         let mut acc = [_mm512_setzero_si512(); NC];
         let low = _mm512_set1_epi8(0x0f);
@@ -594,8 +655,12 @@ mod vnni {
             // `8 chunks` activations.
             unsafe {
                 let v = _mm512_load_si512(w.add(ch * 64) as *const __m512i);
-                let lo = _mm512_and_si512(v, low);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                let mut lo = _mm512_and_si512(v, low);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                if MAP {
+                    lo = _mm512_shuffle_epi8(map, lo);
+                    hi = _mm512_shuffle_epi8(map, hi);
+                }
                 for (c, s) in acc.iter_mut().enumerate() {
                     let p = x.add(c * stride + ch * CHUNK) as *const i32;
                     let even = _mm512_set1_epi32(p.read_unaligned());
@@ -625,7 +690,15 @@ mod vnni {
         let w = lay.data[lay.part(g, rb, s)..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
         // SAFETY: offsets inside the layout and the activations (see `part_sums`).
-        let q = unsafe { part_sums::<NC>(w, lay.chunks, x, k) };
+        let q = unsafe {
+            match &job.map {
+                None => part_sums::<NC, false>(w, lay.chunks, x, k, _mm512_setzero_si512()),
+                Some(m) => {
+                    let t = _mm512_broadcast_i32x4(_mm_loadu_si128(m.as_ptr() as *const __m128i));
+                    part_sums::<NC, true>(w, lay.chunks, x, k, t)
+                }
+            }
+        };
         let rows = plan.m - rb * ROW_BLOCK;
         let lanes = rows.saturating_sub(s * SUB).min(SUB);
         let a = _mm512_set1_epi32(job.a);
@@ -715,13 +788,16 @@ mod avx2 {
     /// int8 activations, pairs in int16: at most `2 * 15 * 127`, the
     /// low and high nibbles' pairs added at most `4 * 15 * 127 = 7620`: no saturation) and
     /// `vpmaddwd` against ones (int32).
+    /// With `MAP`, codes are looked up in `map` first, as in `vnni::part_sums` (values at
+    /// most [`super::MAP_SPAN`]: the four products of a lane at most `4 * 64 * 127`).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn half_sums<const NC: usize>(
+    unsafe fn half_sums<const NC: usize, const MAP: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
         stride: usize,
+        map: __m256i,
     ) -> [__m256i; NC] {
         let mut acc = [_mm256_setzero_si256(); NC];
         let low = _mm256_set1_epi8(0x0f);
@@ -730,8 +806,12 @@ mod avx2 {
             // SAFETY: as `vnni::part_sums` (32 of each 64-byte word vector; 32-byte aligned).
             unsafe {
                 let v = _mm256_load_si256(w.add(ch * 64) as *const __m256i);
-                let lo = _mm256_and_si256(v, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let mut lo = _mm256_and_si256(v, low);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                if MAP {
+                    lo = _mm256_shuffle_epi8(map, lo);
+                    hi = _mm256_shuffle_epi8(map, hi);
+                }
                 for (c, s) in acc.iter_mut().enumerate() {
                     let p = x.add(c * stride + ch * CHUNK) as *const i32;
                     let even = _mm256_set1_epi32(p.read_unaligned());
@@ -763,7 +843,16 @@ mod avx2 {
         let w = lay.data[lay.part(g, rb, s) + 32 * h..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
         // SAFETY: offsets inside the layout and the activations.
-        let q = unsafe { half_sums::<NC>(w, lay.chunks, x, k) };
+        let q = unsafe {
+            match &job.map {
+                None => half_sums::<NC, false>(w, lay.chunks, x, k, _mm256_setzero_si256()),
+                Some(m) => {
+                    let t =
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(m.as_ptr() as *const __m128i));
+                    half_sums::<NC, true>(w, lay.chunks, x, k, t)
+                }
+            }
+        };
         let r0 = s * SUB + 8 * h; // first row within the block
         let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(8);
         let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;
@@ -887,14 +976,17 @@ mod sdot {
     /// `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns, as
     /// `vnni::part_sums`, in 4 vectors of 4 rows: `w` the part's words (`chunks` of 64 bytes),
     /// `x` the first column's activations of the group, `stride` bytes between columns. The
-    /// codes (0..15) are the signed operand too: `sdot` multiplies signed by signed.
+    /// codes (0..15) are the signed operand too: `sdot` multiplies signed by signed. With
+    /// `MAP`, each code `c` is replaced by `map[c]` first (`tbl`; values at most
+    /// [`super::MAP_SPAN`], the same bytes signed).
     #[inline]
     #[target_feature(enable = "dotprod")]
-    unsafe fn part_sums<const NC: usize>(
+    unsafe fn part_sums<const NC: usize, const MAP: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
         stride: usize,
+        map: uint8x16_t,
     ) -> [[int32x4_t; 4]; NC] {
         let mut acc = [[vdupq_n_s32(0); 4]; NC];
         let low = vdupq_n_u8(0x0f);
@@ -904,8 +996,9 @@ mod sdot {
             // padding of `Acts::xq`), so a 16-byte load at a chunk stays inside.
             unsafe {
                 let v: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(w.add(ch * 64 + 16 * i)));
-                let lo = v.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low)));
-                let hi = v.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+                let look = |c: uint8x16_t| if MAP { vqtbl1q_u8(map, c) } else { c };
+                let lo = v.map(|v| vreinterpretq_s8_u8(look(vandq_u8(v, low))));
+                let hi = v.map(|v| vreinterpretq_s8_u8(look(vshrq_n_u8::<4>(v))));
                 for (c, s) in acc.iter_mut().enumerate() {
                     // Lane 0: the chunk's even inputs (low nibbles), lane 1: the odd ones.
                     let xs = vld1q_s8(x.add(c * stride + ch * CHUNK));
@@ -973,7 +1066,12 @@ mod sdot {
         let w = lay.data[lay.part(g, rb, s)..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
         // SAFETY: offsets inside the layout and the activations (see `part_sums`).
-        let q = unsafe { part_sums::<NC>(w, lay.chunks, x, k) };
+        let q = unsafe {
+            match &job.map {
+                None => part_sums::<NC, false>(w, lay.chunks, x, k, vdupq_n_u8(0)),
+                Some(m) => part_sums::<NC, true>(w, lay.chunks, x, k, vld1q_u8(m.as_ptr())),
+            }
+        };
         let r0 = s * SUB;
         let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(SUB);
         let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;

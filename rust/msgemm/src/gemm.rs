@@ -241,7 +241,8 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// The options of a call of `n` columns whose table precision is left to the library (the
 /// Python API's default): `opts` (`i8` tables), except for batches (`n >= 2`) at automatic
 /// depth that the dense `i16` path runs on `opts.backend` ([`dense::applies`]: at most 16
-/// integer levels, group sizes that are multiples of 8, a CPU with dot-product instructions).
+/// integer levels, affine in the code or spanning at most [`dense::MAP_SPAN`];
+/// group sizes that are multiples of 8; a CPU with dot-product instructions).
 /// There `i16` is both faster and more accurate than `i8` tables, because a table's lookups
 /// grow with the columns while a dot-product instruction sums 4 weight-activation products
 /// per lane. Measured from Python (int4 g128 4096 x 4096, 2 threads, AVX-512 VNNI, minima):

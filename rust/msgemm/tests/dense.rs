@@ -176,6 +176,7 @@ fn dense_path_equals_the_table_kernel_bitwise() {
         (Format::Int2, false),
         (Format::Uint2, true),
         (Format::Ternary, false),
+        (Format::Fp4, false),
     ];
     let mut ran = 0;
     for (i, &(f, zeros)) in formats.iter().enumerate() {
@@ -188,11 +189,18 @@ fn dense_path_equals_the_table_kernel_bitwise() {
             }
         }
     }
-    // Codebooks whose integer form has a slope other than 1 or needs a power of two.
+    // Codebooks whose integer form has a slope other than 1 or needs a power of two, and
+    // integer codebooks that are not affine (their codes looked up in registers).
     for values in [
         &[-6.0f32, -4.0, -2.0, 0.0, 2.0, 4.0, 6.0, 8.0][..],
         &[0.0, 0.5, 1.0, 1.5][..],
         &[-3.0, 0.0, 3.0][..],
+        &[0.0, 1.0, 3.0, 7.0][..],
+        &[-12.0, -1.0, 0.0, 2.0, 5.0, 30.0, 52.0][..],
+        &[
+            -2.0, -0.5, 0.25, 1.0, 3.0, 4.5, 6.0, 7.75, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 13.5,
+            14.0,
+        ][..],
     ] {
         let cb = Codebook::custom(values).unwrap();
         let pw = random_weights(&cb, (97, 256, 64), true, false, 7);
@@ -201,7 +209,7 @@ fn dense_path_equals_the_table_kernel_bitwise() {
             ran += 1;
         }
     }
-    assert_eq!(ran, 7 * 4 * 7 + 9);
+    assert_eq!(ran, 8 * 4 * 7 + 6 * 3);
 }
 
 #[test]
@@ -362,7 +370,7 @@ fn plans_the_dense_path_does_not_take() {
     );
     assert!(!dense::applies(&plan_of(&g4, base), Backend::Auto));
     let bent = random_weights(
-        &Codebook::custom(&[0.0, 1.0, 3.0, 7.0]).unwrap(),
+        &Codebook::custom(&[0.0, 1.0, 3.0, 65.0]).unwrap(),
         (64, 64, 16),
         false,
         false,
@@ -576,4 +584,43 @@ fn auto_precision_takes_the_dense_path_for_batches_only() {
         let b = gemm(&int4, &x, 5, &i16_opts(Backend::Auto)).unwrap();
         assert_eq!(first_mismatch(&a, &b), None);
     }
+}
+
+#[test]
+fn looked_up_codes_at_the_largest_span() {
+    // A non-affine integer codebook spanning MAP_SPAN (64): every weight at the largest
+    // value and every activation at the int8 maximum puts the AVX2 kernel's int16 sums of
+    // four products at 4 * 64 * 127 = 32512, next to saturation; the scalar kernel's bits.
+    // One more (65) leaves the dense path.
+    if !has_dense() {
+        return;
+    }
+    let span = f32::from(dense::MAP_SPAN as u8);
+    let cb = Codebook::custom(&[0.0, 1.0, span]).unwrap();
+    let (m, k, g) = (40, 256, 128);
+    let codes = vec![2u8; m * k];
+    let pw =
+        PackedWeights::from_codes(cb, m, k, g, &codes, vec![1.0; m * k / g], None, None).unwrap();
+    for n in [1, 3, 16] {
+        let x = vec![1.0f32; k * n];
+        let plan = make_plan(&pw, n, &i16_opts(Backend::Auto)).unwrap();
+        let ints = dense::ints(&plan).unwrap();
+        assert_eq!(ints.map.map(|m| m[..3].to_vec()), Some(vec![0, 1, 64]));
+        let want = gemm(&pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
+        assert!(
+            want.iter().all(|&v| v == (k as f32) * span),
+            "{:?}",
+            &want[..4]
+        );
+        for b in dense_backends() {
+            let got = gemm(&pw, &x, n, &i16_opts(b)).unwrap();
+            assert_eq!(first_mismatch(&got, &want), None, "n={n} {b:?}");
+        }
+    }
+    let wide = Codebook::custom(&[0.0, 1.0, span + 1.0]).unwrap();
+    let pw =
+        PackedWeights::from_codes(wide, 8, 64, 64, &[2u8; 512], vec![1.0; 8], None, None).unwrap();
+    let plan = make_plan(&pw, 4, &i16_opts(Backend::Auto)).unwrap();
+    assert!(dense::ints(&plan).is_none());
+    assert!(!dense::applies(&plan, Backend::Auto));
 }
