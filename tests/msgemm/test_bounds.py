@@ -342,6 +342,24 @@ def test_prepare_builds_what_an_i16_call_reads():
         pw.prepare(table="i4")
 
 
+@pytest.mark.parametrize("fmt", ["int4", "fp4", "nf4"])
+def test_default_prepare_builds_what_default_calls_read(fmt):
+    # prepare() with the default table: the i8 GEMV's layout and, where default batches run
+    # densely, the dense layout; the calls that follow build nothing more.
+    w = np.random.default_rng(3).standard_normal((256, 512))
+    pw, only_i8 = mg.quantize(w, fmt, 128), mg.quantize(w, fmt, 128)
+    assert pw.prepare() is pw
+    only_i8.prepare(table="i8")
+    dense = mg.plan_info(pw, n=5)["dense_int8"]
+    assert (pw.cache_nbytes > only_i8.cache_nbytes) == dense
+    built = pw.cache_nbytes
+    mg.msgemm(pw, np.ones(512, dtype=np.float32))
+    mg.msgemm(pw, np.ones((512, 5), dtype=np.float32))
+    assert pw.cache_nbytes == built
+    with pytest.raises(ValueError, match="table"):
+        pw.prepare(table="auto")
+
+
 def test_i16_rejects_non_dyadic_codebooks():
     pw = mg.quantize(np.random.default_rng(0).standard_normal((8, 64)), "nf4", 64)
     with pytest.raises(ValueError, match="i16"):

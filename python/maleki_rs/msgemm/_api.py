@@ -357,15 +357,17 @@ class PackedWeights:
         self._raw.dequantize_into_f64(w)
         return w if dt == np.float64 else w.astype(dt)
 
-    def prepare(self, depth: int | None = None, *, table: str = "i8") -> PackedWeights:
+    def prepare(self, depth: int | None = None, *, table: str | None = None) -> PackedWeights:
         """Builds what a ``msgemm`` call with ``table`` (default backend) reads (kernel tile
         layout of ``depth``, or the dense ``i16`` layout, tiled scales and zero points, the
         codes used) ahead of the first call. ``depth`` defaults to the depth a GEMV with that
-        ``table`` resolves to (:func:`plan_info`). Returns ``self``."""
+        ``table`` resolves to (:func:`plan_info`). ``table=None``: what calls with the default
+        table read, the ``i8`` GEMV's layout and, where batches run on the dense ``i16`` path
+        (see :func:`msgemm`'s ``table``), the dense layout too. Returns ``self``."""
         d = None if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
-        if not isinstance(table, str) or table not in ("i8", "i16", "f32"):
+        if table is not None and (not isinstance(table, str) or table not in TABLES):
             raise ValueError(f"table: must be one of 'i8', 'i16', 'f32'; got {table!r}")
-        self._raw.prepare(d, table)
+        self._raw.prepare(d, "auto" if table is None else table)
         return self
 
     def to_matmulnbits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

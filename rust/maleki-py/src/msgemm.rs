@@ -453,18 +453,19 @@ impl Packed {
     /// Builds (and caches) what a call with `table` (backend auto) of `depth` (None: the depth
     /// such a GEMV resolves to) reads: the codes used, the tile layout (or the dense `i16`
     /// layout), the tiled scales and zero points; then even the first GEMV runs on the calling
-    /// thread.
+    /// thread. `table="auto"` (the library's choice): the `i8` GEMV's, and the dense layout
+    /// too when batches take the dense path (`core_gemm::auto_precision`).
     #[pyo3(signature = (depth=None, table="i8"))]
     fn prepare(&self, py: Python<'_>, depth: Option<usize>, table: &str) -> PyResult<()> {
         let pw = self.get();
-        let precision = TablePrecision::from_name(table).map_err(to_pyerr)?;
+        let parsed = options(depth, table, "auto", false).map_err(to_pyerr)?;
         run_quick(py, || {
-            let opts = GemmOptions {
-                depth: depth.map_or(Depth::Auto, Depth::Fixed),
-                precision,
-                backend: Backend::Auto,
-                mirror: false,
-            };
+            let opts = parsed.opts;
+            if parsed.auto
+                && core_gemm::auto_precision(&pw, 2, &opts).precision == TablePrecision::I16
+            {
+                pw.dense_layout()?;
+            }
             match (core_gemm::prepare(&pw, &opts), depth) {
                 (Ok(_), _) => Ok(()),
                 // A depth no i8 kernel runs (e.g. int4 d=3): its layout still serves f32 calls.
