@@ -631,7 +631,7 @@ mod vnni {
     use std::ops::Range;
 
     use super::{Job, CHUNK, SUB, SUBS};
-    use crate::kernels::avx512::{epilogue16, TileEpi};
+    use crate::kernels::avx512::{epilogue16_with, load16, zero_vec, TileEpi};
     use crate::layout::ROW_BLOCK;
 
     /// The sums `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns:
@@ -702,6 +702,17 @@ mod vnni {
         let rows = plan.m - rb * ROW_BLOCK;
         let lanes = rows.saturating_sub(s * SUB).min(SUB);
         let a = _mm512_set1_epi32(job.a);
+        // The part's scales and zero points, shared by its columns.
+        let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
+        // SAFETY: 64 tiled values per (group, row block); the part's 16 from `s * SUB`.
+        let (sc, z) = unsafe {
+            let z = if plan.zero_term {
+                zero_vec(job.zeros, sz + s * SUB)
+            } else {
+                _mm512_setzero_ps()
+            };
+            (load16(job.scales, sz + s * SUB), z)
+        };
         for (c, q) in q.into_iter().enumerate() {
             let gn = (c0 + c) * groups + g;
             let p = if job.a == 1 {
@@ -714,14 +725,14 @@ mod vnni {
                 plan,
                 scales: job.scales,
                 zeros: job.zeros,
-                sz: (g * plan.row_blocks + rb) * ROW_BLOCK,
+                sz,
                 tsc: acts.tsc[gn],
                 zs: acts.zsum[gn],
                 dst: ys[(c0 + c) * ROW_BLOCK..].as_mut_ptr(),
                 rows,
             };
-            // SAFETY: 64 floats of `ys` per column, 64 tiled values per (group, row block).
-            unsafe { epilogue16(&e, _mm512_cvtepi32_ps(p), s * SUB, lanes) };
+            // SAFETY: 64 floats of `ys` per column.
+            unsafe { epilogue16_with(&e, _mm512_cvtepi32_ps(p), s * SUB, lanes, sc, z) };
         }
     }
 
@@ -857,6 +868,15 @@ mod avx2 {
         let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(8);
         let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;
         let a = _mm256_set1_epi32(job.a);
+        // The half's scales and zero points, shared by its columns (full halves; the tiled
+        // arrays hold 64 values per (group, row block), so the 8 from `sz` are there).
+        let z8 = match job.zeros {
+            _ if !plan.zero_term => _mm256_setzero_ps(),
+            Zeros::None => _mm256_setzero_ps(),
+            Zeros::Uniform(z) => _mm256_set1_ps(z),
+            Zeros::Tiled(t) => load_tiled8(t, sz),
+        };
+        let sc8 = load_tiled8(job.scales, sz);
         for (c, q) in q.into_iter().enumerate() {
             let gn = (c0 + c) * groups + g;
             let p = if job.a == 1 {
@@ -872,16 +892,11 @@ mod avx2 {
                 unsafe {
                     let mut u = _mm256_cvtepi32_ps(p);
                     if plan.zero_term {
-                        let z = match job.zeros {
-                            Zeros::None => _mm256_setzero_ps(),
-                            Zeros::Uniform(z) => _mm256_set1_ps(z),
-                            Zeros::Tiled(t) => load_tiled8(t, sz),
-                        };
-                        u = _mm256_sub_ps(u, _mm256_mul_ps(z, _mm256_set1_ps(zs)));
+                        u = _mm256_sub_ps(u, _mm256_mul_ps(z8, _mm256_set1_ps(zs)));
                     }
                     u = _mm256_mul_ps(u, _mm256_set1_ps(tsc));
                     let yp = yb.as_mut_ptr();
-                    let su = _mm256_mul_ps(load_tiled8(job.scales, sz), u);
+                    let su = _mm256_mul_ps(sc8, u);
                     _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), su));
                 }
             } else {

@@ -824,20 +824,39 @@ pub(crate) struct TileEpi<'a> {
 /// in the contract's order: `u = P; u -= z*zsum; u *= tscale` (not for `f32` tables, whose
 /// `tscale` is 1)`; y += s*u`. `i`: offset of the rows in the tiled arrays and in `dst`.
 #[inline(always)]
-pub(crate) unsafe fn epilogue16(e: &TileEpi<'_>, mut u: __m512, i: usize, lanes: usize) {
-    // SAFETY: `e.scales`, the tiled zero points and `e.dst` hold the rows `i .. i + lanes`;
-    // features enabled by the callers.
+pub(crate) unsafe fn epilogue16(e: &TileEpi<'_>, u: __m512, i: usize, lanes: usize) {
+    // SAFETY: `e.scales` and the tiled zero points hold the rows `i .. i + lanes` (and 16
+    // values from `i`); the rest as `epilogue16_with`.
+    unsafe {
+        let z = if e.plan.zero_term {
+            zero_vec(e.zeros, e.sz + i)
+        } else {
+            _mm512_setzero_ps()
+        };
+        epilogue16_with(e, u, i, lanes, load16(e.scales, e.sz + i), z);
+    }
+}
+
+/// [`epilogue16`] with the rows' scales `sc` and zero points `z` (read only with a zero
+/// term) given: callers that run several columns against the same rows load them once.
+#[inline(always)]
+pub(crate) unsafe fn epilogue16_with(
+    e: &TileEpi<'_>,
+    mut u: __m512,
+    i: usize,
+    lanes: usize,
+    sc: __m512,
+    z: __m512,
+) {
+    // SAFETY: `e.dst` holds the rows `i .. i + lanes`; features enabled by the callers.
     unsafe {
         if e.plan.zero_term {
-            u = _mm512_sub_ps(
-                u,
-                _mm512_mul_ps(zero_vec(e.zeros, e.sz + i), _mm512_set1_ps(e.zs)),
-            );
+            u = _mm512_sub_ps(u, _mm512_mul_ps(z, _mm512_set1_ps(e.zs)));
         }
         if e.plan.precision != TablePrecision::F32 {
             u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
         }
-        let su = _mm512_mul_ps(load16(e.scales, e.sz + i), u);
+        let su = _mm512_mul_ps(sc, u);
         let yp = e.dst.add(i);
         if lanes == 16 {
             _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
