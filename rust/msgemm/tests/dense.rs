@@ -556,24 +556,27 @@ fn auto_precision_takes_the_dense_path_for_batches_only() {
                 ..i8_auto
             }
         );
-        // No dense path for a codebook without integers, nor on the scalar backend.
+        // No dense path for a codebook without integers.
         assert_eq!(auto_precision(&nf4, n, &i8_auto), i8_auto);
-        let scalar = GemmOptions {
-            backend: Backend::Scalar,
-            ..i8_auto
-        };
-        assert_eq!(auto_precision(&int4, n, &scalar), scalar);
-        // A named depth or precision is kept.
-        let fixed = GemmOptions {
-            depth: Depth::Fixed(2),
-            ..i8_auto
-        };
-        assert_eq!(auto_precision(&int4, n, &fixed), fixed);
-        let f32_opts = GemmOptions {
-            precision: TablePrecision::F32,
-            ..i8_auto
-        };
-        assert_eq!(auto_precision(&int4, n, &f32_opts), f32_opts);
+        // Kept: the scalar backend (no dense kernel), a named depth (tables were asked for),
+        // a named precision.
+        let kept = [
+            GemmOptions {
+                backend: Backend::Scalar,
+                ..i8_auto
+            },
+            GemmOptions {
+                depth: Depth::Fixed(2),
+                ..i8_auto
+            },
+            GemmOptions {
+                precision: TablePrecision::F32,
+                ..i8_auto
+            },
+        ];
+        for opts in kept {
+            assert_eq!(auto_precision(&int4, n, &opts), opts);
+        }
     }
     // A GEMV keeps its tables.
     assert_eq!(auto_precision(&int4, 1, &i8_auto), i8_auto);
