@@ -150,6 +150,7 @@ BAD_CALLS = [
     (lambda pw: mg.msgemm(pw, np.ones(512), table="i4"), ValueError, "table"),
     (lambda pw: mg.msgemm(pw, np.ones(512), table="auto"), ValueError, "table"),
     (lambda pw: mg.linear(np.ones((2, 512)), pw, table=8), TypeError, "table"),
+    (lambda pw: mg.backend_supports(pw, "auto", table=1), TypeError, "table"),
     (lambda pw: mg.msgemm(pw, np.ones(512), backend="cuda"), ValueError, "backend"),
     (lambda pw: mg.msgemm(pw, np.ones(512), backend="reference", table="i8"), ValueError, "f32"),
     (lambda pw: mg.msgemm(pw, np.ones(512), backend="scalar", count=True), ValueError, "count"),

@@ -1008,6 +1008,8 @@ def backend_supports(pw: PackedWeights, backend: str, *, n: int = 1, depth: int 
     if table is None:
         table = "f32" if backend == "reference" else "auto"
     else:
+        if not isinstance(table, str):
+            raise TypeError(f"table: expected a string, got {type(table).__name__}")
         check_choice(table, "table", TABLES)
     d = None if depth == "auto" else check_int(depth, "depth", min=1, max=pw.max_depth)
     return bool(_m.backend_supports(pw._raw, check_int(n, "n", min=1), d, table, backend,
