@@ -265,15 +265,22 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
     if !dense::may_apply(&dense_opts) {
         return *opts;
     }
-    let decide = || match plan(pw, n, &dense_opts) {
-        Ok(p) if dense::applies(&p, dense_opts.backend) => dense_opts,
-        // Not a dense call (or no `i16` plan at all): the `i8` call reports its own errors.
-        _ => *opts,
-    };
-    if pool::on_a_pool() || pw.used_codes_ready() {
-        decide()
+    // Not a dense call, or no `i16` plan at all: the `i8` call reports its own errors. A plan
+    // depends on N only through `n >= 2` here, so the decision is made once per weights,
+    // backend and mirror (a plan costs microseconds: a large part of a small call).
+    let decide =
+        || matches!(plan(pw, n, &dense_opts), Ok(p) if dense::applies(&p, dense_opts.backend));
+    let dense = pw.batch_dense(opts.backend, opts.mirror, || {
+        if pool::on_a_pool() || pw.used_codes_ready() {
+            decide()
+        } else {
+            pool::install(decide)
+        }
+    });
+    if dense {
+        dense_opts
     } else {
-        pool::install(decide)
+        *opts
     }
 }
 

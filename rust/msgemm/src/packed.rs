@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use crate::aligned::AlignedVec;
 use crate::dense::{self, DenseLayout};
 use crate::format::{Codebook, Packing, MAX_DEPTH};
-use crate::kernels::Tiled;
+use crate::kernels::{Backend, Tiled};
 use crate::layout::{tile_per_group, IndexData, LayoutKind, TileLayout};
 use crate::plan::Plan;
 
@@ -39,7 +39,13 @@ pub struct PackedWeights {
     used_codes: OnceLock<Vec<bool>>,
     /// The weights for the dense `i16` path ([`crate::dense`]).
     dense: OnceLock<DenseLayout>,
+    /// Whether default-table batches run on the dense path, by backend and mirror
+    /// ([`crate::gemm::auto_precision`]: the same for every N >= 2).
+    batch_dense: [OnceLock<bool>; BATCH_KEYS],
 }
+
+/// Slots of [`PackedWeights::batch_dense`]: one per (backend, mirror).
+const BATCH_KEYS: usize = 2 * (Backend::Reference as usize + 1);
 
 impl Clone for PackedWeights {
     fn clone(&self) -> Self {
@@ -58,6 +64,7 @@ impl Clone for PackedWeights {
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
             dense: OnceLock::new(),
+            batch_dense: Default::default(),
         }
     }
 }
@@ -342,6 +349,7 @@ impl PackedWeights {
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
             dense: OnceLock::new(),
+            batch_dense: Default::default(),
         })
     }
 
@@ -760,6 +768,17 @@ impl PackedWeights {
         Ok(fill(&self.dense, || {
             DenseLayout::build(&self.codes(), self.m, self.k, self.group_size)
         }))
+    }
+
+    /// The cached decision of [`crate::gemm::auto_precision`] for batches on `backend` with
+    /// `mirror`, made by `decide` on first use.
+    pub(crate) fn batch_dense(
+        &self,
+        backend: Backend,
+        mirror: bool,
+        decide: impl FnOnce() -> bool,
+    ) -> bool {
+        *self.batch_dense[2 * backend as usize + usize::from(mirror)].get_or_init(decide)
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).
