@@ -823,11 +823,11 @@ pub fn gemm_into_layout(
     if pool::on_a_pool() {
         return gemm_on_pool(pw, x, n, layout, y_layout, opts, y);
     }
-    if n == 1 {
-        match dense_here(pw, x, layout, opts, y)? {
-            Here::Ran(plan) => return Ok(*plan),
-            Here::NotReady => {}
-            Here::NotDense => {
+    match dense_here(pw, x, n, layout, y_layout, opts, y)? {
+        Here::Ran(plan) => return Ok(*plan),
+        Here::NotReady => {}
+        Here::NotDense => {
+            if n == 1 {
                 if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
                     return Ok(plan);
                 }
@@ -943,41 +943,61 @@ enum Here {
     NotReady,
 }
 
-/// A GEMV on the dense `i16` path ([`crate::dense`]) run on the caller (and one worker), as
+/// A call on the dense `i16` path ([`crate::dense`]) run on the caller (and one worker), as
 /// [`gemv_here`] runs table GEMVs and for the same reason (waking the pool costs tens of
 /// microseconds, a large part of a small call). It runs when the pool has 1 or 2 threads, the
-/// weights' dense layout and tiles are built (a first call builds them, on the pool) and the
-/// caller slot is free. For GEMVs only: batches measured slower on the caller than on the pool
-/// (int4 4096 x 4096 on 2 threads, `examples/prof`, alternated: N = 4 0.33-0.35 against
-/// 0.30-0.31 ms, N = 16 1.07-1.15 against 0.88-1.06 ms; one half of the rows per thread against
-/// the pool's balanced blocks); a GEMV took 0.18-0.25 against 0.21-0.22 ms.
+/// weights' dense layout and tiles are built (a first call builds them, on the pool), the
+/// caller slot is free, and the call is a GEMV or a batch of at most [`DENSE_HERE_MAX_WORK`]
+/// weight-columns.
 fn dense_here(
     pw: &PackedWeights,
     x: &[f32],
+    n: usize,
     layout: XLayout,
+    y_layout: YLayout,
     opts: &GemmOptions,
     y: &mut [f32],
 ) -> Result<Here> {
-    let Some(plan) = dense_plan(pw, 1, opts)? else {
+    let Some(plan) = dense_plan(pw, n, opts)? else {
         return Ok(Here::NotDense);
     };
     let threads = pool::pool().current_num_threads();
-    if !caller_may_run(threads, pw, opts) || !pw.dense_ready(&plan) {
+    let small = n == 1 || pw.m() * pw.k() * n <= DENSE_HERE_MAX_WORK;
+    if !small || !caller_may_run(threads, pw, opts) || !pw.dense_ready(&plan) {
         return Ok(Here::NotReady);
     }
-    check_inputs(pw, x, 1, layout, Some(y.len()))?;
+    check_inputs(pw, x, n, layout, Some(y.len()))?;
     let Some(_slot) = CallerSlot::take() else {
         return Ok(Here::NotReady);
     };
-    // X in packed column order, on this thread (no rayon off the pool).
-    let xt: Cow<'_, [f32]> = match pw.k_perm() {
-        None => Cow::Borrowed(x),
-        Some(perm) => Cow::Owned(perm.iter().map(|&p| x[p as usize]).collect()),
+    // X as (N, K) in packed column order, on this thread (no rayon off the pool).
+    let k = pw.k();
+    let xt: Cow<'_, [f32]> = match (n, layout, pw.k_perm()) {
+        (1, _, None) | (_, XLayout::NbyK, None) => Cow::Borrowed(x),
+        (_, _, perm) => {
+            let src = |j: usize| perm.map_or(j, |p| p[j] as usize);
+            Cow::Owned(match layout {
+                XLayout::KbyN => (0..n)
+                    .flat_map(|c| (0..k).map(move |j| x[src(j) * n + c]))
+                    .collect(),
+                XLayout::NbyK => (0..n)
+                    .flat_map(|c| (0..k).map(move |j| x[c * k + src(j)]))
+                    .collect(),
+            })
+        }
     };
-    dense::run_here(pw, &plan, opts.backend, &xt, y, YLayout::MbyN, threads == 2)?;
+    dense::run_here(pw, &plan, opts.backend, &xt, y, y_layout, threads == 2)?;
     check_result(y)?;
     Ok(Here::Ran(Box::new(plan)))
 }
+
+/// Batches of at most this many weight-columns (`M K N`) on the dense path run on the
+/// caller ([`dense_here`]); larger ones on the pool. Measured from Python (int4 g128, 2
+/// threads, default table, minima), pool -> caller: 64 x 256 N = 2 / 4 / 16 30 / 41 / 80 ->
+/// 7 / 10 / 25 us, 256 x 1024 N = 2 75 -> 20 us, N = 4 31 -> 28 us; from about 2^22 on the
+/// caller was slower (1024 x 1024 N = 4 46-50 against 55 us, 1024 x 4096 N = 4 108-118 against
+/// 192 us): its two halves of the rows wait for one worker, the pool balances blocks.
+const DENSE_HERE_MAX_WORK: usize = 1 << 21;
 
 /// Builds everything a GEMV with `opts` reads from `pw` (the codes used, the tile layout of the
 /// plan it runs, tiled scales and zero points), so that even the first such call qualifies for
@@ -1429,10 +1449,89 @@ mod tests {
         );
     }
 
+    #[test]
+    fn dense_batches_from_the_caller_give_the_pool_bits() {
+        // Batches on the dense path of at most DENSE_HERE_MAX_WORK weight-columns called off
+        // the pool run on the caller and one worker (`dense_here`), with X transposed and
+        // permuted there (act-order weights, both X layouts) and Y in both layouts: the pool's
+        // bits on 1 and 2 threads; larger batches are left to the pool.
+        let cases = caller_cases(200, 640);
+        let opts = GemmOptions {
+            precision: TablePrecision::I16,
+            ..GemmOptions::default()
+        };
+        if dense::kind_for(opts.backend).is_none() {
+            return; // no dense kernel on this CPU
+        }
+        let before = pool::num_threads();
+        let mut compared = 0;
+        for (name, pw) in &cases {
+            let (m, k) = (pw.m(), pw.k());
+            prepare(pw, &opts).unwrap();
+            for n in [2, 3, 5, 16] {
+                let x = fixture(1, k, n).1;
+                // The first batch call builds what a batch reads (on the pool).
+                let mut y = vec![0f32; m * n];
+                gemm_into_layout(pw, &x, n, XLayout::KbyN, YLayout::MbyN, &opts, &mut y).unwrap();
+                for threads in [1, 2] {
+                    pool::set_num_threads(threads).unwrap();
+                    for layout in [XLayout::KbyN, XLayout::NbyK] {
+                        for y_layout in [YLayout::MbyN, YLayout::NbyM] {
+                            let case = format!("{name} n{n} {layout:?} {y_layout:?} t{threads}");
+                            let mut want = vec![0f32; m * n];
+                            pool::install(|| {
+                                gemm_into_layout(pw, &x, n, layout, y_layout, &opts, &mut want)
+                            })
+                            .unwrap();
+                            let mut got = vec![f32::NAN; m * n];
+                            match dense_here(pw, &x, n, layout, y_layout, &opts, &mut got).unwrap()
+                            {
+                                Here::Ran(_) => {
+                                    compared += 1;
+                                    assert_eq!(bits(&got), bits(&want), "{case}");
+                                }
+                                // Another test's call may hold the one caller slot.
+                                Here::NotReady => {}
+                                Here::NotDense => {
+                                    assert!(dense_plan(pw, n, &opts).unwrap().is_none(), "{case}")
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Too large for the caller: left to the pool.
+        let (m, k) = (2048, 1024);
+        let big = quantize(
+            &fixture(m, k, 1).0,
+            m,
+            k,
+            &QuantizeOptions {
+                group_size: Some(128),
+                ..QuantizeOptions::new(Format::Int4)
+            },
+        )
+        .unwrap();
+        prepare(&big, &opts).unwrap();
+        let x = fixture(1, k, 2).1;
+        let mut y = vec![0f32; m * 2];
+        gemm_into_layout(&big, &x, 2, XLayout::KbyN, YLayout::MbyN, &opts, &mut y).unwrap();
+        assert!(matches!(
+            dense_here(&big, &x, 2, XLayout::KbyN, YLayout::MbyN, &opts, &mut y).unwrap(),
+            Here::NotReady
+        ));
+        pool::set_num_threads(before).unwrap();
+        assert!(
+            compared > 100,
+            "only {compared} dense batches ran on their caller"
+        );
+    }
+
     /// A GEMV on the caller, on the dense path or the tables (as `gemm_into_layout` picks):
     /// whether it ran there.
     fn here(pw: &PackedWeights, x: &[f32], opts: &GemmOptions, y: &mut [f32]) -> bool {
-        match dense_here(pw, x, XLayout::KbyN, opts, y).unwrap() {
+        match dense_here(pw, x, 1, XLayout::KbyN, YLayout::MbyN, opts, y).unwrap() {
             Here::Ran(_) => true,
             Here::NotReady => false,
             Here::NotDense => gemv_here(pw, x, XLayout::KbyN, opts, y).unwrap().is_some(),
