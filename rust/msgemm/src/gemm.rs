@@ -834,7 +834,8 @@ pub fn gemm_into_layout(
             }
         }
     }
-    if (2..=CALLER_BATCH_MAX).contains(&n)
+    if n >= 2
+        && (n <= CALLER_BATCH_MAX || pw.m() * pw.k() * n <= CALLER_MAX_WORK)
         && dense_plan(pw, n, opts)?.is_none()
         && batch_here(pw, x, n, layout, y_layout, opts, y)?
     {
@@ -844,7 +845,9 @@ pub fn gemm_into_layout(
 }
 
 /// Batches of at most this many columns called off the pool run on the caller
-/// ([`batch_here`]). The pool path splits the columns between its threads (each task builds
+/// ([`batch_here`]), and larger ones of at most [`CALLER_MAX_WORK`] weight-columns (nf4 g128
+/// 64 x 256 N = 8 / 16 / 32 32 / 46 / 103 -> 24 / 39 / 73 us, 256 x 1024 N = 8 141
+/// -> 78 us, from Python). The pool path splits the columns between its threads (each task builds
 /// full-K tables and reads all the weights) after waking them. Measured from Python (`linear`, int4
 /// g128, minima of 7 x 20-200 calls, a noisy sitting, AMD EPYC), pool -> one GEMV per column: 4096 x 4096 N = 2
 /// 0.41 -> 0.33 ms, N = 3 0.63 -> 0.53, N = 4 0.67 -> 0.56; 1024 x 4096 N = 3 / 4 0.30 / 0.39
@@ -947,7 +950,7 @@ enum Here {
 /// [`gemv_here`] runs table GEMVs and for the same reason (waking the pool costs tens of
 /// microseconds, a large part of a small call). It runs when the pool has 1 or 2 threads, the
 /// weights' dense layout and tiles are built (a first call builds them, on the pool), the
-/// caller slot is free, and the call is a GEMV or a batch of at most [`DENSE_HERE_MAX_WORK`]
+/// caller slot is free, and the call is a GEMV or a batch of at most [`CALLER_MAX_WORK`]
 /// weight-columns.
 fn dense_here(
     pw: &PackedWeights,
@@ -962,7 +965,7 @@ fn dense_here(
         return Ok(Here::NotDense);
     };
     let threads = pool::pool().current_num_threads();
-    let small = n == 1 || pw.m() * pw.k() * n <= DENSE_HERE_MAX_WORK;
+    let small = n == 1 || pw.m() * pw.k() * n <= CALLER_MAX_WORK;
     if !small || !caller_may_run(threads, pw, opts) || !pw.dense_ready(&plan) {
         return Ok(Here::NotReady);
     }
@@ -991,13 +994,14 @@ fn dense_here(
     Ok(Here::Ran(Box::new(plan)))
 }
 
-/// Batches of at most this many weight-columns (`M K N`) on the dense path run on the
-/// caller ([`dense_here`]); larger ones on the pool. Measured from Python (int4 g128, 2
+/// Batches of at most this many weight-columns (`M K N`) run on the caller: on the dense
+/// path ([`dense_here`]), or on the tables ([`batch_here`], which also takes any batch of at
+/// most [`CALLER_BATCH_MAX`] columns); larger ones on the pool. Measured from Python (int4 g128, 2
 /// threads, default table, minima), pool -> caller: 64 x 256 N = 2 / 4 / 16 30 / 41 / 80 ->
 /// 7 / 10 / 25 us, 256 x 1024 N = 2 75 -> 20 us, N = 4 31 -> 28 us; from about 2^22 on the
 /// caller was slower (1024 x 1024 N = 4 46-50 against 55 us, 1024 x 4096 N = 4 108-118 against
 /// 192 us): its two halves of the rows wait for one worker, the pool balances blocks.
-const DENSE_HERE_MAX_WORK: usize = 1 << 21;
+const CALLER_MAX_WORK: usize = 1 << 21;
 
 /// Builds everything a GEMV with `opts` reads from `pw` (the codes used, the tile layout of the
 /// plan it runs, tiled scales and zero points), so that even the first such call qualifies for
@@ -1388,7 +1392,8 @@ mod tests {
 
     #[test]
     fn small_batches_from_the_caller_give_the_pool_bits() {
-        // N = 2..4 (<= CALLER_BATCH_MAX) called off the pool runs on the caller
+        // N = 2..4 (<= CALLER_BATCH_MAX; more when M K N <= CALLER_MAX_WORK) called off
+        // the pool runs on the caller
         // (`batch_here`): all columns in one K-sliced run, or runs of fewer columns when the
         // batch's tables exceed a set per slice (int4 g128 at K = 4352, N = 4: 3 + 1), or one
         // GEMV per column when K is one group. Either gives the pool's bits, in every layout, on 1 and 2 threads, for every
@@ -1411,7 +1416,8 @@ mod tests {
             for opts in caller_options() {
                 prepare(pw, &opts).unwrap();
                 let (precision, depth) = (opts.precision, opts.depth);
-                for n in [2, 3, 4] {
+                // Up to CALLER_BATCH_MAX columns, and more while the batch is small.
+                for n in [2, 3, 4, 7, 16] {
                     let x = fixture(1, k, n).1;
                     for threads in [1, 2] {
                         pool::set_num_threads(threads).unwrap();
@@ -1451,7 +1457,7 @@ mod tests {
 
     #[test]
     fn dense_batches_from_the_caller_give_the_pool_bits() {
-        // Batches on the dense path of at most DENSE_HERE_MAX_WORK weight-columns called off
+        // Batches on the dense path of at most CALLER_MAX_WORK weight-columns called off
         // the pool run on the caller and one worker (`dense_here`), with X transposed and
         // permuted there (act-order weights, both X layouts) and Y in both layouts: the pool's
         // bits on 1 and 2 threads; larger batches are left to the pool.
