@@ -825,21 +825,20 @@ pub fn gemm_into_layout(
     }
     match dense_here(pw, x, n, layout, y_layout, opts, y)? {
         Here::Ran(plan) => return Ok(*plan),
+        // A dense call the caller may not run now: the pool runs it.
         Here::NotReady => {}
-        Here::NotDense => {
-            if n == 1 {
-                if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
-                    return Ok(plan);
-                }
+        // The tables on the caller, when the call qualifies.
+        Here::NotDense if n == 1 => {
+            if let Some(plan) = gemv_here(pw, x, layout, opts, y)? {
+                return Ok(plan);
             }
         }
-    }
-    if n >= 2
-        && (n <= CALLER_BATCH_MAX || pw.m() * pw.k() * n <= CALLER_MAX_WORK)
-        && dense_plan(pw, n, opts)?.is_none()
-        && batch_here(pw, x, n, layout, y_layout, opts, y)?
-    {
-        return plan(pw, n, opts);
+        Here::NotDense => {
+            let small = n <= CALLER_BATCH_MAX || pw.m() * pw.k() * n <= CALLER_MAX_WORK;
+            if small && batch_here(pw, x, n, layout, y_layout, opts, y)? {
+                return plan(pw, n, opts);
+            }
+        }
     }
     pool::install(|| gemm_on_pool(pw, x, n, layout, y_layout, opts, y))
 }
