@@ -1,6 +1,7 @@
 """msGeMM CUDA kernels (spec sections 6 and 8.6): exact oracle on integer data against the
 float64 host reference, the float32 bound on random data, determinism; clear errors without a
-device. The device tests skip where CuPy or a GPU is missing."""
+device. The device tests run on a GPU (skipped without CuPy or one) and on the CPU simulator of
+``cudasim.h`` (``cp`` fixture, conftest.py)."""
 
 from __future__ import annotations
 
@@ -73,10 +74,8 @@ EXACT = [("int4", 2, 128, False), ("uint4", 2, 64, True), ("fp4", 2, 32, False),
          ("int4", 1, 64, True), ("ternary", 5, 80, False)]
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt, depth, g, zeros", EXACT)
-def test_lut_gemv_equals_float64_reference_exactly(fmt, depth, g, zeros):
-    cp = _gpu.require()
+def test_lut_gemv_equals_float64_reference_exactly(cp, fmt, depth, g, zeros):
     rng = np.random.default_rng(zlib.crc32(f"{fmt}/{depth}/{g}".encode()))  # same seed in every process
     m, k = 300, (640 if fmt == "ternary" else 512)  # M not a multiple of the 256-row tile
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros, perm=fmt == "int4")
@@ -96,13 +95,11 @@ COUNTED = [("int4", 2, 128, False, 1), ("uint4", 2, 64, True, 3), ("ternary", 5,
            ("fp8_e4m3", 1, 128, False, 2), ("int2", 4, 64, True, 4)]
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt, depth, g, zeros, n", COUNTED)
-def test_device_counts_equal_the_formulas(fmt, depth, g, zeros, n):
+def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n):
     """The counting build's per-kind totals against closed forms (lookups: the host's
     ``op_counts``): every weight word loaded once whatever N, every table staged once per row
     tile, one lookup per row, tuple and column; and the same result as the plain build."""
-    cp = _gpu.require()
     rng = np.random.default_rng(zlib.crc32(f"count/{fmt}/{n}".encode()))
     m, k = 300, (640 if fmt == "ternary" else 512)
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros)
@@ -130,9 +127,7 @@ def test_device_counts_equal_the_formulas(fmt, depth, g, zeros, n):
     assert got == want
 
 
-@pytest.mark.gpu
-def test_random_data_within_the_f32_bound_and_deterministic():
-    cp = _gpu.require()
+def test_random_data_within_the_f32_bound_and_deterministic(cp):
     rng = np.random.default_rng(5)
     m, k, g = 1000, 2048, 128
     w = rng.standard_normal((m, k)).astype(np.float32)
@@ -158,8 +153,7 @@ def test_random_data_within_the_f32_bound_and_deterministic():
         np.testing.assert_array_equal(cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=2)), host, err_msg=fmt)
 
 
-@pytest.mark.gpu
-def test_bad_inputs_give_clear_errors():
+def test_bad_inputs_give_clear_errors(cp):
     rng = np.random.default_rng(6)
     pw = mg.quantize(rng.standard_normal((64, 256)).astype(np.float32), "int4", 64)
     pwd = mgc.to_device(pw)

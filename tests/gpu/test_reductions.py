@@ -35,11 +35,8 @@ def test_without_gpu_raises_clear_error():
         dot_norms(np.zeros(3), np.zeros(3))
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_kernel_matches_float64_reference(rng, dtype):
-    import cupy as cp
-
+def test_kernel_matches_float64_reference(cp, rng, dtype):
     n = 1_000_003
     a = rng.standard_normal(n).astype(dtype)
     b = rng.standard_normal(n).astype(dtype)

@@ -1,0 +1,430 @@
+// cudasim.h: runs this project's CUDA kernels on the CPU, for tests on machines without a GPU.
+//
+// A kernel file is compiled as C++ with this header included first (tests/gpu/cudasim.py does
+// it, and gives the kernels to Python through a fake CuPy). What it models:
+//   - blocks run one after another; the threads of a block are cooperative fibers (ucontext),
+//     switched only at barriers, so a run is deterministic;
+//   - __syncthreads() waits for every thread of the block that has not returned (returned
+//     threads count as arrived, as on GPUs since Volta);
+//   - warp shuffles (__shfl*_sync) wait for the live threads of their warp and exchange values;
+//     a shuffle that reads a lane that did not take part (it returned first), and barriers that
+//     can never all be met (threads of a block waiting at different kinds of barrier), stop the
+//     launch with an error;
+//   - dynamic shared memory is filled with 0xff bytes (NaN floats) before each block, so a read
+//     of a slot the block never wrote shows up; static __shared__ arrays are one per kernel
+//     (blocks do not overlap);
+//   - float arithmetic is IEEE binary32/64 without contraction (-ffp-contract=off): the
+//     __f*_rn intrinsics, fmaf and fma give the same bits as on a GPU.
+// What it does not model: the memory model (no races between blocks can happen here), warp
+// divergence timing, out-of-bounds accesses (wrong results only), speed.
+//
+// A thread that never waits costs a function call: a fiber runs the threads of its block one
+// after another until one of them waits, so a kernel without barriers runs each block in one
+// fiber.
+#pragma once
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+// One copy per kernel instantiation; blocks run one at a time, so that is one per block.
+#define __shared__ static
+
+struct uint3 {
+    unsigned int x = 0, y = 0, z = 0;
+};
+struct dim3 {
+    unsigned int x = 1, y = 1, z = 1;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+template <class T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+template <class T>
+inline T __ldcs(const T* p) {
+    return *p;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+
+#define CUDASIM_MINMAX(T)                             \
+    inline T min(T a, T b) { return b < a ? b : a; } \
+    inline T max(T a, T b) { return a < b ? b : a; }
+CUDASIM_MINMAX(int)
+CUDASIM_MINMAX(unsigned int)
+CUDASIM_MINMAX(long long)
+CUDASIM_MINMAX(unsigned long long)
+CUDASIM_MINMAX(float)
+CUDASIM_MINMAX(double)
+#undef CUDASIM_MINMAX
+
+// One host thread runs every block: atomics are plain read-modify-writes.
+template <class T>
+inline T atomicAdd(T* p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+
+namespace cudasim {
+
+enum State { Pending, Ready, AtBlockBarrier, AtWarpBarrier, Done };
+
+struct Fiber {
+    ucontext_t ctx;
+    void* stack = nullptr;
+    int thread = -1;  // the thread it runs now
+};
+
+constexpr std::size_t kStack = 256 * 1024;
+constexpr int kSlot = 16;  // bytes per lane of the shuffle exchange (up to double2)
+
+struct Block {
+    int nthreads = 0;
+    int next_pending = 0;
+    std::vector<State> state;
+    std::vector<int> fiber_of;  // fiber index of each started thread
+    std::vector<Fiber> fibers;
+    std::vector<int> idle;  // fibers free for a new thread
+    std::vector<int> ready;  // released threads, resumed in this order
+    std::size_t ready_next = 0;
+    std::vector<unsigned char> exchange;  // [parity][thread][kSlot]
+    std::vector<long long> shuffles;      // per thread: shuffles it has published a value to
+    ucontext_t scheduler;
+    int current = -1;  // running fiber
+    std::string error;
+    void (*body)(void*) = nullptr;
+    void* body_arg = nullptr;
+};
+
+inline Block* g_block = nullptr;
+inline std::vector<unsigned char> g_dynamic_smem;
+
+inline void set_thread_index(int t) {
+    threadIdx.x = t % blockDim.x;
+    threadIdx.y = (t / blockDim.x) % blockDim.y;
+    threadIdx.z = t / (blockDim.x * blockDim.y);
+}
+
+inline int linear_thread() {
+    return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+// The fiber's loop: runs pending threads until one waits (it then resumes here) or none is left.
+inline void fiber_main(int f) {
+    Block& b = *g_block;
+    while (b.next_pending < b.nthreads && b.error.empty()) {
+        const int t = b.next_pending++;
+        b.fibers[f].thread = t;
+        b.fiber_of[t] = f;
+        b.state[t] = Ready;
+        set_thread_index(t);
+        b.body(b.body_arg);
+        b.state[t] = Done;
+    }
+    b.fibers[f].thread = -1;
+    b.idle.push_back(f);
+    // Returning switches to uc_link: the scheduler.
+}
+
+inline void fiber_entry(unsigned int hi, unsigned int lo) {
+    const std::uintptr_t v = (static_cast<std::uintptr_t>(hi) << 32) | lo;
+    fiber_main(static_cast<int>(v));
+}
+
+inline void start_fiber(Block& b, int f) {
+    Fiber& fb = b.fibers[f];
+    getcontext(&fb.ctx);
+    fb.ctx.uc_stack.ss_sp = fb.stack;
+    fb.ctx.uc_stack.ss_size = kStack;
+    fb.ctx.uc_link = &b.scheduler;
+    const std::uintptr_t v = static_cast<std::uintptr_t>(f);
+    makecontext(&fb.ctx, reinterpret_cast<void (*)()>(fiber_entry), 2, static_cast<unsigned int>(v >> 32),
+                static_cast<unsigned int>(v & 0xffffffffu));
+}
+
+inline int new_fiber(Block& b) {
+    if (!b.idle.empty()) {
+        const int f = b.idle.back();
+        b.idle.pop_back();
+        return f;
+    }
+    Fiber fb;
+    fb.stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (fb.stack == MAP_FAILED) {
+        b.error = "cudasim: out of memory for fiber stacks";
+        return -1;
+    }
+    b.fibers.push_back(fb);
+    return static_cast<int>(b.fibers.size()) - 1;
+}
+
+// Called by a thread: wait at a barrier of kind `s` (the scheduler resumes it when released).
+inline void wait(State s) {
+    Block& b = *g_block;
+    const int t = linear_thread();
+    b.state[t] = s;
+    Fiber& fb = b.fibers[b.fiber_of[t]];
+    // A stopped launch never resumes its waiting threads (the scheduler abandons the fibers).
+    swapcontext(&fb.ctx, &b.scheduler);
+    set_thread_index(t);
+}
+
+inline void fail(const std::string& msg) {
+    Block& b = *g_block;
+    if (b.error.empty()) b.error = msg;
+    const int t = linear_thread();
+    b.state[t] = AtBlockBarrier;  // parked; the scheduler sees the error and stops
+    swapcontext(&b.fibers[b.fiber_of[t]].ctx, &b.scheduler);
+}
+
+// Runs one block to completion; returns false with b.error set on a failure.
+inline bool run_block(Block& b) {
+    for (;;) {
+        if (!b.error.empty()) return false;
+        // 1. A released thread goes on.
+        if (b.ready_next < b.ready.size()) {
+            const int ready = b.ready[b.ready_next++];
+            const int f = b.fiber_of[ready];
+            b.current = f;
+            set_thread_index(ready);
+            swapcontext(&b.scheduler, &b.fibers[f].ctx);
+            continue;
+        }
+        // 2. Threads not started yet start, on a new or idle fiber.
+        if (b.next_pending < b.nthreads) {
+            const int f = new_fiber(b);
+            if (f < 0) return false;
+            start_fiber(b, f);
+            b.current = f;
+            swapcontext(&b.scheduler, &b.fibers[f].ctx);
+            continue;
+        }
+        // 3. Everyone has returned or waits: release what can go on.
+        b.ready.clear();
+        b.ready_next = 0;
+        bool all_done = true, released = false;
+        for (int t = 0; t < b.nthreads; ++t) all_done = all_done && b.state[t] == Done;
+        if (all_done) return true;
+        const int warps = (b.nthreads + warpSize - 1) / warpSize;
+        for (int w = 0; w < warps; ++w) {
+            const int t0 = w * warpSize, t1 = std::min(b.nthreads, t0 + warpSize);
+            bool any = false, all = true;
+            for (int t = t0; t < t1; ++t) {
+                if (b.state[t] == Done) continue;
+                any = true;
+                all = all && b.state[t] == AtWarpBarrier;
+            }
+            if (any && all) {
+                for (int t = t0; t < t1; ++t) {
+                    if (b.state[t] == AtWarpBarrier) {
+                        b.state[t] = Ready;
+                        b.ready.push_back(t);
+                    }
+                }
+                released = true;
+            }
+        }
+        if (released) continue;
+        bool block_all = true;
+        for (int t = 0; t < b.nthreads; ++t) {
+            block_all = block_all && (b.state[t] == Done || b.state[t] == AtBlockBarrier);
+        }
+        if (block_all) {
+            for (int t = 0; t < b.nthreads; ++t) {
+                if (b.state[t] == AtBlockBarrier) {
+                    b.state[t] = Ready;
+                    b.ready.push_back(t);
+                }
+            }
+            continue;
+        }
+        b.error = "cudasim: threads of a block wait at barriers that can never all be met (a "
+                  "__syncthreads or warp shuffle reached by only some of the threads it waits for)";
+        return false;
+    }
+}
+
+// The exchange slot of lane `lane` of the calling thread's warp, in the half `parity`.
+inline unsigned char* slot(int parity, int thread) {
+    Block& b = *g_block;
+    return &b.exchange[(static_cast<std::size_t>(parity) * b.nthreads + thread) * kSlot];
+}
+
+// A warp shuffle: publishes `v`, waits for the warp, reads lane `src` of the same half. Two
+// halves alternate, so one wait per shuffle is enough: a lane cannot write a half again before
+// every lane has passed the next shuffle's wait, that is, has read this one.
+template <class T>
+inline T shuffle(T v, int src_lane_in_warp, bool keep_own) {
+    static_assert(sizeof(T) <= kSlot && std::is_trivially_copyable_v<T>, "cudasim: shuffle of a large type");
+    Block& b = *g_block;
+    const int t = linear_thread();
+    const long long n = ++b.shuffles[t];
+    const int p = static_cast<int>(n & 1);
+    std::memcpy(slot(p, t), &v, sizeof(T));
+    wait(AtWarpBarrier);
+    if (keep_own) return v;
+    const int src = t - t % warpSize + src_lane_in_warp;
+    // The source took part in this shuffle when it has published at least as many values (it
+    // may be one shuffle ahead, writing the other half, but no further: that needs this lane).
+    if (src >= b.nthreads || b.shuffles[src] < n) {
+        fail("cudasim: a warp shuffle read lane " + std::to_string(src_lane_in_warp) + " of warp " +
+             std::to_string(t / warpSize) + ", which has returned or does not exist");
+    }
+    T out;
+    std::memcpy(&out, slot(p, src), sizeof(T));
+    return out;
+}
+
+struct KernelBase {
+    virtual ~KernelBase() = default;
+    virtual int params() const = 0;
+    virtual std::size_t param_size(int i) const = 0;
+    virtual void call(void** args) = 0;
+};
+
+template <class... A>
+struct Kernel final : KernelBase {
+    void (*f)(A...);
+    explicit Kernel(void (*fn)(A...)) : f(fn) {}
+    int params() const override { return static_cast<int>(sizeof...(A)); }
+    std::size_t param_size(int i) const override {
+        const std::size_t sizes[] = {sizeof(std::decay_t<A>)..., 0};
+        return sizes[i];
+    }
+    void call(void** args) override { call_with(args, std::index_sequence_for<A...>{}); }
+    template <std::size_t... I>
+    void call_with(void** args, std::index_sequence<I...>) {
+        f(*static_cast<std::decay_t<A>*>(args[I])...);
+    }
+};
+
+template <class... A>
+KernelBase* make(void (*f)(A...)) {
+    return new Kernel<A...>(f);
+}
+
+struct Call {
+    KernelBase* kernel;
+    void** args;
+};
+
+inline void run_thread(void* p) {
+    auto* c = static_cast<Call*>(p);
+    c->kernel->call(c->args);
+}
+
+// Runs a launch; returns 0, or 1 with the message in err.
+inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int block[3], std::size_t smem,
+                  void** args, char* err, std::size_t errlen) {
+    gridDim = {grid[0], grid[1], grid[2]};
+    blockDim = {block[0], block[1], block[2]};
+    const long long nthreads = static_cast<long long>(block[0]) * block[1] * block[2];
+    if (nthreads < 1 || nthreads > 1024 || grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || grid[1] > 65535 ||
+        grid[2] > 65535) {
+        std::snprintf(err, errlen, "cudasim: invalid launch configuration");
+        return 1;
+    }
+    g_dynamic_smem.assign(smem + 16, 0xff);
+    Call call{k, args};
+    Block b;
+    b.nthreads = static_cast<int>(nthreads);
+    b.body = run_thread;
+    b.body_arg = &call;
+    b.exchange.assign(2 * static_cast<std::size_t>(nthreads) * kSlot, 0);
+    g_block = &b;
+    int rc = 0;
+    for (unsigned int z = 0; z < grid[2] && rc == 0; ++z) {
+        for (unsigned int y = 0; y < grid[1] && rc == 0; ++y) {
+            for (unsigned int x = 0; x < grid[0] && rc == 0; ++x) {
+                blockIdx = {x, y, z};
+                std::memset(g_dynamic_smem.data(), 0xff, g_dynamic_smem.size());
+                b.next_pending = 0;
+                b.state.assign(b.nthreads, Pending);
+                b.fiber_of.assign(b.nthreads, -1);
+                b.shuffles.assign(b.nthreads, 0);
+                b.idle.clear();
+                b.ready.clear();
+                b.ready_next = 0;
+                for (int f = 0; f < static_cast<int>(b.fibers.size()); ++f) {
+                    b.fibers[f].thread = -1;
+                    b.idle.push_back(f);
+                }
+                if (!run_block(b)) {
+                    std::snprintf(err, errlen, "%s (block %u,%u,%u)", b.error.c_str(), x, y, z);
+                    rc = 1;
+                }
+            }
+        }
+    }
+    for (Fiber& fb : b.fibers) munmap(fb.stack, kStack);
+    g_block = nullptr;
+    return rc;
+}
+
+inline void* dynamic_smem() {
+    // 16-byte aligned, as CUDA's dynamic shared memory is.
+    auto p = reinterpret_cast<std::uintptr_t>(g_dynamic_smem.data());
+    return reinterpret_cast<void*>((p + 15) & ~static_cast<std::uintptr_t>(15));
+}
+
+}  // namespace cudasim
+
+inline void __syncthreads() { cudasim::wait(cudasim::AtBlockBarrier); }
+
+template <class T>
+inline T __shfl_sync(unsigned int, T v, int src, int width = warpSize) {
+    const int lane = cudasim::linear_thread() % warpSize;
+    const int base = lane - lane % width;
+    return cudasim::shuffle(v, base + ((src % width) + width) % width, false);
+}
+template <class T>
+inline T __shfl_down_sync(unsigned int, T v, unsigned int delta, int width = warpSize) {
+    const int lane = cudasim::linear_thread() % warpSize;
+    const int src = lane + static_cast<int>(delta);
+    const bool own = src >= lane - lane % width + width;  // past the segment: the caller's value
+    return cudasim::shuffle(v, own ? lane : src, own);
+}
+template <class T>
+inline T __shfl_up_sync(unsigned int, T v, unsigned int delta, int width = warpSize) {
+    const int lane = cudasim::linear_thread() % warpSize;
+    const int src = lane - static_cast<int>(delta);
+    const bool own = src < lane - lane % width;
+    return cudasim::shuffle(v, own ? lane : src, own);
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned int, T v, int mask, int width = warpSize) {
+    const int lane = cudasim::linear_thread() % warpSize;
+    const int src = lane ^ mask;
+    const bool own = src >= lane - lane % width + width;
+    return cudasim::shuffle(v, own ? lane : src, own);
+}

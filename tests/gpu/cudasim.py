@@ -1,0 +1,186 @@
+"""Runs the project's CUDA kernels on the CPU (``cudasim.h``), behind a fake CuPy, so the device
+oracles of ``tests/gpu`` also run on machines without a GPU (CI).
+
+:func:`get_module` stands in for ``maleki_rs._gpu.loader.get_module``: it compiles the same
+kernel file, with the same name expressions and options, as C++ with ``g++`` and the header
+``cudasim.h`` included first, into a shared library cached by content. :data:`cupy` stands in
+for the ``cupy`` module: device arrays are numpy arrays, and a kernel launch runs the kernel's
+blocks one after another on this thread (see ``cudasim.h`` for what is and is not modelled).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from maleki_rs._gpu.loader import cuda_root, read_source
+
+HEADER = Path(__file__).resolve().parent / "cudasim.h"
+#: Multiprocessors the fake device reports (an H200 has 132): launch shapes follow from it.
+SM_COUNT = 132
+
+# `extern __shared__ T name[];` (dynamic shared memory) becomes a pointer to the launch's buffer.
+_EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
+
+
+def compiler() -> str | None:
+    """The C++ compiler the simulator uses (``$CXX`` or ``g++``), or None."""
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("MALEKI_RS_CUDASIM_CACHE", Path(tempfile.gettempdir()) / "maleki_rs_cudasim"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _translation_unit(source: str, names: tuple[str, ...]) -> str:
+    src = _EXTERN_SHARED.sub(r"\1* \2 = static_cast<\1*>(cudasim::dynamic_smem());", source)
+    reg = ",\n    ".join(f"cudasim::make(&{n})" for n in names)
+    return (
+        '#include "cudasim.h"\n'
+        + src
+        + '\n#line 1 "cudasim-registry"\n'
+        + f"static cudasim::KernelBase* const sim_kernels[] = {{\n    {reg}\n}};\n"
+        + 'extern "C" int sim_params(int k) { return sim_kernels[k]->params(); }\n'
+        + 'extern "C" unsigned long long sim_param_size(int k, int i) { return sim_kernels[k]->param_size(i); }\n'
+        + 'extern "C" int sim_launch(int k, const unsigned* grid, const unsigned* block, unsigned long long smem,\n'
+        + "                          void** args, char* err, unsigned long long errlen) {\n"
+        + "    return cudasim::launch(sim_kernels[k], grid, block, smem, args, err, errlen);\n"
+        + "}\n"
+    )
+
+
+class SimFunction:
+    """One kernel; called as CuPy's ``RawKernel``: ``f(grid, block, args, shared_mem=0)``."""
+
+    def __init__(self, lib: ctypes.CDLL, index: int, name: str):
+        self._lib, self._index, self.name = lib, index, name
+        self._sizes = [lib.sim_param_size(index, i) for i in range(lib.sim_params(index))]
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
+                 shared_mem: int = 0) -> None:
+        if len(args) != len(self._sizes):
+            raise TypeError(f"{self.name}: takes {len(self._sizes)} arguments, got {len(args)}")
+        keep = []
+        ptrs = (ctypes.c_void_p * max(1, len(args)))()
+        for i, (a, size) in enumerate(zip(args, self._sizes, strict=True)):
+            if isinstance(a, np.ndarray):
+                buf = ctypes.c_void_p(a.ctypes.data)
+                got = ctypes.sizeof(buf)
+            elif isinstance(a, np.generic):
+                raw = np.asarray(a).tobytes()
+                buf = ctypes.create_string_buffer(raw, len(raw))
+                got = len(raw)
+            else:  # CuPy takes numpy scalars and arrays; our callers pass nothing else
+                raise TypeError(f"{self.name}: argument {i} is a {type(a).__name__}, not a numpy array or scalar")
+            if got != size:
+                raise TypeError(f"{self.name}: argument {i} has {got} bytes, the kernel's parameter {size}")
+            keep.append(buf)
+            ptrs[i] = ctypes.addressof(buf)
+        dims = [tuple(int(v) for v in d) + (1,) * (3 - len(d)) for d in (grid, block)]
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.sim_launch(self._index, (ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
+                                  ctypes.c_ulonglong(int(shared_mem)), ptrs, err, ctypes.c_ulonglong(len(err)))
+        if rc != 0:
+            raise RuntimeError(f"{self.name}: {err.value.decode()}")
+
+
+class SimModule:
+    """What ``cupy.RawModule`` gives: kernels by name and ``__device__`` globals."""
+
+    def __init__(self, path: Path, names: tuple[str, ...]):
+        self._lib = ctypes.CDLL(str(path))
+        self._lib.sim_param_size.restype = ctypes.c_ulonglong
+        self._names = names
+
+    def get_function(self, name: str) -> SimFunction:
+        if name not in self._names:
+            raise KeyError(f"{name!r} is not among the module's kernels {self._names}")
+        return SimFunction(self._lib, self._names.index(name), name)
+
+    def get_global(self, name: str) -> int:
+        """The address of a global (what :func:`ndarray` takes as ``memptr``)."""
+        return ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value
+
+
+_modules: dict[tuple, SimModule] = {}
+
+
+def get_module(relpath: str, name_expressions: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> SimModule:
+    """The simulated module of one kernel file (compiled once per content and options)."""
+    return module_from_source(read_source(relpath), name_expressions, options, stem=Path(relpath).stem)
+
+
+def module_from_source(source: str, name_expressions: tuple[str, ...], options: tuple[str, ...] = (),
+                       stem: str = "kernels") -> SimModule:
+    """The simulated module of CUDA source text (kernels ``name_expressions``)."""
+    names = tuple(name_expressions)
+    key = (source, names, tuple(options))
+    if key in _modules:
+        return _modules[key]
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("cudasim needs a C++ compiler (g++ or $CXX)")
+    tu = _translation_unit(source, names)
+    flags = ["-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-Wno-unknown-pragmas",
+             f"-I{HEADER.parent}", f"-I{cuda_root()}", f"-I{cuda_root() / 'include'}", *options]
+    digest = hashlib.sha256("\0".join([tu, HEADER.read_text(), cxx, *flags]).encode()).hexdigest()[:24]
+    out = _cache_dir() / f"{stem}-{digest}.so"
+    if not out.exists():
+        src = out.with_suffix(".cpp")
+        src.write_text(tu)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        r = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"cudasim: compiling {stem} failed:\n{r.stderr[-4000:]}")
+        os.replace(tmp, out)
+    _modules[key] = SimModule(out, names)
+    return _modules[key]
+
+
+def get_function(relpath: str, name: str, options: tuple[str, ...] = ()) -> SimFunction:
+    """As ``maleki_rs._gpu.loader.get_function``."""
+    return get_module(relpath, (name,), options).get_function(name)
+
+
+def ndarray(shape: Any, dtype: Any, memptr: int) -> np.ndarray:
+    """A numpy view of ``shape`` elements of ``dtype`` at address ``memptr`` (a module global)."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape))
+    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(memptr)
+    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
+def _ascontiguousarray(a: Any, dtype: Any = None) -> np.ndarray:
+    # A device cast overflows to inf silently (numpy warns).
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(a, dtype=dtype)
+
+
+class _Device:
+    id = 0
+
+
+def _properties(device: int) -> dict[str, Any]:
+    return {"multiProcessorCount": SM_COUNT, "name": "cudasim", "major": 9, "minor": 0}
+
+
+#: The fake ``cupy``: numpy for arrays, plus what the kernel drivers use.
+cupy = types.SimpleNamespace(
+    asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=_ascontiguousarray, empty=np.empty,
+    zeros=np.zeros, isfinite=np.isfinite, ndarray=ndarray, float32=np.float32, float64=np.float64,
+    int32=np.int32, int64=np.int64, uint32=np.uint32, uint64=np.uint64,
+    cuda=types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(getDeviceProperties=_properties)),
+    __name__="cudasim",
+)

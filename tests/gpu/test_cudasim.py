@@ -1,0 +1,137 @@
+"""The CPU simulator of CUDA kernels (``cudasim.h``) that runs the device oracles without a GPU:
+its shuffles, barriers and shared memory against closed forms, and the errors it must raise
+on kernels that are wrong (so the oracles run on it can fail)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from . import cudasim
+
+pytestmark = pytest.mark.skipif(cudasim.compiler() is None, reason="cudasim needs a C++ compiler")
+
+SRC = r"""
+// out[t] = the value of lane f(lane) of the thread's warp, per shuffle kind (width 32 and 8).
+extern "C" __global__ void shuffles(const float* __restrict__ in, float* __restrict__ out) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const float v = in[t];
+    out[8 * t + 0] = __shfl_sync(0xffffffffu, v, 5);
+    out[8 * t + 1] = __shfl_down_sync(0xffffffffu, v, 3);
+    out[8 * t + 2] = __shfl_up_sync(0xffffffffu, v, 2);
+    out[8 * t + 3] = __shfl_xor_sync(0xffffffffu, v, 9);
+    out[8 * t + 4] = __shfl_sync(0xffffffffu, v, 3, 8);
+    out[8 * t + 5] = __shfl_down_sync(0xffffffffu, v, 3, 8);
+    out[8 * t + 6] = __shfl_up_sync(0xffffffffu, v, 2, 8);
+    out[8 * t + 7] = __shfl_xor_sync(0xffffffffu, v, 5, 8);
+}
+
+// Reverses each block's slice through dynamic shared memory (BARRIER: with the barrier).
+template <bool BARRIER>
+__global__ void reverse(const float* __restrict__ in, float* __restrict__ out) {
+    extern __shared__ float buf[];
+    const int t = threadIdx.x, base = blockIdx.x * blockDim.x;
+    buf[t] = in[base + t];
+    if (BARRIER) __syncthreads();
+    out[base + t] = buf[blockDim.x - 1 - t];
+}
+
+// Even threads wait at a block barrier while odd ones wait at a shuffle: a deadlock. (A
+// barrier that returned threads skip is not one: they count as arrived, as on a device.)
+extern "C" __global__ void divergent_barrier(float* out) {
+    float v = 1.0f;
+    if (threadIdx.x % 2 == 0) __syncthreads();
+    else v = __shfl_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+
+// Lanes 16..31 return before lane 0 reads lane 20.
+extern "C" __global__ void shuffle_from_a_returned_lane(float* out) {
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 20);
+}
+
+// A block-wide sum in a fixed shuffle tree (as cuda/include/maleki/reduce.cuh does).
+extern "C" __global__ void block_sum(const double* __restrict__ in, double* __restrict__ out) {
+    __shared__ double warp_sums[32];
+    double v = in[blockIdx.x * blockDim.x + threadIdx.x];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.0;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+        if (threadIdx.x == 0) out[blockIdx.x] = v;
+    }
+}
+"""
+NAMES = ("shuffles", "reverse<true>", "reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
+         "block_sum")
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return cudasim.module_from_source(SRC, NAMES, stem="cudasim_selftest")
+
+
+def test_shuffles_follow_the_cuda_definitions(mod):
+    threads, blocks = 64, 2
+    x = np.arange(threads * blocks, dtype=np.float32) * 1.5 + 1
+    out = np.full((threads * blocks, 8), np.nan, np.float32)
+    mod.get_function("shuffles")((blocks,), (threads,), (x, out))
+    t = np.arange(threads * blocks)
+    lane, warp0 = t % 32, t - t % 32
+
+    def pick(src_lane, width):
+        seg = lane - lane % width
+        # Lanes outside the segment keep their own value (down, up, xor past the width).
+        ok = (src_lane >= seg) & (src_lane < seg + width)
+        return np.where(ok, x[warp0 + np.clip(src_lane, 0, 31)], x[t])
+
+    want = np.stack([
+        x[warp0 + 5], pick(lane + 3, 32), pick(lane - 2, 32), x[warp0 + (lane ^ 9)],
+        x[warp0 + (lane - lane % 8) + 3], pick(lane + 3, 8), pick(lane - 2, 8), pick(lane ^ 5, 8),
+    ], axis=1)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_shared_memory_needs_its_barrier(mod):
+    threads, blocks = 128, 3
+    x = np.arange(threads * blocks, dtype=np.float32)
+    want = x.reshape(blocks, threads)[:, ::-1].ravel()
+    out = np.zeros_like(x)
+    mod.get_function("reverse<true>")((blocks,), (threads,), (x, out), shared_mem=4 * threads)
+    np.testing.assert_array_equal(out, want)
+    # Without the barrier, a thread reads slots that later threads have not written yet: the
+    # simulator's fill (NaN), as uninitialised shared memory would on a device.
+    out[:] = 0
+    mod.get_function("reverse<false>")((blocks,), (threads,), (x, out), shared_mem=4 * threads)
+    assert np.isnan(out).any() and not np.array_equal(out, want)
+
+
+def test_block_sum_is_exact_on_integers(mod):
+    threads, blocks = 256, 5
+    x = np.random.default_rng(0).integers(-1000, 1000, threads * blocks).astype(np.float64)
+    out = np.zeros(blocks)
+    mod.get_function("block_sum")((blocks,), (threads,), (x, out))
+    np.testing.assert_array_equal(out, x.reshape(blocks, threads).sum(axis=1))
+
+
+def test_wrong_kernels_stop_with_an_error(mod):
+    out = np.zeros(64, np.float32)
+    with pytest.raises(RuntimeError, match="never all be met"):
+        mod.get_function("divergent_barrier")((1,), (64,), (out,))
+    with pytest.raises(RuntimeError, match="has returned"):
+        mod.get_function("shuffle_from_a_returned_lane")((1,), (32,), (out,))
+
+
+def test_arguments_are_checked_against_the_kernel(mod):
+    x = np.zeros(64, np.float32)
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        mod.get_function("shuffles")((1,), (32,), (x,))
+    with pytest.raises(TypeError, match="numpy array or scalar"):
+        mod.get_function("shuffles")((1,), (32,), (x, 3))
+    with pytest.raises(TypeError, match="4 bytes, the kernel's parameter 8"):
+        mod.get_function("shuffles")((1,), (32,), (x, np.float32(0)))
+    with pytest.raises(RuntimeError, match="launch configuration"):
+        mod.get_function("shuffles")((1,), (2048,), (x, x))
