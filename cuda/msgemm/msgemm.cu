@@ -4,9 +4,11 @@
 // Layouts (prepared by python/maleki_rs/msgemm/cuda.py):
 //   xt      (N, K) float32 row-major: X transposed, in the packed column order (act-order
 //           weights permute K once on the host side).
-//   idx4    [(K/d)/4][M] uint32: byte j of word (q, m) is the table index of tuple 4q + j of
-//           row m (idx = sum_j q[m, p*d + j] * V^j, first code least significant). Lane = row,
-//           so a warp's 32 loads of one tuple quad are coalesced.
+//   idx     [(K/d)/P][M] uint32, P = 32 / BITS tuples per word: bits [BITS j, BITS (j + 1)) of
+//           word (q, m) are the table index of tuple P q + j of row m (idx = sum_j
+//           q[m, p*d + j] * V^j, first code least significant). BITS = 4 where V^d <= 16 (int4 at
+//           d = 1, int2 and ternary at d = 2: half the bytes of one index per byte), else 8.
+//           Lane = row, so a warp's 32 loads of one word column are coalesced.
 //   T       [(p * N + n) * slot + e] float32: table e of tuple p for column n, slot = V^d.
 //   scales_t, zeros_t  (K/G, M) float32 row-major: scales and zero points transposed (lane =
 //           row: coalesced); zero points optional, in value units.
@@ -98,11 +100,17 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 }
 
 // Grid (ceil(M / (256 RPT)), splits), 256 threads, RPT rows per thread (rows m0 + r * 256, so
-// every load of a tuple quad is coalesced), NC = N columns (every column in one pass: each
-// weight word is read once whatever N). A split's groups are cut into pieces of `pw` words
-// (4 pw tuples) of one group; for each piece the block stages the piece's tables (4 pw tuples x
-// NC columns x slot floats, at most 32 KiB: pw <= 8 / NC) into shared memory, then each thread
-// adds one entry per tuple, column and row.
+// every load of a word column is coalesced), NC = N columns (every column in one pass: each
+// weight word is read once whatever N), BITS bits per table index (P = 32 / BITS tuples per
+// word). A split's groups are cut into pieces of `pw` words (P pw tuples) of one group; for each
+// piece the block stages the piece's tables (P pw tuples x NC columns x slot floats, at most
+// 32 KiB: pw <= 8 / NC) into shared memory, then each thread adds one entry per tuple, column
+// and row.
+//
+// Shared-memory banks: the 32 lanes of a warp read one tuple's table of one column at their own
+// indices. With 256-entry tables (BITS = 8) several lanes can hit one bank with different words
+// (about 3.5-way for uniform int4 pairs); a table of at most 16 entries (BITS = 4) spans 16
+// banks, so lanes never conflict (equal indices broadcast), at twice the lookups per byte.
 //
 // Why this shape (measured on an H200, int4 (28672, 8192) N = 1, BENCHMARKS.md): with one
 // group's 64 KiB of tables staged per step and the index words loaded just before their
@@ -112,12 +120,15 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 // share an SM, whose lookups fill each other's waits.
 // Scales and zero points are read transposed ((K/G, M): lane = row, coalesced), with the
 // group's first piece. The order of the adds of each row is that of the host scalar build.
-template <int NC, int RPT>
+template <int NC, int RPT, int BITS>
 __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
-    msgemm_gemv_lut(const unsigned int* __restrict__ idx4, const float* __restrict__ tables,
+    msgemm_gemv_lut(const unsigned int* __restrict__ idx, const float* __restrict__ tables,
                     const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
                     const float* __restrict__ sums, long long m_rows, int groups, int qpg, int pw, int slot,
                     int groups_per_split, float* __restrict__ partial) {
+    static_assert(BITS == 4 || BITS == 8, "table indices are nibbles or bytes");
+    constexpr int P = 32 / BITS;                  // tuples per word
+    constexpr unsigned int MASK = (1u << BITS) - 1;
     constexpr int PWMAX = NC >= 8 ? 1 : 8 / NC;  // words per piece, at most
     extern __shared__ float4 tab4[];
     float* tab = reinterpret_cast<float*>(tab4);  // [tuple of the piece][column][slot]
@@ -145,7 +156,7 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
             const long long m_ = m0 + r * MSGEMM_ROWS;                                               \
             _Pragma("unroll") for (int q = 0; q < PWMAX; ++q) {                                      \
                 /* Weights are read once: stream them past the caches (evict-first). */              \
-                wn[r][q] = (q < pw && live[r]) ? __ldcs(idx4 + (q0_ + q) * m_rows + m_) : 0u;        \
+                wn[r][q] = (q < pw && live[r]) ? __ldcs(idx + (q0_ + q) * m_rows + m_) : 0u;        \
                 MSGEMM_COUNT_ADD(words, (q < pw && live[r]) ? 1 : 0);                                \
             }                                                                                        \
             if (piece_ == 0) {                                                                       \
@@ -182,10 +193,10 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
             }
         }
         if (i + 1 < i1) MSGEMM_LOAD_PIECE(i + 1)
-        // Stage the piece's tables: 4 pw tuples x NC columns x slot floats, contiguous in
+        // Stage the piece's tables: P pw tuples x NC columns x slot floats, contiguous in
         // `tables` ([tuple][column][slot], N = NC columns).
-        const int count = pw * 4 * NC * slot;
-        const float* src = tables + static_cast<long long>(4) * (static_cast<long long>(g) * qpg + piece * pw) * NC * slot;
+        const int count = pw * P * NC * slot;
+        const float* src = tables + static_cast<long long>(P) * (static_cast<long long>(g) * qpg + piece * pw) * NC * slot;
         __syncthreads();  // the previous piece's tables are no longer read
         if ((slot & 3) == 0) {
             const float4* src4 = reinterpret_cast<const float4*>(src);
@@ -199,11 +210,11 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
         for (int q = 0; q < PWMAX; ++q) {
             if (q < pw) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float* row = tab + (4 * q + j) * NC * slot;
+                for (int j = 0; j < P; ++j) {
+                    const float* row = tab + (P * q + j) * NC * slot;
 #pragma unroll
                     for (int r = 0; r < RPT; ++r) {
-                        const int e = (wc[r][q] >> (8 * j)) & 0xff;
+                        const int e = (wc[r][q] >> (BITS * j)) & MASK;
 #pragma unroll
                         for (int c = 0; c < NC; ++c) p[r][c] = __fadd_rn(p[r][c], row[c * slot + e]);
                         MSGEMM_COUNT_ADD(lookups, live[r] ? NC : 0);

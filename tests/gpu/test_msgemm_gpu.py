@@ -50,12 +50,32 @@ def test_validation_runs_without_a_device():
 
 def test_device_weights_show_scales_in_the_host_layout():
     st = np.arange(6.0).reshape(2, 3)  # (K/G, M) as the kernels read them
-    pwd = mgc.DeviceWeights(shape=(3, 64), group_size=32, depth=2, levels=16, idx4=None, values=None,
+    pwd = mgc.DeviceWeights(shape=(3, 64), group_size=32, depth=2, levels=16, bits=8, idx=None, values=None,
                             scales_t=st, zeros_t=-st, k_perm=None, packed=None, nbytes=0)
     np.testing.assert_array_equal(pwd.scales, st.T)
     np.testing.assert_array_equal(pwd.zeros, -st.T)
     pwd.zeros_t = None
-    assert pwd.zeros is None and pwd.slot == 256 and pwd.tuples_per_group == 16
+    assert pwd.zeros is None and pwd.slot == 256 and pwd.tuples_per_group == 16 and pwd.tuples_per_word == 4
+
+
+def test_indices_are_nibbles_exactly_where_tables_have_16_entries_or_fewer(cp):
+    """The device layout: 8 four-bit indices per word where V^d <= 16 and (G/d) % 8 == 0,
+    else 4 bytes; decoded here word by word against the codes."""
+    rng = np.random.default_rng(11)
+    m, k = 20, 192
+    for fmt, d, g, bits in [("int4", 1, 64, 4), ("int4", 2, 64, 8), ("int2", 2, 64, 4), ("int2", 4, 64, 8),
+                            ("ternary", 2, 48, 4), ("int3", 1, 64, 4), ("uint4", 1, 4, 8), ("fp8_e4m3", 1, 64, 8)]:
+        pw = integer_weights(fmt, rng, m, k, g)
+        pwd = mgc.to_device(pw, depth=d)
+        assert pwd.bits == bits, (fmt, d, g)
+        words = cp.asnumpy(pwd.idx)
+        per = 32 // bits
+        assert words.shape == (k // d // per, m) and words.dtype == np.uint32
+        shifts = bits * np.arange(per, dtype=np.uint32)
+        got = ((words.T[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(m, k // d)
+        c = np.asarray(pw.codes, np.int64).reshape(m, k // d, d)
+        want = sum(c[:, :, j] * pwd.levels**j for j in range(d))
+        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} d={d} g={g}")
 
 
 def test_without_gpu_raises_clear_error():
@@ -69,9 +89,12 @@ def test_without_gpu_raises_clear_error():
 
 
 # Integer or dyadic codebooks only (nf4's levels are not dyadic: covered by the bound test).
+# 4-bit indices (V^d <= 16): int4, fp4 and int3 at d = 1, int2 and ternary at d = 2; uint4 with
+# groups of 4 at d = 1 keeps bytes ((G/d) % 8 != 0).
 EXACT = [("int4", 2, 128, False), ("uint4", 2, 64, True), ("fp4", 2, 32, False), ("int2", 4, 64, False),
          ("uint2", 4, 64, True), ("int3", 2, 64, False), ("codebook", 2, 32, True), ("fp8_e4m3", 1, 128, False),
-         ("int4", 1, 64, True), ("ternary", 5, 80, False)]
+         ("int4", 1, 64, True), ("ternary", 5, 80, False), ("fp4", 1, 32, False), ("int3", 1, 64, True),
+         ("int2", 2, 64, False), ("ternary", 2, 80, True), ("uint4", 1, 4, True)]
 
 
 @pytest.mark.parametrize("fmt, depth, g, zeros", EXACT)
@@ -92,7 +115,8 @@ def test_lut_gemv_equals_float64_reference_exactly(cp, fmt, depth, g, zeros):
 
 
 COUNTED = [("int4", 2, 128, False, 1), ("uint4", 2, 64, True, 3), ("ternary", 5, 80, False, 8),
-           ("fp8_e4m3", 1, 128, False, 2), ("int2", 4, 64, True, 4)]
+           ("fp8_e4m3", 1, 128, False, 2), ("int2", 4, 64, True, 4), ("int4", 1, 128, False, 1),
+           ("ternary", 2, 80, True, 5)]
 
 
 @pytest.mark.parametrize("fmt, depth, g, zeros, n", COUNTED)
@@ -117,7 +141,7 @@ def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n):
         "table_mul": depth * tuples * n * slot,
         "table_add": (depth - 1) * tuples * n * slot,
         "sum_add": n * groups * (g - 1) if zeros else 0,
-        "words": m * tuples // 4,
+        "words": m * tuples // pwd.tuples_per_word,
         "staged": tiles * tuples * n * slot,
         "lookups": host["lookup"],
         "scale_mul": m * n * groups,
@@ -131,9 +155,10 @@ def test_random_data_within_the_f32_bound_and_deterministic(cp):
     rng = np.random.default_rng(5)
     m, k, g = 1000, 2048, 128
     w = rng.standard_normal((m, k)).astype(np.float32)
-    for fmt in ["int4", "uint4", "nf4", "fp4"]:
+    # The natural depth (8-bit indices) and d = 1 (4-bit indices) of every 4-bit format.
+    for fmt, depth in [(f, d) for f in ["int4", "uint4", "nf4", "fp4"] for d in (None, 1)]:
         pw = mg.quantize(w, fmt, g)
-        pwd = mgc.to_device(pw)
+        pwd = mgc.to_device(pw, depth=depth)
         d = pwd.depth
         x = rng.standard_normal((k, 4)).astype(np.float32)
         wd = pw.dequantize()
@@ -144,13 +169,13 @@ def test_random_data_within_the_f32_bound_and_deterministic(cp):
         mag = np.repeat(np.abs(pw.scales) * (vmax + zabs), g, axis=1) @ np.abs(x.astype(np.float64))
         bound = 2 * (k / d + d + 3 + k / g) * 2.0**-24 * mag
         y = mgc.msgemm_cuda(pwd, x)
-        assert np.all(np.abs(cp.asnumpy(y) - want) <= bound), fmt
+        assert np.all(np.abs(cp.asnumpy(y) - want) <= bound), (fmt, d)
         assert cp.asnumpy(mgc.msgemm_cuda(pwd, x)).tobytes() == cp.asnumpy(y).tobytes()
         # Two splits add the groups as the host driver's two K slices do (each half in order,
         # then the halves), with the same roundings (no FMA contraction on the device): the
         # host's f32 result bit for bit.
         host = mg.msgemm(pw, x, depth=pwd.depth, table="f32", mirror=False)
-        np.testing.assert_array_equal(cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=2)), host, err_msg=fmt)
+        np.testing.assert_array_equal(cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=2)), host, err_msg=f"{fmt} d={d}")
 
 
 def test_bad_inputs_give_clear_errors(cp):

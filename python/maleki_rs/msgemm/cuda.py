@@ -10,7 +10,7 @@ Usage::
     from maleki_rs.msgemm import cuda as mgc
 
     pw = mg.quantize(w, "int4", group_size=128)
-    pwd = mgc.to_device(pw)             # or pw_on_device = mgc.to_device(pw, depth=2)
+    pwd = mgc.to_device(pw)             # or mgc.to_device(pw, depth=1): 4-bit table indices
     y = mgc.msgemm_cuda(pwd, x)         # cupy array, ~ pw.dequantize() @ x
     y_dense = mgc.dequant_gemv_cuda(pwd, x)   # dense dequantize+FMA comparator (4-bit formats)
 
@@ -54,15 +54,20 @@ COUNT_KINDS = ("table_mul", "table_add", "sum_add", "words", "staged", "lookups"
 _COUNT_OPTION = "-DMSGEMM_COUNT"
 
 
-def _lut_name(n: int, rpt: int) -> str:
-    return f"msgemm_gemv_lut<{n}, {rpt}>"
+#: Bits per table index in the device layout: 4 where a table has at most 16 entries.
+INDEX_BITS = (4, 8)
+
+
+def _lut_name(n: int, rpt: int, bits: int) -> str:
+    return f"msgemm_gemv_lut<{n}, {rpt}, {bits}>"
 
 
 @functools.lru_cache(maxsize=8)
 def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     """Every kernel of msgemm.cu, as compiled into one module: the ``extern "C"`` ones and
-    ``msgemm_gemv_lut`` for 1 to 8 columns (the compile check in CI instantiates the same)."""
-    return _PLAIN + tuple(_lut_name(n, rpt) for n in range(1, MAX_COLUMNS + 1))
+    ``msgemm_gemv_lut`` for 1 to 8 columns and 4- and 8-bit indices (the compile check in CI
+    instantiates the same)."""
+    return _PLAIN + tuple(_lut_name(n, rpt, b) for b in INDEX_BITS for n in range(1, MAX_COLUMNS + 1))
 
 
 @dataclass
@@ -73,8 +78,11 @@ class DeviceWeights:
     ----------
     shape : (M, K)
     group_size, depth, levels : int
-    idx4 : cupy.ndarray, shape ((K/d)/4, M), uint32
-        Table indices of 4 consecutive tuples per word, row = lane.
+    bits : int
+        Bits per table index: 4 where ``V^d <= 16`` and ``(G/d) % 8 == 0``, else 8.
+    idx : cupy.ndarray, shape ((K/d)/(32/bits), M), uint32
+        Table indices of ``32 / bits`` consecutive tuples per word (tuple ``j`` of a word in
+        bits ``[bits j, bits (j+1))``), row = lane.
     values : cupy.ndarray, shape (V,), float32
         Codebook (non-finite fp8 codes read 0).
     scales_t : cupy.ndarray, shape (K/G, M), float32
@@ -93,7 +101,8 @@ class DeviceWeights:
     group_size: int
     depth: int
     levels: int
-    idx4: Any
+    bits: int
+    idx: Any
     values: Any
     scales_t: Any
     zeros_t: Any
@@ -108,6 +117,10 @@ class DeviceWeights:
     @property
     def tuples_per_group(self) -> int:
         return self.group_size // self.depth
+
+    @property
+    def tuples_per_word(self) -> int:
+        return 32 // self.bits
 
     @property
     def scales(self) -> Any:
@@ -128,7 +141,10 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
     pw : PackedWeights
     depth : int, optional
         Table depth ``d`` (default: the format's natural depth). Needs ``V^d <= 256``, ``d``
-        dividing the group size and ``(G / d) % 4 == 0``.
+        dividing the group size and ``(G / d) % 4 == 0``. Where ``V^d <= 16`` and
+        ``(G / d) % 8 == 0`` (int4 at ``d = 1``, int2 and ternary at ``d = 2``), the indices
+        are stored 8 to a 32-bit word instead of 4: half the bytes, and tables of 16 entries
+        that the lanes of a warp read without shared-memory bank conflicts.
     """
     if not isinstance(pw, PackedWeights):
         raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
@@ -140,13 +156,16 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         raise ValueError(f"depth: the GPU kernels need V^d <= 256 (byte indices); V={v}, d={d} gives {v**d}")
     if g % d or (g // d) % 4:
         raise ValueError(f"depth: the GPU kernels need d | G and (G/d) % 4 == 0; G={g}, d={d}")
+    bits = 4 if v**d <= 16 and (g // d) % 8 == 0 else 8
     cp = require()
     codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
     idx = np.zeros((m, k // d), np.uint16)
     for j in reversed(range(d)):
         idx = idx * v + codes[:, :, j]
-    idx8 = np.ascontiguousarray(idx.astype(np.uint8))
-    idx4 = np.ascontiguousarray(idx8.view("<u4").T)  # ((K/d)/4, M)
+    idx8 = idx.astype(np.uint8)
+    if bits == 4:  # tuple 2i in the low nibble of byte i, 2i + 1 in the high one
+        idx8 = idx8[:, 0::2] | (idx8[:, 1::2] << 4)
+    words = np.ascontiguousarray(np.ascontiguousarray(idx8).view("<u4").T)  # ((K/d)/(32/bits), M)
     values = np.nan_to_num(np.asarray(pw.codebook, np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     values = np.concatenate([values, np.zeros(max(0, 16 - v), np.float32)])  # shfl reads 16 lanes
     packed = None
@@ -157,7 +176,8 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         group_size=g,
         depth=d,
         levels=v,
-        idx4=cp.asarray(idx4),
+        bits=bits,
+        idx=cp.asarray(words),
         values=cp.asarray(values),
         scales_t=cp.asarray(np.ascontiguousarray(np.asarray(pw.scales, dtype=np.float32).T)),
         zeros_t=None if pw.zeros is None else cp.asarray(np.ascontiguousarray(np.asarray(pw.zeros, np.float32).T)),
@@ -280,14 +300,15 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=min(groups, 65535))
     per = -(-groups // s)
     s = -(-groups // per)
-    qpg = tpg // 4
+    tpw = pwd.tuples_per_word
+    qpg = tpg // tpw
     pw = _piece_words(n, qpg)
-    smem = pw * 4 * n * slot * 4  # <= 32 KiB: no opt-in to large shared memory needed
+    smem = pw * tpw * n * slot * 4  # <= 32 KiB: no opt-in to large shared memory needed
     partial = cp.empty((s, n, m), cp.float32)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)  # a null pointer
-    _kernel(_lut_name(n, _RPT), count)(
+    _kernel(_lut_name(n, _RPT, pwd.bits), count)(
         (-(-m // (_ROWS * _RPT)), s), (_ROWS,),
-        (pwd.idx4, tables, pwd.scales_t, zeros, sums, np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw),
+        (pwd.idx, tables, pwd.scales_t, zeros, sums, np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw),
          np.int32(slot), np.int32(per), partial),
         shared_mem=smem,
     )
