@@ -404,3 +404,50 @@ def test_i16_any_path_gives_the_scalar_bits(fmt, g, m, groups, n, scale, seed):
         assert y.view(np.uint32).tolist() == want.view(np.uint32).tolist()
     if fmt == "fp4" and g % 8 == 0 and mg.plan_info(pw, n=2, table="i16", mirror=False)["dense_int8"]:
         assert mg.plan_info(pw, n=n, table="i16")["dense_int8"]  # any N, as int4
+
+
+def _integer_codebook(draw_kind: int, levels: int, rng: np.random.Generator) -> np.ndarray:
+    """An integer codebook of ``levels`` values: sign-magnitude with a spare value that may lie
+    far from the rest (0), symmetric about a centre (1), or arbitrary (2)."""
+    if draw_kind == 0:
+        half = rng.choice(np.arange(1, 300), levels // 2 - 1, replace=False)
+        others = np.concatenate([-half, [0], half])
+        spare = rng.choice(np.setdiff1d(np.arange(-400, 401), others))
+        return np.sort(np.concatenate([others, [spare]])).astype(np.float64)
+    if draw_kind == 1:
+        half = rng.choice(np.arange(1, 200), levels // 2, replace=False)
+        c = rng.integers(-50, 50)
+        return np.sort(np.concatenate([c - half, c + half])).astype(np.float64)
+    return np.sort(rng.choice(np.arange(-300, 300), levels, replace=False)).astype(np.float64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.integers(0, 2), levels=st.sampled_from([4, 8, 16]), omit=st.integers(-1, 15),
+       n=st.sampled_from([1, 4]), mirror=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_i16_auto_depth_runs_whenever_a_fixed_depth_does(kind, levels, omit, n, mirror, seed):
+    """``table="i16"`` at ``depth="auto"`` never fails where a named depth works (a review at
+    stop 22 reported such a case for far-spare sign-magnitude codebooks; this searches for one),
+    and gives the same bits as each of them."""
+    rng = np.random.default_rng(seed)
+    cb = _integer_codebook(kind, levels, rng)
+    m, k, g = 24, 128, 64
+    allowed = [c for c in range(levels) if c != omit] or [0]  # weights that skip one code
+    codes = rng.choice(allowed, (m, k)).astype(np.uint8)
+    pw = mg.PackedWeights.from_arrays(codes, rng.uniform(0.5, 2, (m, k // g)), format="codebook", codebook=cb)
+    if mirror and pw.mirror is None:
+        mirror = False
+    x = rng.standard_normal((k, n)).astype(np.float32)
+    works = []
+    for d in range(1, 5):
+        try:
+            works.append((d, mg.msgemm(pw, x, table="i16", depth=d, mirror=mirror)))
+        except ValueError:
+            pass
+    if not works:
+        with pytest.raises(ValueError):
+            mg.msgemm(pw, x, table="i16", mirror=mirror)
+        return
+    # i16 sums exact integers, so every depth (and the dense path) gives the same bits.
+    y = mg.msgemm(pw, x, table="i16", mirror=mirror)
+    for d, yd in works:
+        np.testing.assert_array_equal(y, yd, err_msg=f"depth {d}")
