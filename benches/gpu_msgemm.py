@@ -4,10 +4,12 @@ of BENCHMARKS.md (spec sections 6 and 11).
 
 Oracles (stop at the first failure, nothing is timed then): the GPU tests of
 ``tests/gpu/test_msgemm_gpu.py`` (exact equality with the float64 host reference on integer
-data for every format and depth, the float32 bound on random data, determinism, errors).
+data for every format and depth, the float32 bound on random data, determinism, errors), on
+the device only (CI runs them on the CPU simulator).
 
-Then a sweep of the LUT GEMV's launch shapes (rows per thread, K splits) on the two headline
-shapes, from which the library's defaults come.
+Then a sweep of the LUT GEMV's variants (int4 at d = 2 with 8-bit indices or d = 1 with 4-bit
+ones; tables from their own kernel or built in the LUT kernel) and launch shapes (rows per
+thread, K splits) on the two headline shapes, from which the library's defaults come.
 
 Timings: int4 g128, shapes (M, K) of spec section 6, N in {1, 4, 16} (N = 16 is two calls of
 8 columns: the LUT kernel takes N <= 8; cuBLAS runs N = 16 in one call), plus cuBLAS alone at
@@ -17,8 +19,11 @@ run. GB/s are packed bytes (codes + scales) per second against the 4.8 TB/s of H
 Each timed call is queued behind a ~1 ms spin kernel, so the events measure the device time
 of the call, not the host's time to launch its kernels (ours launches 3-4 and allocates).
 
-Usage: ``python benches/gpu_msgemm.py [--quick] [--no-write]``. Where ``$OUT`` is set (the
-lent device machine), the section is also written to ``$OUT/msgemm-gpu.md``.
+Usage: ``python benches/gpu_msgemm.py [--quick] [--no-write] [--shapes 4096x4096,...]
+[--sweep-shapes 28672x8192,...]``. Where ``$OUT`` is set (the lent device machine), the section
+is also written to ``$OUT/msgemm-gpu.md``. ``tests/gpu/test_gpu_bench.py`` runs it end to end on
+the CPU simulator with small shapes (timings faked), so a broken script fails CI, not a device
+session.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ def run_oracles() -> str:
     t0 = time.time()
     r = subprocess.run(
         # The project's warnings-as-errors setting is for CI; a CuPy warning must not void the run.
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu or not gpu", "-o", "filterwarnings=default",
-         str(ROOT / "tests/gpu/test_msgemm_gpu.py")],
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu or not gpu", "-k", "not sim", "-o",
+         "filterwarnings=default", str(ROOT / "tests/gpu/test_msgemm_gpu.py")],
         capture_output=True, text=True, cwd=ROOT,
     )
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
@@ -61,6 +66,21 @@ SPIN = r"""extern "C" __global__ void spin(long long cycles) {
     const long long t0 = clock64();
     while (clock64() - t0 < cycles) {}
 }"""
+
+
+#: The timed shapes (spec section 6) and the two headline ones the variants are swept on.
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+SWEEP_SHAPES = [(28672, 8192), (8192, 28672)]
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        out = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(len(mk) != 2 or min(mk) < 1 or mk[1] % 128 for mk in out):
+        raise argparse.ArgumentTypeError(f"expected MxK,MxK,... with K a multiple of 128, got {text!r}")
+    return out
 
 
 def timed(cp, fn, flush=None, warmup=10, reps=50) -> float:
@@ -85,17 +105,19 @@ def timed(cp, fn, flush=None, warmup=10, reps=50) -> float:
     return float(np.median(times))
 
 
-def sweep(cp, mg, mgc, quick: bool) -> str:
-    """L2-flushed times of the LUT GEMV over its table depth (int4: d = 2, 256-entry tables and
-    8-bit indices, against d = 1, 16-entry tables and 4-bit indices) and launch shapes (rows per
-    thread, K splits), on the two headline shapes; the library's defaults come from this table."""
+def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
+    """L2-flushed times of the LUT GEMV on the two headline shapes, over its variants (int4 at
+    d = 2: 256-entry tables and 8-bit indices, or d = 1: 16-entry tables and 4-bit indices;
+    tables from their own kernel or built in the LUT kernel) and launch shapes (rows per thread,
+    K splits). The library's defaults come from this table."""
     rng = np.random.default_rng(1)
     flush_buf = cp.empty(256 << 20, cp.uint8)
-    configs = [(d, rpt, bps) for d in (2, 1) for rpt in (2, 4) for bps in (2, 4, 8)]
+    launches = [(rpt, bps) for rpt in (2, 4) for bps in (2, 4, 8)]
+    variants = [(2, False), (1, False), (1, True), (2, True)]
     saved = (mgc._RPT, mgc._BLOCKS_PER_SM)
     rows = []
     try:
-        for m, k in [(28672, 8192), (8192, 28672)][: 1 if quick else 2]:
+        for m, k in shapes:
             codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
             scales = (rng.random((m, k // 128), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
             pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
@@ -103,22 +125,28 @@ def sweep(cp, mg, mgc, quick: bool) -> str:
             del codes, pw
             for n in (1, 4, 8):
                 x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
-                cells = []
-                for d, rpt, bps in configs:
-                    mgc._RPT, mgc._BLOCKS_PER_SM = rpt, bps
+                for d, fuse in variants:
                     pwd = pwds[d]
-                    cells.append(f"{timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1)) * 1e3:.1f}")
-                rows.append([f"({m}, {k})", n, *cells])
-                print("sweep", rows[-1], flush=True)
+                    cells = []
+                    for rpt, bps in launches:
+                        mgc._RPT, mgc._BLOCKS_PER_SM = rpt, bps
+                        t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False, fuse_tables=fuse),
+                                  flush=lambda: flush_buf.fill(1))
+                        cells.append(f"{t * 1e3:.1f}")
+                    rows.append([f"({m}, {k})", n, f"d = {d} ({pwd.bits}-bit indices)",
+                                 "in the LUT kernel" if fuse else "own kernel", *cells])
+                    print("sweep", rows[-1], flush=True)
             del pwds
     finally:
         mgc._RPT, mgc._BLOCKS_PER_SM = saved
-    return _report.table(["(M, K)", "N", *[f"d={d}, {r} rows, {b}/SM" for d, r, b in configs]], rows)
+    return _report.table(["(M, K)", "N", "depth", "tables built", *[f"{r} rows, {b}/SM" for r, b in launches]], rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="two timed shapes, one swept")
+    ap.add_argument("--shapes", type=_shapes, default=SHAPES, help="timed (M, K), as MxK,MxK,...")
+    ap.add_argument("--sweep-shapes", type=_shapes, default=SWEEP_SHAPES, help="swept (M, K), as MxK,...")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     from maleki_rs import _gpu
@@ -131,10 +159,8 @@ def main() -> None:
     name = name.decode() if isinstance(name, bytes) else str(name)
     oracle = run_oracles()
 
-    tuning = sweep(cp, mg, mgc, args.quick)
-    shapes = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
-    if args.quick:
-        shapes = shapes[:2]
+    tuning = sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes)
+    shapes = args.shapes[:2] if args.quick else args.shapes
     rng = np.random.default_rng(0)
     flush_buf = cp.empty(256 << 20, cp.uint8)
 
@@ -219,8 +245,9 @@ def main() -> None:
             "reduction, all included. "
             "For N >= 256 tensor cores win, as expected: the paper's point is that LUT GEMM needs new hardware.",
             "",
-            f"Launch shapes (rows per thread, K splits from blocks per SM; library default: {mgc._RPT} rows, "
-            f"{mgc._BLOCKS_PER_SM} blocks per SM), L2-flushed µs:",
+            f"Variants and launch shapes (rows per thread, K splits from blocks per SM; library default: d = "
+            f"{pwd_depth}, tables in their own kernel, {mgc._RPT} rows, {mgc._BLOCKS_PER_SM} blocks per SM), "
+            "L2-flushed µs:",
             "",
             tuning,
         ]

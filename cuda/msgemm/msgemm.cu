@@ -53,6 +53,22 @@ __device__ unsigned long long msgemm_counts[CNT_KINDS];
 #define MSGEMM_COUNTERS_FLUSH
 #endif
 
+// Entry e of the table of the tuple whose inputs start at xs: sum_j v[c_j] x_j left to right
+// (c_j the base-V digits of e, first least significant). The one definition of a table entry,
+// for the table kernel and the LUT kernel's in-block build alike.
+__device__ __forceinline__ float msgemm_table_entry(const float* __restrict__ values, const float* __restrict__ xs,
+                                                    int levels, int depth, int e) {
+    int rest = e;
+    float acc = 0.0f;
+    for (int j = 0; j < depth; ++j) {
+        const int c = rest % levels;
+        rest /= levels;
+        const float prod = __fmul_rn(__ldg(values + c), __ldg(xs + j));
+        acc = (j == 0) ? prod : __fadd_rn(acc, prod);
+    }
+    return acc;
+}
+
 // One thread per table entry (grid-stride loop).
 extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const float* __restrict__ values,
                                          int levels, int depth, long long k, int n_cols, int slot,
@@ -66,16 +82,7 @@ extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const flo
         const long long pn = i / slot;
         const int n = static_cast<int>(pn % n_cols);
         const long long p = pn / n_cols;
-        const float* xs = xt + n * k + p * depth;
-        int rest = e;
-        float acc = 0.0f;
-        for (int j = 0; j < depth; ++j) {
-            const int c = rest % levels;
-            rest /= levels;
-            const float prod = __fmul_rn(__ldg(values + c), __ldg(xs + j));
-            acc = (j == 0) ? prod : __fadd_rn(acc, prod);
-        }
-        tables[i] = acc;
+        tables[i] = msgemm_table_entry(values, xt + n * k + p * depth, levels, depth, e);
         MSGEMM_COUNT_ADD(table_mul, depth);
         MSGEMM_COUNT_ADD(table_add, depth - 1);
     }
@@ -105,7 +112,10 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 // word). A split's groups are cut into pieces of `pw` words (P pw tuples) of one group; for each
 // piece the block stages the piece's tables (P pw tuples x NC columns x slot floats, at most
 // 32 KiB: pw <= 8 / NC) into shared memory, then each thread adds one entry per tuple, column
-// and row.
+// and row. The tables come from `tables` (built by msgemm_tables), or, where `tables` is null,
+// are built in shared memory from `xt` and `values` by each block (each row tile then repeats
+// the table arithmetic: cheap where tables are small, and it saves the table kernel and the
+// tables' round trip through global memory).
 //
 // Shared-memory banks: the 32 lanes of a warp read one tuple's table of one column at their own
 // indices. With 256-entry tables (BITS = 8) several lanes can hit one bank with different words
@@ -123,7 +133,8 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 template <int NC, int RPT, int BITS>
 __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     msgemm_gemv_lut(const unsigned int* __restrict__ idx, const float* __restrict__ tables,
-                    const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
+                    const float* __restrict__ xt, const float* __restrict__ values, int levels, int depth,
+                    long long k, const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
                     const float* __restrict__ sums, long long m_rows, int groups, int qpg, int pw, int slot,
                     int groups_per_split, float* __restrict__ partial) {
     static_assert(BITS == 4 || BITS == 8, "table indices are nibbles or bytes");
@@ -194,17 +205,28 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
         }
         if (i + 1 < i1) MSGEMM_LOAD_PIECE(i + 1)
         // Stage the piece's tables: P pw tuples x NC columns x slot floats, contiguous in
-        // `tables` ([tuple][column][slot], N = NC columns).
+        // `tables` ([tuple][column][slot], N = NC columns), or built here.
         const int count = pw * P * NC * slot;
-        const float* src = tables + static_cast<long long>(P) * (static_cast<long long>(g) * qpg + piece * pw) * NC * slot;
+        const long long p0 = static_cast<long long>(P) * (static_cast<long long>(g) * qpg + piece * pw);
+        const int mine = count / MSGEMM_ROWS + (static_cast<int>(threadIdx.x) < count % MSGEMM_ROWS ? 1 : 0);
         __syncthreads();  // the previous piece's tables are no longer read
-        if ((slot & 3) == 0) {
-            const float4* src4 = reinterpret_cast<const float4*>(src);
+        if (tables == nullptr) {
+            for (int v = threadIdx.x; v < count; v += MSGEMM_ROWS) {
+                const int e = v % slot;
+                const int c = (v / slot) % NC;
+                const long long p = p0 + v / (slot * NC);
+                tab[v] = msgemm_table_entry(values, xt + c * k + p * depth, levels, depth, e);
+            }
+            MSGEMM_COUNT_ADD(table_mul, depth * mine);
+            MSGEMM_COUNT_ADD(table_add, (depth - 1) * mine);
+        } else if ((slot & 3) == 0) {
+            const float4* src4 = reinterpret_cast<const float4*>(tables + p0 * NC * slot);
             for (int v = threadIdx.x; v < count / 4; v += MSGEMM_ROWS) tab4[v] = __ldg(src4 + v);
         } else {
+            const float* src = tables + p0 * NC * slot;
             for (int v = threadIdx.x; v < count; v += MSGEMM_ROWS) tab[v] = __ldg(src + v);
         }
-        MSGEMM_COUNT_ADD(staged, count / MSGEMM_ROWS + (threadIdx.x < count % MSGEMM_ROWS ? 1 : 0));
+        MSGEMM_COUNT_ADD(staged, mine);
         __syncthreads();
 #pragma unroll
         for (int q = 0; q < PWMAX; ++q) {

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -113,7 +114,9 @@ struct Block {
     int next_pending = 0;
     std::vector<State> state;
     std::vector<int> fiber_of;  // fiber index of each started thread
-    std::vector<Fiber> fibers;
+    // A deque: fibers never move once made. (A saved ucontext_t points into itself, at its
+    // floating-point state; a vector that reallocated would leave those pointers dangling.)
+    std::deque<Fiber> fibers;
     std::vector<int> idle;  // fibers free for a new thread
     std::vector<int> ready;  // released threads, resumed in this order
     std::size_t ready_next = 0;

@@ -179,8 +179,9 @@ def _properties(device: int) -> dict[str, Any]:
 #: The fake ``cupy``: numpy for arrays, plus what the kernel drivers use.
 cupy = types.SimpleNamespace(
     asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=_ascontiguousarray, empty=np.empty,
-    zeros=np.zeros, isfinite=np.isfinite, ndarray=ndarray, float32=np.float32, float64=np.float64,
-    int32=np.int32, int64=np.int64, uint32=np.uint32, uint64=np.uint64,
+    zeros=np.zeros, isfinite=np.isfinite, ndarray=ndarray, matmul=np.matmul, concatenate=np.concatenate,
+    abs=np.abs, float16=np.float16, float32=np.float32, float64=np.float64, uint8=np.uint8, int32=np.int32,
+    int64=np.int64, uint32=np.uint32, uint64=np.uint64, __version__="cudasim",
     cuda=types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(getDeviceProperties=_properties)),
     __name__="cudasim",
 )

@@ -107,9 +107,9 @@ def test_lut_gemv_equals_float64_reference_exactly(cp, fmt, depth, g, zeros):
     for n in [None, 2, 3, 5, 8]:  # every column count has its own kernel instantiation
         x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
         want = (wd @ x.astype(np.float64)).astype(np.float32)
-        for splits in [None, 1, 3]:
-            y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits))
-            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits}")
+        for splits, fuse in [(None, False), (1, False), (3, False), (None, True), (3, True)]:
+            y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits, fuse_tables=fuse))
+            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits} fused={fuse}")
         if pwd.packed is not None:
             np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_gemv_cuda(pwd, x)), want)
 
@@ -119,27 +119,30 @@ COUNTED = [("int4", 2, 128, False, 1), ("uint4", 2, 64, True, 3), ("ternary", 5,
            ("ternary", 2, 80, True, 5)]
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("fmt, depth, g, zeros, n", COUNTED)
-def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n):
+def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n, fuse):
     """The counting build's per-kind totals against closed forms (lookups: the host's
     ``op_counts``): every weight word loaded once whatever N, every table staged once per row
-    tile, one lookup per row, tuple and column; and the same result as the plain build."""
+    tile (and, built in the LUT kernel, built once per row tile), one lookup per row, tuple
+    and column; and the same result as the plain build."""
     rng = np.random.default_rng(zlib.crc32(f"count/{fmt}/{n}".encode()))
-    m, k = 300, (640 if fmt == "ternary" else 512)
+    m, k = 700, (640 if fmt == "ternary" else 512)  # two row tiles of 512, the second ragged
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros)
     pwd = mgc.to_device(pw, depth=depth)
     x = rng.integers(-8, 9, size=(k, n)).astype(np.float32)
-    y, got = mgc.msgemm_cuda(pwd, x, splits=3, count=True)
-    np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=3)))
+    y, got = mgc.msgemm_cuda(pwd, x, splits=3, count=True, fuse_tables=fuse)
+    np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=3, fuse_tables=fuse)))
     np.testing.assert_array_equal(cp.asnumpy(y), (pw.dequantize() @ x.astype(np.float64)).astype(np.float32))
     slot, tuples, groups = pwd.levels**depth, k // depth, k // g
     per = -(-groups // 3)
     splits = -(-groups // per)
     tiles = -(-m // (mgc._ROWS * mgc._RPT))
     host = mg.op_counts(m, k, n, format=fmt, depth=depth, group_size=g, zero_points=zeros)
+    builds = tiles if fuse else 1
     want = {
-        "table_mul": depth * tuples * n * slot,
-        "table_add": (depth - 1) * tuples * n * slot,
+        "table_mul": builds * depth * tuples * n * slot,
+        "table_add": builds * (depth - 1) * tuples * n * slot,
         "sum_add": n * groups * (g - 1) if zeros else 0,
         "words": m * tuples // pwd.tuples_per_word,
         "staged": tiles * tuples * n * slot,

@@ -252,7 +252,7 @@ def _piece_words(n: int, words_per_group: int) -> int:
 
 
 def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True,
-                count: bool = False) -> Any:
+                count: bool = False, fuse_tables: bool = False) -> Any:
     """``Wd @ x`` through look-up tables on the device.
 
     Parameters
@@ -270,6 +270,12 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         the device ran (rows past M not counted): table multiplies and adds, group-sum adds,
         weight words loaded, table floats staged in shared memory, lookups (each with its add),
         scale and zero-point multiplies, and split-reduction adds.
+    fuse_tables : bool
+        Build each piece's tables in shared memory inside the LUT kernel, from ``x``, instead
+        of in a kernel of their own through global memory. Every block of 512 rows then repeats
+        the table arithmetic (``ceil(M / 512)`` times the table multiplies), which is cheap
+        where tables are small (``V^d <= 16``); it saves a kernel and the tables' round trip.
+        The same bits either way (one definition of a table entry).
 
     Returns
     -------
@@ -279,18 +285,21 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
     cp = require()
     count = check_bool(count, "count")
+    fuse = check_bool(fuse_tables, "fuse_tables")
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
     g, d, v, slot, tpg = pwd.group_size, pwd.depth, pwd.levels, pwd.slot, pwd.tuples_per_group
     groups = k // g
     counts = _reset_counts() if count else None
-    tables = cp.empty((k // d) * n * slot, cp.float32)
-    total = tables.size
-    _kernel("msgemm_tables", count)(
-        (min(-(-total // 256), 65535),), (256,),
-        (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), tables),
-    )
+    tables = np.uint64(0)  # a null pointer: the LUT kernel builds them
+    if not fuse:
+        tables = cp.empty((k // d) * n * slot, cp.float32)
+        total = tables.size
+        _kernel("msgemm_tables", count)(
+            (min(-(-total // 256), 65535),), (256,),
+            (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), tables),
+        )
     sums = cp.zeros(n * groups, cp.float32)
     if pwd.zeros_t is not None:
         _kernel("msgemm_group_sums", count)(
@@ -308,8 +317,8 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)  # a null pointer
     _kernel(_lut_name(n, _RPT, pwd.bits), count)(
         (-(-m // (_ROWS * _RPT)), s), (_ROWS,),
-        (pwd.idx, tables, pwd.scales_t, zeros, sums, np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw),
-         np.int32(slot), np.int32(per), partial),
+        (pwd.idx, tables, xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), pwd.scales_t, zeros, sums,
+         np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw), np.int32(slot), np.int32(per), partial),
         shared_mem=smem,
     )
     y = cp.empty((m, n), cp.float32)

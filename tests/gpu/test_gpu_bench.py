@@ -1,0 +1,55 @@
+"""``benches/gpu_msgemm.py`` runs end to end on the CPU simulator (small shapes, timings faked),
+so that a broken script fails here and not in a device session's few minutes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from maleki_rs import _gpu
+
+BENCH = Path(__file__).resolve().parents[2] / "benches" / "gpu_msgemm.py"
+
+
+@pytest.fixture
+def bench(sim_cp, monkeypatch):
+    monkeypatch.setattr(_gpu, "require", lambda: sim_cp)
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("gpu_msgemm_under_test", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    calls = []
+
+    def fake_timed(cp_, fn, flush=None, **kw):
+        if flush is not None:
+            flush()
+        fn()
+        calls.append(fn)
+        return 0.1
+
+    monkeypatch.setattr(mod, "timed", fake_timed)
+    monkeypatch.setattr(mod, "run_oracles", lambda: "not run (simulator)")
+    mod.calls = calls
+    return mod
+
+
+def test_bench_runs_on_the_simulator(bench, monkeypatch, capsys):
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(sys, "argv", ["gpu_msgemm.py", "--no-write", "--shapes", "600x512,300x1024",
+                                      "--sweep-shapes", "520x256"])
+    bench.main()
+    out = capsys.readouterr().out
+    # Every table row: 2 timed shapes x 4 N; sweep: 1 shape x 3 N x 4 variants.
+    assert out.count("| (600, 512) |") == 4 and out.count("| (300, 1024) |") == 4
+    assert out.count("| (520, 256) |") == 12
+    assert "in the LUT kernel" in out and "d = 1 (4-bit indices)" in out
+    assert len(bench.calls) > 100
+
+
+def test_bench_rejects_bad_shapes(bench, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["gpu_msgemm.py", "--no-write", "--shapes", "600x500"])
+    with pytest.raises(SystemExit):
+        bench.main()
