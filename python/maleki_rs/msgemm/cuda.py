@@ -22,6 +22,9 @@ data with power-of-two scales the result equals the float64 reference bit for bi
 Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): (28672, 8192) at
 N = 1 takes 107 µs, 1.14x cuBLAS fp16 on dequantized weights (which take 3.8x the memory); at
 N = 4, 0.53x. The kernels are for decode-sized N; for batches, dequantize and use cupy.matmul.
+Two variants are not yet timed on a device: 4-bit indices with 16-entry tables
+(``to_device(pw, depth=1)`` for int4: no shared-memory bank conflicts) and tables built inside
+the LUT kernel (``fuse_tables=True``); ``benches/gpu_msgemm.py`` sweeps them.
 """
 
 from __future__ import annotations
