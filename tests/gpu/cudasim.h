@@ -10,13 +10,16 @@
 //     a shuffle that reads a lane that did not take part (it returned first), and barriers that
 //     can never all be met (threads of a block waiting at different kinds of barrier), stop the
 //     launch with an error;
-//   - dynamic shared memory is filled with 0xff bytes (NaN floats) before each block, so a read
-//     of a slot the block never wrote shows up; static __shared__ arrays are one per kernel
-//     (blocks do not overlap);
+//   - shared memory, dynamic (at most 48 KiB: no opt-in to more is modelled) and static, is
+//     filled with 0xff bytes (NaN floats) before each block, so a read of a slot the block
+//     never wrote shows up; a write past the dynamic size stops the launch with an error;
 //   - float arithmetic is IEEE binary32/64 without contraction (-ffp-contract=off): the
-//     __f*_rn intrinsics, fmaf and fma give the same bits as on a GPU.
+//     __f*_rn intrinsics, fmaf and fma give the same bits as on a GPU. NVRTC contracts a plain
+//     a * b + c into an FMA by default, so kernels spell out their roundings (as ours do).
 // What it does not model: the memory model (no races between blocks can happen here), warp
-// divergence timing, out-of-bounds accesses (wrong results only), speed.
+// divergence timing, shuffles over part of a warp (a mask other than 0xffffffff is refused),
+// out-of-bounds global accesses (wrong results or a crash), speed. One launch runs at a time
+// in a process (cudasim.py holds a lock).
 //
 // A thread that never waits costs a function call: a fiber runs the threads of its block one
 // after another until one of them waits, so a kernel without barriers runs each block in one
@@ -44,6 +47,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 // One copy per kernel instantiation; blocks run one at a time, so that is one per block.
+// (cudasim.py also rewrites each `__shared__` declaration to be refilled per block.)
 #define __shared__ static
 
 struct uint3 {
@@ -106,7 +110,10 @@ struct Fiber {
     int thread = -1;  // the thread it runs now
 };
 
-constexpr std::size_t kStack = 256 * 1024;
+constexpr std::size_t kStack = 512 * 1024;  // CUDA's per-thread stack limit
+constexpr std::size_t kGuard = 4096;         // a PROT_NONE page below each stack
+constexpr std::size_t kMaxDynamicSmem = 48 * 1024;
+constexpr std::size_t kCanary = 16 * 1024;  // checked past the dynamic size after each block
 constexpr int kSlot = 16;  // bytes per lane of the shuffle exchange (up to double2)
 
 struct Block {
@@ -131,6 +138,25 @@ struct Block {
 
 inline Block* g_block = nullptr;
 inline std::vector<unsigned char> g_dynamic_smem;
+inline unsigned long long g_block_serial = 0;  // one per block run, for static shared memory
+
+inline void* dynamic_smem() {
+    // 16-byte aligned, as CUDA's dynamic shared memory is.
+    auto p = reinterpret_cast<std::uintptr_t>(g_dynamic_smem.data());
+    return reinterpret_cast<void*>((p + 15) & ~static_cast<std::uintptr_t>(15));
+}
+
+// Static __shared__ variables (cudasim.py rewrites `__shared__ T x[n];` into a static and a
+// call of this): the first thread of each block to reach the declaration fills it with 0xff.
+struct SharedVar {
+    unsigned long long serial = 0;
+};
+inline void shared_poison(SharedVar& v, void* p, std::size_t n) {
+    if (v.serial != g_block_serial) {
+        v.serial = g_block_serial;
+        std::memset(p, 0xff, n);
+    }
+}
 
 inline void set_thread_index(int t) {
     threadIdx.x = t % blockDim.x;
@@ -167,7 +193,7 @@ inline void fiber_entry(unsigned int hi, unsigned int lo) {
 inline void start_fiber(Block& b, int f) {
     Fiber& fb = b.fibers[f];
     getcontext(&fb.ctx);
-    fb.ctx.uc_stack.ss_sp = fb.stack;
+    fb.ctx.uc_stack.ss_sp = static_cast<char*>(fb.stack) + kGuard;
     fb.ctx.uc_stack.ss_size = kStack;
     fb.ctx.uc_link = &b.scheduler;
     const std::uintptr_t v = static_cast<std::uintptr_t>(f);
@@ -182,11 +208,13 @@ inline int new_fiber(Block& b) {
         return f;
     }
     Fiber fb;
-    fb.stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    fb.stack = mmap(nullptr, kGuard + kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                    -1, 0);
     if (fb.stack == MAP_FAILED) {
         b.error = "cudasim: out of memory for fiber stacks";
         return -1;
     }
+    mprotect(fb.stack, kGuard, PROT_NONE);  // an overflow faults instead of corrupting memory
     b.fibers.push_back(fb);
     return static_cast<int>(b.fibers.size()) - 1;
 }
@@ -352,12 +380,17 @@ inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int 
     gridDim = {grid[0], grid[1], grid[2]};
     blockDim = {block[0], block[1], block[2]};
     const long long nthreads = static_cast<long long>(block[0]) * block[1] * block[2];
-    if (nthreads < 1 || nthreads > 1024 || grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || grid[1] > 65535 ||
-        grid[2] > 65535) {
+    if (nthreads < 1 || nthreads > 1024 || block[0] > 1024 || block[1] > 1024 || block[2] > 64 || grid[0] < 1 ||
+        grid[1] < 1 || grid[2] < 1 || grid[0] > 2147483647u || grid[1] > 65535 || grid[2] > 65535) {
         std::snprintf(err, errlen, "cudasim: invalid launch configuration");
         return 1;
     }
-    g_dynamic_smem.assign(smem + 16, 0xff);
+    if (smem > kMaxDynamicSmem) {
+        std::snprintf(err, errlen, "cudasim: %zu bytes of dynamic shared memory (at most %zu without opt-in)", smem,
+                      kMaxDynamicSmem);
+        return 1;
+    }
+    g_dynamic_smem.assign(16 + smem + kCanary, 0xff);
     Call call{k, args};
     Block b;
     b.nthreads = static_cast<int>(nthreads);
@@ -370,6 +403,7 @@ inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int 
         for (unsigned int y = 0; y < grid[1] && rc == 0; ++y) {
             for (unsigned int x = 0; x < grid[0] && rc == 0; ++x) {
                 blockIdx = {x, y, z};
+                ++g_block_serial;
                 std::memset(g_dynamic_smem.data(), 0xff, g_dynamic_smem.size());
                 b.next_pending = 0;
                 b.state.assign(b.nthreads, Pending);
@@ -385,49 +419,64 @@ inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int 
                 if (!run_block(b)) {
                     std::snprintf(err, errlen, "%s (block %u,%u,%u)", b.error.c_str(), x, y, z);
                     rc = 1;
+                } else {
+                    const unsigned char* past = static_cast<unsigned char*>(dynamic_smem()) + smem;
+                    for (std::size_t i = 0; i < kCanary && rc == 0; ++i) {
+                        if (past[i] != 0xff) {
+                            std::snprintf(err, errlen,
+                                          "cudasim: a write %zu bytes past the %zu bytes of dynamic shared memory "
+                                          "(block %u,%u,%u)",
+                                          i, smem, x, y, z);
+                            rc = 1;
+                        }
+                    }
                 }
             }
         }
     }
-    for (Fiber& fb : b.fibers) munmap(fb.stack, kStack);
+    for (Fiber& fb : b.fibers) munmap(fb.stack, kGuard + kStack);
     g_block = nullptr;
     return rc;
-}
-
-inline void* dynamic_smem() {
-    // 16-byte aligned, as CUDA's dynamic shared memory is.
-    auto p = reinterpret_cast<std::uintptr_t>(g_dynamic_smem.data());
-    return reinterpret_cast<void*>((p + 15) & ~static_cast<std::uintptr_t>(15));
 }
 
 }  // namespace cudasim
 
 inline void __syncthreads() { cudasim::wait(cudasim::AtBlockBarrier); }
 
+namespace cudasim {
+inline void full_mask(unsigned int mask) {
+    if (mask != 0xffffffffu) fail("cudasim: a shuffle over part of a warp (mask != 0xffffffff) is not modelled");
+}
+}  // namespace cudasim
+
 template <class T>
-inline T __shfl_sync(unsigned int, T v, int src, int width = warpSize) {
+inline T __shfl_sync(unsigned int mask, T v, int src, int width = warpSize) {
+    cudasim::full_mask(mask);
     const int lane = cudasim::linear_thread() % warpSize;
     const int base = lane - lane % width;
     return cudasim::shuffle(v, base + ((src % width) + width) % width, false);
 }
 template <class T>
-inline T __shfl_down_sync(unsigned int, T v, unsigned int delta, int width = warpSize) {
+inline T __shfl_down_sync(unsigned int mask, T v, unsigned int delta, int width = warpSize) {
+    cudasim::full_mask(mask);
     const int lane = cudasim::linear_thread() % warpSize;
     const int src = lane + static_cast<int>(delta);
     const bool own = src >= lane - lane % width + width;  // past the segment: the caller's value
     return cudasim::shuffle(v, own ? lane : src, own);
 }
 template <class T>
-inline T __shfl_up_sync(unsigned int, T v, unsigned int delta, int width = warpSize) {
+inline T __shfl_up_sync(unsigned int mask, T v, unsigned int delta, int width = warpSize) {
+    cudasim::full_mask(mask);
     const int lane = cudasim::linear_thread() % warpSize;
     const int src = lane - static_cast<int>(delta);
     const bool own = src < lane - lane % width;
     return cudasim::shuffle(v, own ? lane : src, own);
 }
 template <class T>
-inline T __shfl_xor_sync(unsigned int, T v, int mask, int width = warpSize) {
+inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = warpSize) {
+    cudasim::full_mask(mask);
     const int lane = cudasim::linear_thread() % warpSize;
-    const int src = lane ^ mask;
+    const int src = lane ^ lane_mask;
     const bool own = src >= lane - lane % width + width;
     return cudasim::shuffle(v, own ? lane : src, own);
 }

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ SM_COUNT = 132
 
 # `extern __shared__ T name[];` (dynamic shared memory) becomes a pointer to the launch's buffer.
 _EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
+# `__shared__ T name[n]...;` (static shared memory) becomes a static refilled with 0xff by the
+# first thread of each block to reach it (same line: compiler messages keep their line numbers).
+_STATIC_SHARED = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?([\w:<>]+)\s+(\w+)\s*((?:\[[^\]]*\])*)\s*;")
+# The simulator's state is per process: one launch at a time (ctypes releases the GIL).
+_LAUNCH = threading.Lock()
 
 
 def compiler() -> str | None:
@@ -46,6 +52,9 @@ def _cache_dir() -> Path:
 
 def _translation_unit(source: str, names: tuple[str, ...]) -> str:
     src = _EXTERN_SHARED.sub(r"\1* \2 = static_cast<\1*>(cudasim::dynamic_smem());", source)
+    src = _STATIC_SHARED.sub(
+        r"static \1 \2\3; static cudasim::SharedVar \2_cudasim_; cudasim::shared_poison(\2_cudasim_, &\2, sizeof(\2));",
+        src)
     reg = ",\n    ".join(f"cudasim::make(&{n})" for n in names)
     return (
         '#include "cudasim.h"\n'
@@ -90,8 +99,9 @@ class SimFunction:
             ptrs[i] = ctypes.addressof(buf)
         dims = [tuple(int(v) for v in d) + (1,) * (3 - len(d)) for d in (grid, block)]
         err = ctypes.create_string_buffer(512)
-        rc = self._lib.sim_launch(self._index, (ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
-                                  ctypes.c_ulonglong(int(shared_mem)), ptrs, err, ctypes.c_ulonglong(len(err)))
+        with _LAUNCH:
+            rc = self._lib.sim_launch(self._index, (ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
+                                      ctypes.c_ulonglong(int(shared_mem)), ptrs, err, ctypes.c_ulonglong(len(err)))
         if rc != 0:
             raise RuntimeError(f"{self.name}: {err.value.decode()}")
 
@@ -114,7 +124,7 @@ class SimModule:
         return ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value
 
 
-_modules: dict[tuple, SimModule] = {}
+_modules: dict[Path, SimModule] = {}
 
 
 def get_module(relpath: str, name_expressions: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> SimModule:
@@ -126,27 +136,34 @@ def module_from_source(source: str, name_expressions: tuple[str, ...], options: 
                        stem: str = "kernels") -> SimModule:
     """The simulated module of CUDA source text (kernels ``name_expressions``)."""
     names = tuple(name_expressions)
-    key = (source, names, tuple(options))
-    if key in _modules:
-        return _modules[key]
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("cudasim needs a C++ compiler (g++ or $CXX)")
     tu = _translation_unit(source, names)
     flags = ["-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-Wno-unknown-pragmas",
              f"-I{HEADER.parent}", f"-I{cuda_root()}", f"-I{cuda_root() / 'include'}", *options]
-    digest = hashlib.sha256("\0".join([tu, HEADER.read_text(), cxx, *flags]).encode()).hexdigest()[:24]
+    # Every header the source may include is part of the key (a cached build of an edited
+    # header would test the old code).
+    headers = [p.read_text() for p in sorted(cuda_root().rglob("*")) if p.suffix in (".cu", ".cuh", ".h")]
+    digest = hashlib.sha256("\0".join([tu, HEADER.read_text(), *headers, cxx, *flags]).encode()).hexdigest()[:24]
     out = _cache_dir() / f"{stem}-{digest}.so"
+    if out in _modules:
+        return _modules[out]
     if not out.exists():
-        src = out.with_suffix(".cpp")
-        src.write_text(tu)
+        # Per-process source and output files: concurrent builds of one key never share a file.
+        src = out.with_suffix(f".{os.getpid()}.cpp")
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        r = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"cudasim: compiling {stem} failed:\n{r.stderr[-4000:]}")
-        os.replace(tmp, out)
-    _modules[key] = SimModule(out, names)
-    return _modules[key]
+        src.write_text(tu)
+        try:
+            r = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"cudasim: compiling {stem} failed:\n{r.stderr[-4000:]}")
+            os.replace(tmp, out)
+        finally:
+            src.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+    _modules[out] = SimModule(out, names)
+    return _modules[out]
 
 
 def get_function(relpath: str, name: str, options: tuple[str, ...] = ()) -> SimFunction:
@@ -160,6 +177,14 @@ def ndarray(shape: Any, dtype: Any, memptr: int) -> np.ndarray:
     count = int(np.prod(shape))
     buf = (ctypes.c_char * (count * dt.itemsize)).from_address(memptr)
     return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
+def _empty(shape: Any, dtype: Any = float) -> np.ndarray:
+    # Device memory is not zeroed: 0xff bytes (NaN floats), so an output a kernel forgets to
+    # write shows up.
+    a = np.empty(shape, dtype)
+    a.view(np.uint8).fill(0xFF)
+    return a
 
 
 def _ascontiguousarray(a: Any, dtype: Any = None) -> np.ndarray:
@@ -178,7 +203,7 @@ def _properties(device: int) -> dict[str, Any]:
 
 #: The fake ``cupy``: numpy for arrays, plus what the kernel drivers use.
 cupy = types.SimpleNamespace(
-    asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=_ascontiguousarray, empty=np.empty,
+    asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=_ascontiguousarray, empty=_empty,
     zeros=np.zeros, isfinite=np.isfinite, ndarray=ndarray, matmul=np.matmul, concatenate=np.concatenate,
     abs=np.abs, float16=np.float16, float32=np.float32, float64=np.float64, uint8=np.uint8, int32=np.int32,
     int64=np.int64, uint32=np.uint32, uint64=np.uint64, __version__="cudasim",

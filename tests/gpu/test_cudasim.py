@@ -4,6 +4,8 @@ on kernels that are wrong (so the oracles run on it can fail)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,24 @@ extern "C" __global__ void shuffle_from_a_returned_lane(float* out) {
     out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 20);
 }
 
+// Static shared memory that only block 0 writes: other blocks must not see its values.
+extern "C" __global__ void static_shared(float* out) {
+    __shared__ float s[32];
+    if (blockIdx.x == 0) s[threadIdx.x] = 7.0f;
+    __syncthreads();
+    out[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
+}
+
+// Writes one float past the dynamic shared memory it is given (n floats).
+extern "C" __global__ void smem_overrun(int n) {
+    extern __shared__ float buf[];
+    if (threadIdx.x == 0) buf[n] = 1.0f;
+}
+
+extern "C" __global__ void partial_mask(float* out) {
+    out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1.0f, 0);
+}
+
 // A block-wide sum in a fixed shuffle tree (as cuda/include/maleki/reduce.cuh does).
 extern "C" __global__ void block_sum(const double* __restrict__ in, double* __restrict__ out) {
     __shared__ double warp_sums[32];
@@ -66,7 +86,7 @@ extern "C" __global__ void block_sum(const double* __restrict__ in, double* __re
 }
 """
 NAMES = ("shuffles", "reverse<true>", "reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
-         "block_sum")
+         "block_sum", "static_shared", "smem_overrun", "partial_mask")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +137,37 @@ def test_block_sum_is_exact_on_integers(mod):
     np.testing.assert_array_equal(out, x.reshape(blocks, threads).sum(axis=1))
 
 
+def test_shared_memory_starts_unwritten_in_every_block(mod):
+    out = np.zeros(3 * 32, np.float32)
+    mod.get_function("static_shared")((3,), (32,), (out,))
+    assert np.all(out[:32] == 7) and np.isnan(out[32:]).all()
+
+
+def test_launches_from_two_threads_run_one_at_a_time(mod):
+    threads, blocks = 256, 40
+    x = np.random.default_rng(1).integers(-1000, 1000, threads * blocks).astype(np.float64)
+    outs = [np.zeros(blocks) for _ in range(4)]
+
+    def run(o):
+        mod.get_function("block_sum")((blocks,), (threads,), (x, o))
+
+    ts = [threading.Thread(target=run, args=(o,)) for o in outs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for o in outs:
+        np.testing.assert_array_equal(o, x.reshape(blocks, threads).sum(axis=1))
+
+
 def test_wrong_kernels_stop_with_an_error(mod):
+    with pytest.raises(RuntimeError, match="past the 64 bytes"):
+        mod.get_function("smem_overrun")((2,), (32,), (np.int32(16),), shared_mem=64)
+    mod.get_function("smem_overrun")((2,), (32,), (np.int32(15),), shared_mem=64)  # the last float: fine
+    with pytest.raises(RuntimeError, match="at most 49152 without opt-in"):
+        mod.get_function("smem_overrun")((1,), (32,), (np.int32(0),), shared_mem=48 * 1024 + 4)
+    with pytest.raises(RuntimeError, match="part of a warp"):
+        mod.get_function("partial_mask")((1,), (32,), (np.zeros(32, np.float32),))
     out = np.zeros(64, np.float32)
     with pytest.raises(RuntimeError, match="never all be met"):
         mod.get_function("divergent_barrier")((1,), (64,), (out,))
@@ -135,3 +185,18 @@ def test_arguments_are_checked_against_the_kernel(mod):
         mod.get_function("shuffles")((1,), (32,), (x, np.float32(0)))
     with pytest.raises(RuntimeError, match="launch configuration"):
         mod.get_function("shuffles")((1,), (2048,), (x, x))
+
+
+def test_the_build_cache_keys_on_included_headers(tmp_path, monkeypatch):
+    """An edited header gives a new build (a cached one would test the old code)."""
+    root = tmp_path / "cuda"
+    (root / "include" / "maleki").mkdir(parents=True)
+    header = root / "include" / "maleki" / "twice.cuh"
+    src = '#include "maleki/twice.cuh"\nextern "C" __global__ void k(float* o) { o[threadIdx.x] = f(1.0f); }\n'
+    monkeypatch.setattr(cudasim, "cuda_root", lambda: root)
+    monkeypatch.setenv("MALEKI_RS_CUDASIM_CACHE", str(tmp_path / "cache"))
+    out = np.zeros(32, np.float32)
+    for factor in (2, 3):
+        header.write_text(f"__device__ float f(float x) {{ return {factor} * x; }}\n")
+        cudasim.module_from_source(src, ("k",), stem="cache_test").get_function("k")((1,), (32,), (out,))
+        assert np.all(out == factor)
