@@ -108,12 +108,14 @@ def timed(cp, fn, flush=None, warmup=10, reps=50) -> float:
 def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     """L2-flushed times of the LUT GEMV on the two headline shapes, over its variants (int4 at
     d = 2: 256-entry tables and 8-bit indices, or d = 1: 16-entry tables and 4-bit indices;
-    tables from their own kernel or built in the LUT kernel) and launch shapes (rows per thread,
-    K splits). The library's defaults come from this table."""
+    tables from their own kernel or built in the LUT kernel; columns interleaved or not, for
+    N > 1) and launch shapes (rows per thread, K splits). The library's defaults come from this
+    table."""
     rng = np.random.default_rng(1)
     flush_buf = cp.empty(256 << 20, cp.uint8)
     launches = [(rpt, bps) for rpt in (2, 4) for bps in (2, 4, 8)]
-    variants = [(2, False), (1, False), (1, True), (2, True)]
+    variants = [(2, False, False), (1, False, False), (1, True, False), (2, True, False), (1, False, True),
+                (2, False, True), (1, True, True)]
     saved = (mgc._RPT, mgc._BLOCKS_PER_SM)
     rows = []
     try:
@@ -125,21 +127,25 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
             del codes, pw
             for n in (1, 4, 8):
                 x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
-                for d, fuse in variants:
+                for d, fuse, ci in variants:
+                    if ci and n == 1:
+                        continue  # one column: the layouts are the same
                     pwd = pwds[d]
                     cells = []
                     for rpt, bps in launches:
                         mgc._RPT, mgc._BLOCKS_PER_SM = rpt, bps
-                        t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False, fuse_tables=fuse),
+                        t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False, fuse_tables=fuse,
+                                                              interleave_columns=ci),
                                   flush=lambda: flush_buf.fill(1))
                         cells.append(f"{t * 1e3:.1f}")
                     rows.append([f"({m}, {k})", n, f"d = {d} ({pwd.bits}-bit indices)",
-                                 "in the LUT kernel" if fuse else "own kernel", *cells])
+                                 "in the LUT kernel" if fuse else "own kernel", "yes" if ci else "no", *cells])
                     print("sweep", rows[-1], flush=True)
             del pwds
     finally:
         mgc._RPT, mgc._BLOCKS_PER_SM = saved
-    return _report.table(["(M, K)", "N", "depth", "tables built", *[f"{r} rows, {b}/SM" for r, b in launches]], rows)
+    return _report.table(["(M, K)", "N", "depth", "tables built", "columns interleaved",
+                          *[f"{r} rows, {b}/SM" for r, b in launches]], rows)
 
 
 def main() -> None:

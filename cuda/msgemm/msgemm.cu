@@ -9,7 +9,9 @@
 //           q[m, p*d + j] * V^j, first code least significant). BITS = 4 where V^d <= 16 (int4 at
 //           d = 1, int2 and ternary at d = 2: half the bytes of one index per byte), else 8.
 //           Lane = row, so a warp's 32 loads of one word column are coalesced.
-//   T       [(p * N + n) * slot + e] float32: table e of tuple p for column n, slot = V^d.
+//   T       float32 tables, slot = V^d entries each: entry e of tuple p for column n at
+//           [(p * N + n) * slot + e], or column-interleaved at [(p * slot + e) * N + n] (the N
+//           columns of one entry side by side: one 8- or 16-byte load fetches 2 or 4 of them).
 //   scales_t, zeros_t  (K/G, M) float32 row-major: scales and zero points transposed (lane =
 //           row: coalesced); zero points optional, in value units.
 //
@@ -69,19 +71,34 @@ __device__ __forceinline__ float msgemm_table_entry(const float* __restrict__ va
     return acc;
 }
 
+// Entry e of tuple p for column n of the table element i (see T above).
+__device__ __forceinline__ void msgemm_table_coords(long long i, int n_cols, int slot, bool interleaved, int& e,
+                                                    int& n, long long& p) {
+    if (interleaved) {
+        n = static_cast<int>(i % n_cols);
+        const long long pe = i / n_cols;
+        e = static_cast<int>(pe % slot);
+        p = pe / slot;
+    } else {
+        e = static_cast<int>(i % slot);
+        const long long pn = i / slot;
+        n = static_cast<int>(pn % n_cols);
+        p = pn / n_cols;
+    }
+}
+
 // One thread per table entry (grid-stride loop).
 extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const float* __restrict__ values,
-                                         int levels, int depth, long long k, int n_cols, int slot,
+                                         int levels, int depth, long long k, int n_cols, int slot, int interleaved,
                                          float* __restrict__ tables) {
     const long long tuples = k / depth;
     const long long total = tuples * n_cols * slot;
     MSGEMM_COUNTERS_DECLARE
     for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const int e = static_cast<int>(i % slot);
-        const long long pn = i / slot;
-        const int n = static_cast<int>(pn % n_cols);
-        const long long p = pn / n_cols;
+        int e, n;
+        long long p;
+        msgemm_table_coords(i, n_cols, slot, interleaved != 0, e, n, p);
         tables[i] = msgemm_table_entry(values, xt + n * k + p * depth, levels, depth, e);
         MSGEMM_COUNT_ADD(table_mul, depth);
         MSGEMM_COUNT_ADD(table_add, depth - 1);
@@ -121,6 +138,9 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 // indices. With 256-entry tables (BITS = 8) several lanes can hit one bank with different words
 // (about 3.5-way for uniform int4 pairs); a table of at most 16 entries (BITS = 4) spans 16
 // banks, so lanes never conflict (equal indices broadcast), at twice the lookups per byte.
+// Such a lookup moves 64 of the 128 bytes shared memory delivers per cycle; with the columns
+// interleaved (CI), one 8- or 16-byte load per lookup fetches 2 or 4 columns (N even), which
+// may use the rest. Either layout adds the same values in the same order: the same bits.
 //
 // Why this shape (measured on an H200, int4 (28672, 8192) N = 1, BENCHMARKS.md): with one
 // group's 64 KiB of tables staged per step and the index words loaded just before their
@@ -130,7 +150,7 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 // share an SM, whose lookups fill each other's waits.
 // Scales and zero points are read transposed ((K/G, M): lane = row, coalesced), with the
 // group's first piece. The order of the adds of each row is that of the host scalar build.
-template <int NC, int RPT, int BITS>
+template <int NC, int RPT, int BITS, bool CI>
 __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     msgemm_gemv_lut(const unsigned int* __restrict__ idx, const float* __restrict__ tables,
                     const float* __restrict__ xt, const float* __restrict__ values, int levels, int depth,
@@ -142,7 +162,7 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     constexpr unsigned int MASK = (1u << BITS) - 1;
     constexpr int PWMAX = NC >= 8 ? 1 : 8 / NC;  // words per piece, at most
     extern __shared__ float4 tab4[];
-    float* tab = reinterpret_cast<float*>(tab4);  // [tuple of the piece][column][slot]
+    float* tab = reinterpret_cast<float*>(tab4);  // the piece's tables, laid out as T (CI: interleaved)
     const long long m0 = static_cast<long long>(blockIdx.x) * (MSGEMM_ROWS * RPT) + threadIdx.x;
     const int split = blockIdx.y;
     const int g0 = split * groups_per_split;
@@ -205,17 +225,17 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
         }
         if (i + 1 < i1) MSGEMM_LOAD_PIECE(i + 1)
         // Stage the piece's tables: P pw tuples x NC columns x slot floats, contiguous in
-        // `tables` ([tuple][column][slot], N = NC columns), or built here.
+        // `tables` (layout T with N = NC columns, interleaved where CI), or built here.
         const int count = pw * P * NC * slot;
         const long long p0 = static_cast<long long>(P) * (static_cast<long long>(g) * qpg + piece * pw);
         const int mine = count / MSGEMM_ROWS + (static_cast<int>(threadIdx.x) < count % MSGEMM_ROWS ? 1 : 0);
         __syncthreads();  // the previous piece's tables are no longer read
         if (tables == nullptr) {
             for (int v = threadIdx.x; v < count; v += MSGEMM_ROWS) {
-                const int e = v % slot;
-                const int c = (v / slot) % NC;
-                const long long p = p0 + v / (slot * NC);
-                tab[v] = msgemm_table_entry(values, xt + c * k + p * depth, levels, depth, e);
+                int e, c;
+                long long p;
+                msgemm_table_coords(v, NC, slot, CI, e, c, p);
+                tab[v] = msgemm_table_entry(values, xt + c * k + (p0 + p) * depth, levels, depth, e);
             }
             MSGEMM_COUNT_ADD(table_mul, depth * mine);
             MSGEMM_COUNT_ADD(table_add, (depth - 1) * mine);
@@ -237,8 +257,30 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
 #pragma unroll
                     for (int r = 0; r < RPT; ++r) {
                         const int e = (wc[r][q] >> (BITS * j)) & MASK;
+                        if constexpr (CI && NC % 4 == 0) {  // 4 columns per 16-byte load
+                            const float4* ent = reinterpret_cast<const float4*>(row + e * NC);
 #pragma unroll
-                        for (int c = 0; c < NC; ++c) p[r][c] = __fadd_rn(p[r][c], row[c * slot + e]);
+                            for (int c4 = 0; c4 < NC / 4; ++c4) {
+                                const float4 t = ent[c4];
+                                p[r][4 * c4 + 0] = __fadd_rn(p[r][4 * c4 + 0], t.x);
+                                p[r][4 * c4 + 1] = __fadd_rn(p[r][4 * c4 + 1], t.y);
+                                p[r][4 * c4 + 2] = __fadd_rn(p[r][4 * c4 + 2], t.z);
+                                p[r][4 * c4 + 3] = __fadd_rn(p[r][4 * c4 + 3], t.w);
+                            }
+                        } else if constexpr (CI && NC % 2 == 0) {  // 2 columns per 8-byte load
+                            const float2* ent = reinterpret_cast<const float2*>(row + e * NC);
+#pragma unroll
+                            for (int c2 = 0; c2 < NC / 2; ++c2) {
+                                const float2 t = ent[c2];
+                                p[r][2 * c2 + 0] = __fadd_rn(p[r][2 * c2 + 0], t.x);
+                                p[r][2 * c2 + 1] = __fadd_rn(p[r][2 * c2 + 1], t.y);
+                            }
+                        } else {
+#pragma unroll
+                            for (int c = 0; c < NC; ++c) {
+                                p[r][c] = __fadd_rn(p[r][c], CI ? row[e * NC + c] : row[c * slot + e]);
+                            }
+                        }
                         MSGEMM_COUNT_ADD(lookups, live[r] ? NC : 0);
                     }
                 }

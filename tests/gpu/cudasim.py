@@ -140,7 +140,8 @@ def module_from_source(source: str, name_expressions: tuple[str, ...], options: 
     if cxx is None:
         raise RuntimeError("cudasim needs a C++ compiler (g++ or $CXX)")
     tu = _translation_unit(source, names)
-    flags = ["-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-Wno-unknown-pragmas",
+    flags = ["-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
+             "-Wno-unknown-pragmas",
              f"-I{HEADER.parent}", f"-I{cuda_root()}", f"-I{cuda_root() / 'include'}", *options]
     # Every header the source may include is part of the key (a cached build of an edited
     # header would test the old code).

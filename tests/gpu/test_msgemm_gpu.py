@@ -107,9 +107,11 @@ def test_lut_gemv_equals_float64_reference_exactly(cp, fmt, depth, g, zeros):
     for n in [None, 2, 3, 5, 8]:  # every column count has its own kernel instantiation
         x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
         want = (wd @ x.astype(np.float64)).astype(np.float32)
-        for splits, fuse in [(None, False), (1, False), (3, False), (None, True), (3, True)]:
-            y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits, fuse_tables=fuse))
-            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits} fused={fuse}")
+        for splits, fuse, ci in [(None, False, False), (1, False, False), (3, False, False), (None, True, False),
+                                 (3, True, True), (None, False, True)]:
+            y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits, fuse_tables=fuse, interleave_columns=ci))
+            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits} fused={fuse} "
+                                                            f"interleaved={ci}")
         if pwd.packed is not None:
             np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_gemv_cuda(pwd, x)), want)
 
@@ -119,9 +121,9 @@ COUNTED = [("int4", 2, 128, False, 1), ("uint4", 2, 64, True, 3), ("ternary", 5,
            ("ternary", 2, 80, True, 5)]
 
 
-@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("fuse, ci", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("fmt, depth, g, zeros, n", COUNTED)
-def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n, fuse):
+def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n, fuse, ci):
     """The counting build's per-kind totals against closed forms (lookups: the host's
     ``op_counts``): every weight word loaded once whatever N, every table staged once per row
     tile (and, built in the LUT kernel, built once per row tile), one lookup per row, tuple
@@ -131,8 +133,9 @@ def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n, fuse):
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros)
     pwd = mgc.to_device(pw, depth=depth)
     x = rng.integers(-8, 9, size=(k, n)).astype(np.float32)
-    y, got = mgc.msgemm_cuda(pwd, x, splits=3, count=True, fuse_tables=fuse)
-    np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=3, fuse_tables=fuse)))
+    opts = {"splits": 3, "fuse_tables": fuse, "interleave_columns": ci}
+    y, got = mgc.msgemm_cuda(pwd, x, count=True, **opts)
+    np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(mgc.msgemm_cuda(pwd, x, **opts)))
     np.testing.assert_array_equal(cp.asnumpy(y), (pw.dequantize() @ x.astype(np.float64)).astype(np.float32))
     slot, tuples, groups = pwd.levels**depth, k // depth, k // g
     per = -(-groups // 3)

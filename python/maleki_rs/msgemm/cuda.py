@@ -22,9 +22,10 @@ data with power-of-two scales the result equals the float64 reference bit for bi
 Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): (28672, 8192) at
 N = 1 takes 107 µs, 1.14x cuBLAS fp16 on dequantized weights (which take 3.8x the memory); at
 N = 4, 0.53x. The kernels are for decode-sized N; for batches, dequantize and use cupy.matmul.
-Two variants are not yet timed on a device: 4-bit indices with 16-entry tables
-(``to_device(pw, depth=1)`` for int4: no shared-memory bank conflicts) and tables built inside
-the LUT kernel (``fuse_tables=True``); ``benches/gpu_msgemm.py`` sweeps them.
+Three variants are not yet timed on a device: 4-bit indices with 16-entry tables
+(``to_device(pw, depth=1)`` for int4: no shared-memory bank conflicts), tables built inside
+the LUT kernel (``fuse_tables=True``) and column-interleaved tables (``interleave_columns=True``:
+2 or 4 columns per shared-memory load); ``benches/gpu_msgemm.py`` sweeps them.
 """
 
 from __future__ import annotations
@@ -61,16 +62,17 @@ _COUNT_OPTION = "-DMSGEMM_COUNT"
 INDEX_BITS = (4, 8)
 
 
-def _lut_name(n: int, rpt: int, bits: int) -> str:
-    return f"msgemm_gemv_lut<{n}, {rpt}, {bits}>"
+def _lut_name(n: int, rpt: int, bits: int, interleaved: bool) -> str:
+    return f"msgemm_gemv_lut<{n}, {rpt}, {bits}, {'true' if interleaved else 'false'}>"
 
 
 @functools.lru_cache(maxsize=8)
 def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     """Every kernel of msgemm.cu, as compiled into one module: the ``extern "C"`` ones and
-    ``msgemm_gemv_lut`` for 1 to 8 columns and 4- and 8-bit indices (the compile check in CI
-    instantiates the same)."""
-    return _PLAIN + tuple(_lut_name(n, rpt, b) for b in INDEX_BITS for n in range(1, MAX_COLUMNS + 1))
+    ``msgemm_gemv_lut`` for 1 to 8 columns, 4- and 8-bit indices and both table layouts (the
+    compile check in CI instantiates the same)."""
+    return _PLAIN + tuple(_lut_name(n, rpt, b, ci) for ci in (False, True) for b in INDEX_BITS
+                          for n in range(1, MAX_COLUMNS + 1))
 
 
 @dataclass
@@ -255,7 +257,7 @@ def _piece_words(n: int, words_per_group: int) -> int:
 
 
 def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True,
-                count: bool = False, fuse_tables: bool = False) -> Any:
+                count: bool = False, fuse_tables: bool = False, interleave_columns: bool = False) -> Any:
     """``Wd @ x`` through look-up tables on the device.
 
     Parameters
@@ -279,6 +281,9 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         the table arithmetic (``ceil(M / 512)`` times the table multiplies), which is cheap
         where tables are small (``V^d <= 16``); it saves a kernel and the tables' round trip.
         The same bits either way (one definition of a table entry).
+    interleave_columns : bool
+        Lay the tables out with the N columns of each entry side by side, so that one 8- or
+        16-byte shared-memory load fetches 2 or 4 columns' entries (N even). The same bits.
 
     Returns
     -------
@@ -289,6 +294,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     cp = require()
     count = check_bool(count, "count")
     fuse = check_bool(fuse_tables, "fuse_tables")
+    ci = check_bool(interleave_columns, "interleave_columns")
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
@@ -301,7 +307,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         total = tables.size
         _kernel("msgemm_tables", count)(
             (min(-(-total // 256), 65535),), (256,),
-            (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), tables),
+            (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), np.int32(ci), tables),
         )
     sums = cp.zeros(n * groups, cp.float32)
     if pwd.zeros_t is not None:
@@ -318,7 +324,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     smem = pw * tpw * n * slot * 4  # <= 32 KiB: no opt-in to large shared memory needed
     partial = cp.empty((s, n, m), cp.float32)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)  # a null pointer
-    _kernel(_lut_name(n, _RPT, pwd.bits), count)(
+    _kernel(_lut_name(n, _RPT, pwd.bits, ci), count)(
         (-(-m // (_ROWS * _RPT)), s), (_ROWS,),
         (pwd.idx, tables, xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), pwd.scales_t, zeros, sums,
          np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw), np.int32(slot), np.int32(per), partial),
