@@ -123,6 +123,23 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
     MSGEMM_COUNTERS_FLUSH
 }
 
+// acc[0..W) += src[0..W), read with one W-float load (W = 1, 2 or 4; src aligned to it).
+template <int W>
+__device__ __forceinline__ void msgemm_add_columns(float* acc, const float* src) {
+    if constexpr (W == 4) {
+        const float4 t = *reinterpret_cast<const float4*>(src);
+        const float v[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] = __fadd_rn(acc[c], v[c]);
+    } else if constexpr (W == 2) {
+        const float2 t = *reinterpret_cast<const float2*>(src);
+        acc[0] = __fadd_rn(acc[0], t.x);
+        acc[1] = __fadd_rn(acc[1], t.y);
+    } else {
+        acc[0] = __fadd_rn(acc[0], *src);
+    }
+}
+
 // Grid (ceil(M / (256 RPT)), splits), 256 threads, RPT rows per thread (rows m0 + r * 256, so
 // every load of a word column is coalesced), NC = N columns (every column in one pass: each
 // weight word is read once whatever N), BITS bits per table index (P = 32 / BITS tuples per
@@ -257,29 +274,13 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
 #pragma unroll
                     for (int r = 0; r < RPT; ++r) {
                         const int e = (wc[r][q] >> (BITS * j)) & MASK;
-                        if constexpr (CI && NC % 4 == 0) {  // 4 columns per 16-byte load
-                            const float4* ent = reinterpret_cast<const float4*>(row + e * NC);
+                        if constexpr (CI) {  // W columns per load
+                            constexpr int W = NC % 4 == 0 ? 4 : (NC % 2 == 0 ? 2 : 1);
 #pragma unroll
-                            for (int c4 = 0; c4 < NC / 4; ++c4) {
-                                const float4 t = ent[c4];
-                                p[r][4 * c4 + 0] = __fadd_rn(p[r][4 * c4 + 0], t.x);
-                                p[r][4 * c4 + 1] = __fadd_rn(p[r][4 * c4 + 1], t.y);
-                                p[r][4 * c4 + 2] = __fadd_rn(p[r][4 * c4 + 2], t.z);
-                                p[r][4 * c4 + 3] = __fadd_rn(p[r][4 * c4 + 3], t.w);
-                            }
-                        } else if constexpr (CI && NC % 2 == 0) {  // 2 columns per 8-byte load
-                            const float2* ent = reinterpret_cast<const float2*>(row + e * NC);
-#pragma unroll
-                            for (int c2 = 0; c2 < NC / 2; ++c2) {
-                                const float2 t = ent[c2];
-                                p[r][2 * c2 + 0] = __fadd_rn(p[r][2 * c2 + 0], t.x);
-                                p[r][2 * c2 + 1] = __fadd_rn(p[r][2 * c2 + 1], t.y);
-                            }
+                            for (int c = 0; c < NC; c += W) msgemm_add_columns<W>(p[r] + c, row + e * NC + c);
                         } else {
 #pragma unroll
-                            for (int c = 0; c < NC; ++c) {
-                                p[r][c] = __fadd_rn(p[r][c], CI ? row[e * NC + c] : row[c * slot + e]);
-                            }
+                            for (int c = 0; c < NC; ++c) p[r][c] = __fadd_rn(p[r][c], row[c * slot + e]);
                         }
                         MSGEMM_COUNT_ADD(lookups, live[r] ? NC : 0);
                     }
