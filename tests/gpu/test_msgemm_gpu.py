@@ -200,3 +200,8 @@ def test_bad_inputs_give_clear_errors(cp):
         mgc.msgemm_cuda(None, np.zeros(256, np.float32))
     with pytest.raises(TypeError, match="float"):
         mgc.msgemm_cuda(pwd, np.zeros(256, np.int32))
+    for knob in ("fuse_tables", "interleave_columns", "count", "check"):
+        with pytest.raises(TypeError, match=knob):
+            mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), **{knob: "yes"})
+    with pytest.raises(ValueError, match="splits"):
+        mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), splits=0)
