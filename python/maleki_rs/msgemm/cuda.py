@@ -277,8 +277,9 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         scale and zero-point multiplies, and split-reduction adds.
     fuse_tables : bool
         Build each piece's tables in shared memory inside the LUT kernel, from ``x``, instead
-        of in a kernel of their own through global memory. Every block of 512 rows then repeats
-        the table arithmetic (``ceil(M / 512)`` times the table multiplies), which is cheap
+        of in a kernel of their own through global memory. Every row tile (512 rows by
+        default) then repeats the table arithmetic (``ceil(M / 512)`` times the table
+        multiplies), which is cheap
         where tables are small (``V^d <= 16``); it saves a kernel and the tables' round trip.
         The same bits either way (one definition of a table entry).
     interleave_columns : bool
