@@ -7,9 +7,10 @@ Oracles (stop at the first failure, nothing is timed then): the GPU tests of
 data for every format and depth, the float32 bound on random data, determinism, errors), on
 the device only (CI runs them on the CPU simulator).
 
-Then a sweep of the LUT GEMV's variants (int4 at d = 2 with 8-bit indices or d = 1 with 4-bit
-ones; tables from their own kernel or built in the LUT kernel) and launch shapes (rows per
-thread, K splits) on the two headline shapes, from which the library's defaults come.
+Then a sweep of the LUT GEMV's variants (int4 at d = 1 with 4-bit indices or d = 2 with 8-bit
+ones; tables staged by chunks or a batch of words at a time) and launch shapes (rows per
+thread, K splits) on the two headline shapes, and of int2's and ternary's depths, from which
+the library's defaults come.
 
 Timings: int4 g128, shapes (M, K) of spec section 6, N in {1, 4, 16} (N = 16 is two calls of
 8 columns: the LUT kernel takes N <= 8; cuBLAS runs N = 16 in one call), plus cuBLAS alone at
@@ -106,17 +107,17 @@ def timed(cp, fn, flush=None, warmup=10, reps=50) -> float:
 
 
 def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
-    """L2-flushed times of the LUT GEMV on the two headline shapes, over its variants (int4 at
-    d = 2: 256-entry tables and 8-bit indices, or d = 1: 16-entry tables and 4-bit indices;
-    tables from their own kernel or built in the LUT kernel; columns interleaved or not, for
-    N > 1) and launch shapes (rows per thread, K splits). The library's defaults come from this
-    table."""
+    """L2-flushed times of the LUT GEMV on the headline shapes, over int4's table depth (d = 1:
+    16-entry tables and 4-bit indices; d = 2: 256-entry tables and 8-bit indices), the staging
+    of the tables (chunks of up to 48 KiB, or one batch of words at a time) and the launch shape
+    (rows per thread, K splits; 8 rows per thread at N = 1 only). Every variant's result is
+    checked against cuBLAS fp32 on the dequantized weights first. The library's defaults come from
+    this table."""
     rng = np.random.default_rng(1)
     flush_buf = cp.empty(256 << 20, cp.uint8)
-    launches = [(rpt, bps) for rpt in (2, 4) for bps in (2, 4, 8)]
-    variants = [(2, False, False), (1, False, False), (1, True, False), (2, True, False), (1, False, True),
-                (2, False, True), (1, True, True)]
-    saved = (mgc._RPT, mgc._BLOCKS_PER_SM)
+    launches = [(2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2)]
+    chunks = [mgc._CHUNK_BYTES, 0]
+    saved = (mgc._RPT, mgc._BLOCKS_PER_SM, mgc._CHUNK_BYTES)
     rows = []
     try:
         for m, k in shapes:
@@ -124,28 +125,64 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
             scales = (rng.random((m, k // 128), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
             pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
             pwds = {d: mgc.to_device(pw, depth=d) for d in (1, 2)}
+            w32 = cp.asarray(pw.dequantize(np.float32))
             del codes, pw
             for n in (1, 4, 8):
                 x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
-                for d, fuse, ci in variants:
-                    if ci and n == 1:
-                        continue  # one column: the layouts are the same
-                    pwd = pwds[d]
-                    cells = []
-                    for rpt, bps in launches:
-                        mgc._RPT, mgc._BLOCKS_PER_SM = rpt, bps
-                        t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False, fuse_tables=fuse,
-                                                              interleave_columns=ci),
-                                  flush=lambda: flush_buf.fill(1))
-                        cells.append(f"{t * 1e3:.1f}")
-                    rows.append([f"({m}, {k})", n, f"d = {d} ({pwd.bits}-bit indices)",
-                                 "in the LUT kernel" if fuse else "own kernel", "yes" if ci else "no", *cells])
-                    print("sweep", rows[-1], flush=True)
-            del pwds
+                ref = cp.matmul(w32, x)
+                for d in (1, 2):
+                    for chunk in chunks:
+                        pwd = pwds[d]
+                        cells = []
+                        for rpt, bps in launches:
+                            if rpt > 4 and n > 1:
+                                cells.append("—")
+                                continue
+                            mgc._RPT, mgc._BLOCKS_PER_SM, mgc._CHUNK_BYTES = rpt, bps, chunk
+                            y = mgc.msgemm_cuda(pwd, x)
+                            rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                            assert rel < 1e-5, f"sweep ({m}, {k}) N={n} d={d} {rpt} rows chunk={chunk}: rel. L1 {rel:.2e}"
+                            t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                            cells.append(f"{t * 1e3:.1f}")
+                        rows.append([f"({m}, {k})", n, f"d = {d} ({pwd.bits}-bit indices)",
+                                     f"{chunk >> 10} KiB chunks" if chunk else "a batch at a time", *cells])
+                        print("sweep", rows[-1], flush=True)
+            del pwds, w32
     finally:
-        mgc._RPT, mgc._BLOCKS_PER_SM = saved
-    return _report.table(["(M, K)", "N", "depth", "tables built", "columns interleaved",
-                          *[f"{r} rows, {b}/SM" for r, b in launches]], rows)
+        mgc._RPT, mgc._BLOCKS_PER_SM, mgc._CHUNK_BYTES = saved
+    return _report.table(["(M, K)", "N", "depth", "tables staged", *[f"{r} rows, {b}/SM" for r, b in launches]],
+                         rows)
+
+
+def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
+    """int2 and ternary at their 4-bit-index depth (d = 2) against their natural depth (byte
+    indices), default launch, L2-flushed: which depth the library picks by default."""
+    rng = np.random.default_rng(2)
+    flush_buf = cp.empty(256 << 20, cp.uint8)
+    rows = []
+    for fmt, levels, g, depths in [("int2", 4, 64, (2, 4)), ("ternary", 3, 80, (2, 5))]:
+        k = max(g, k - k % g)
+        codes = rng.integers(0, levels, size=(m, k), dtype=np.uint8)
+        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+        pw = mg.PackedWeights.from_arrays(codes, scales, None, format=fmt)
+        del codes
+        w32 = cp.asarray(pw.dequantize(np.float32))
+        for n in (1, 4):
+            x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
+            ref = cp.matmul(w32, x)
+            cells = []
+            for d in depths:
+                pwd = mgc.to_device(pw, depth=d)
+                y = mgc.msgemm_cuda(pwd, x)
+                rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                assert rel < 1e-5, f"{fmt} d={d} N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
+                t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                cells.append(f"{t * 1e3:.1f} (d = {d}, {pwd.bits}-bit)")
+                del pwd
+            rows.append([f"{fmt} g{g}", f"({m}, {k})", n, *cells, mgc.to_device(pw).depth])
+            print("formats", rows[-1], flush=True)
+        del w32
+    return _report.table(["format", "(M, K)", "N", "4-bit indices µs", "natural depth µs", "default d"], rows)
 
 
 def main() -> None:
@@ -166,6 +203,7 @@ def main() -> None:
     oracle = run_oracles()
 
     tuning = sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes)
+    by_format = formats_sweep(cp, mg, mgc, *args.sweep_shapes[0])
     shapes = args.shapes[:2] if args.quick else args.shapes
     rng = np.random.default_rng(0)
     flush_buf = cp.empty(256 << 20, cp.uint8)
@@ -182,7 +220,7 @@ def main() -> None:
         pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
         del codes
         pwd = mgc.to_device(pw)
-        pwd1 = mgc.to_device(pw, depth=1)  # 4-bit indices, 16-entry tables
+        pwd2 = mgc.to_device(pw, depth=2)  # 8-bit indices, 256-entry tables
         pwd_depth = pwd.depth
         w32 = cp.asarray(pw.dequantize(np.float32))
         w16 = w32.astype(cp.float16)
@@ -196,43 +234,43 @@ def main() -> None:
             if n <= 16:
                 parts = [cp.ascontiguousarray(x[:, i:i + 8]) for i in range(0, n, 8)]
                 ours = lambda: [mgc.msgemm_cuda(pwd, p, check=False) for p in parts]  # noqa: E731
-                ours1 = lambda: [mgc.msgemm_cuda(pwd1, p, check=False) for p in parts]  # noqa: E731
+                ours2 = lambda: [mgc.msgemm_cuda(pwd2, p, check=False) for p in parts]  # noqa: E731
                 dense = (lambda: [mgc.dequant_gemv_cuda(pwd, p, check=False) for p in parts]) if n <= 8 else None
                 y = cp.concatenate([mgc.msgemm_cuda(pwd, p) for p in parts], axis=1)
                 ref = cp.matmul(w32, x)
                 rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
                 # f32 tables: float32 rounding only (the oracles above test the exact bound).
                 assert rel < 1e-5, f"({m}, {k}) N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
-                y1 = cp.concatenate([mgc.msgemm_cuda(pwd1, p) for p in parts], axis=1)
-                rel1 = float(cp.abs(y1 - ref).sum() / cp.abs(ref).sum())
-                assert rel1 < 1e-5, f"({m}, {k}) N={n} d=1: rel. L1 error {rel1:.2e} against cuBLAS fp32"
+                y2 = cp.concatenate([mgc.msgemm_cuda(pwd2, p) for p in parts], axis=1)
+                rel2 = float(cp.abs(y2 - ref).sum() / cp.abs(ref).sum())
+                assert rel2 < 1e-5, f"({m}, {k}) N={n} d=2: rel. L1 error {rel2:.2e} against cuBLAS fp32"
                 t = timed(cp, ours)
                 tc = timed(cp, ours, flush=flush)
-                tc1 = timed(cp, ours1, flush=flush)
+                tc2 = timed(cp, ours2, flush=flush)
                 td = timed(cp, dense) if dense else float("nan")
                 cells = [
                     f"{t * 1e3:.1f} / {tc * 1e3:.1f}",
                     f"{nb / (tc * 1e-3) / 1e12:.2f} ({100 * nb / (tc * 1e-3) / 1e12 / HBM_TBS:.0f}%)",
                     f"{t16 / t:.2f}x / {t16c / tc:.2f}x",
-                    f"{tc1 * 1e3:.1f} ({t16c / tc1:.2f}x)",
+                    f"{tc2 * 1e3:.1f} ({t16c / tc2:.2f}x)",
                     "—" if np.isnan(td) else f"{td * 1e3:.1f}",
                     f"{rel:.1e}",
                 ]
-                headline[(m, k, n)] = (t16c / tc, nb / (tc * 1e-3) / 1e12 / HBM_TBS, t16c / tc1)
+                headline[(m, k, n)] = (t16c / tc, nb / (tc * 1e-3) / 1e12 / HBM_TBS, t16c / tc2)
             else:
                 cells = ["not supported (N > 8 per call)", "—", "—", "—", "—", "—"]
             rows.append([f"({m}, {k})", n, *cells, f"{t16 * 1e3:.1f} / {t16c * 1e3:.1f}", f"{t32 * 1e3:.1f}"])
             print(rows[-1], flush=True)
-        del pwd, pwd1, w16, w32
+        del pwd, pwd2, w16, w32
 
     goals = []
     for mk in [(28672, 8192), (8192, 28672)]:
         if (*mk, 1) in headline:
-            r, f, r1 = headline[(*mk, 1)]
+            r, f, r2 = headline[(*mk, 1)]
             goals.append(f"- int4 g128 GEMV {mk}: {r:.2f}x cuBLAS fp16 (goal >= 2.5x), {100 * f:.0f}% of 4.8 TB/s "
-                         f"(goal >= 65%); at d = 1 (4-bit indices) {r1:.2f}x.")
+                         f"(goal >= 65%); at d = 2 (8-bit indices) {r2:.2f}x.")
         if (*mk, 16) in headline:
-            goals.append(f"- N = 16 {mk}: {headline[(*mk, 16)][0]:.2f}x cuBLAS fp16 (goal >= 1.5x); at d = 1 "
+            goals.append(f"- N = 16 {mk}: {headline[(*mk, 16)][0]:.2f}x cuBLAS fp16 (goal >= 1.5x); at d = 2 "
                          f"{headline[(*mk, 16)][2]:.2f}x.")
     body = "\n".join(
         [
@@ -243,19 +281,23 @@ def main() -> None:
             "",
             _report.table(
                 ["(M, K)", "N", "ours µs warm / L2-flushed", "TB/s flushed (of 4.8)", "vs cuBLAS fp16 warm / flushed",
-                 "ours at d = 1 (4-bit indices) µs flushed (vs fp16)", "dense shfl comparator µs", "rel. L1 vs fp32", "cuBLAS fp16 µs warm / flushed", "cuBLAS fp32 µs"],
+                 "ours at d = 2 (8-bit indices) µs flushed (vs fp16)", "dense shfl comparator µs", "rel. L1 vs fp32", "cuBLAS fp16 µs warm / flushed", "cuBLAS fp32 µs"],
                 rows,
             ),
             "",
-            f"Ours: the library's default depth (d = {pwd_depth}), f32 tables (`msgemm_tables`) + LUT GEMV + split "
-            "reduction, all included. "
+            f"Ours: the library's default depth (d = {pwd_depth}, 4-bit indices), f32 tables (`msgemm_tables`) + LUT "
+            "GEMV + split reduction, all included. "
             "For N >= 256 tensor cores win, as expected: the paper's point is that LUT GEMM needs new hardware.",
             "",
-            f"Variants and launch shapes (rows per thread, K splits from blocks per SM; library default: d = "
-            f"{pwd_depth}, tables in their own kernel, {mgc._RPT} rows, {mgc._BLOCKS_PER_SM} blocks per SM), "
-            "L2-flushed µs:",
+            f"Table depth, table staging and launch shape (rows per thread, K splits from blocks per SM; library "
+            f"default: d = {pwd_depth}, {mgc._CHUNK_BYTES >> 10} KiB chunks, {mgc._RPT} rows, {mgc._BLOCKS_PER_SM} "
+            f"blocks per SM; N > {mgc._RPT_MAX_N}: at most 2 rows per thread), L2-flushed µs:",
             "",
             tuning,
+            "",
+            "Other formats' depths (library launch shape), L2-flushed µs:",
+            "",
+            by_format,
         ]
     )
     print(body)

@@ -9,9 +9,10 @@
 //           q[m, p*d + j] * V^j, first code least significant). BITS = 4 where V^d <= 16 (int4 at
 //           d = 1, int2 and ternary at d = 2: half the bytes of one index per byte), else 8.
 //           Lane = row, so a warp's 32 loads of one word column are coalesced.
-//   T       float32 tables, slot = V^d entries each: entry e of tuple p for column n at
-//           [(p * N + n) * slot + e], or column-interleaved at [(p * slot + e) * N + n] (the N
-//           columns of one entry side by side: one 8- or 16-byte load fetches 2 or 4 of them).
+//   T       float32 tables, V^d entries each, 2^BITS apart (16 or 256; entries past V^d are
+//           zero and never read): entry e of tuple p for column n at [(p * N + n) * 2^BITS + e].
+//           The power-of-two stride lets the LUT kernel form a shared-memory address with
+//           one shift and one and-or per lookup.
 //   scales_t, zeros_t  (K/G, M) float32 row-major: scales and zero points transposed (lane =
 //           row: coalesced); zero points optional, in value units.
 //
@@ -57,7 +58,7 @@ __device__ unsigned long long msgemm_counts[CNT_KINDS];
 
 // Entry e of the table of the tuple whose inputs start at xs: sum_j v[c_j] x_j left to right
 // (c_j the base-V digits of e, first least significant). The one definition of a table entry,
-// for the table kernel and the LUT kernel's in-block build alike.
+// as the host scalar build computes it.
 __device__ __forceinline__ float msgemm_table_entry(const float* __restrict__ values, const float* __restrict__ xs,
                                                     int levels, int depth, int e) {
     int rest = e;
@@ -71,37 +72,25 @@ __device__ __forceinline__ float msgemm_table_entry(const float* __restrict__ va
     return acc;
 }
 
-// Entry e of tuple p for column n of the table element i (see T above).
-__device__ __forceinline__ void msgemm_table_coords(long long i, int n_cols, int slot, bool interleaved, int& e,
-                                                    int& n, long long& p) {
-    if (interleaved) {
-        n = static_cast<int>(i % n_cols);
-        const long long pe = i / n_cols;
-        e = static_cast<int>(pe % slot);
-        p = pe / slot;
-    } else {
-        e = static_cast<int>(i % slot);
-        const long long pn = i / slot;
-        n = static_cast<int>(pn % n_cols);
-        p = pn / n_cols;
-    }
-}
-
-// One thread per table entry (grid-stride loop).
+// One thread per table element (grid-stride loop): `slot` = V^d entries, `stride` apart.
 extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const float* __restrict__ values,
-                                         int levels, int depth, long long k, int n_cols, int slot, int interleaved,
+                                         int levels, int depth, long long k, int n_cols, int slot, int stride,
                                          float* __restrict__ tables) {
     const long long tuples = k / depth;
-    const long long total = tuples * n_cols * slot;
+    const long long total = tuples * n_cols * stride;
     MSGEMM_COUNTERS_DECLARE
     for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        int e, n;
-        long long p;
-        msgemm_table_coords(i, n_cols, slot, interleaved != 0, e, n, p);
-        tables[i] = msgemm_table_entry(values, xt + n * k + p * depth, levels, depth, e);
-        MSGEMM_COUNT_ADD(table_mul, depth);
-        MSGEMM_COUNT_ADD(table_add, depth - 1);
+        const int e = static_cast<int>(i % stride);
+        const int n = static_cast<int>((i / stride) % n_cols);
+        const long long p = i / (static_cast<long long>(stride) * n_cols);
+        if (e < slot) {
+            tables[i] = msgemm_table_entry(values, xt + n * k + p * depth, levels, depth, e);
+            MSGEMM_COUNT_ADD(table_mul, depth);
+            MSGEMM_COUNT_ADD(table_add, depth - 1);
+        } else {
+            tables[i] = 0.0f;
+        }
     }
     MSGEMM_COUNTERS_FLUSH
 }
@@ -123,83 +112,69 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
     MSGEMM_COUNTERS_FLUSH
 }
 
-// acc[0..W) += src[0..W), read with one W-float load (W = 1, 2 or 4; src aligned to it).
-template <int W>
-__device__ __forceinline__ void msgemm_add_columns(float* acc, const float* src) {
-    if constexpr (W == 4) {
-        const float4 t = *reinterpret_cast<const float4*>(src);
-        const float v[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[c] = __fadd_rn(acc[c], v[c]);
-    } else if constexpr (W == 2) {
-        const float2 t = *reinterpret_cast<const float2*>(src);
-        acc[0] = __fadd_rn(acc[0], t.x);
-        acc[1] = __fadd_rn(acc[1], t.y);
-    } else {
-        acc[0] = __fadd_rn(acc[0], *src);
-    }
-}
-
 // Grid (ceil(M / (256 RPT)), splits), 256 threads, RPT rows per thread (rows m0 + r * 256, so
 // every load of a word column is coalesced), NC = N columns (every column in one pass: each
 // weight word is read once whatever N), BITS bits per table index (P = 32 / BITS tuples per
-// word). A split's groups are cut into pieces of `pw` words (P pw tuples) of one group; for each
-// piece the block stages the piece's tables (P pw tuples x NC columns x slot floats, at most
-// 32 KiB: pw <= 8 / NC) into shared memory, then each thread adds one entry per tuple, column
-// and row. The tables come from `tables` (built by msgemm_tables), or, where `tables` is null,
-// are built in shared memory from `xt` and `values` by each block (each row tile then repeats
-// the table arithmetic: cheap where tables are small, and it saves the table kernel and the
-// tables' round trip through global memory).
+// word). A split's groups are cut into batches of `pw` words (P pw tuples) of one group, the
+// unit of the weight stream: each thread loads the next batch's words (RPT x pw registers)
+// before it looks up the current one, so a batch of loads is in flight per thread at all times.
+// The tables are staged into shared memory by chunks of `bpc` batches (bpc P pw tuples x NC
+// columns x 2^BITS floats, sized by the host to fit 48 KiB), copied from `tables` (built by
+// msgemm_tables) between two barriers; a chunk's batches then run without barriers.
 //
 // Shared-memory banks: the 32 lanes of a warp read one tuple's table of one column at their own
 // indices. With 256-entry tables (BITS = 8) several lanes can hit one bank with different words
 // (about 3.5-way for uniform int4 pairs); a table of at most 16 entries (BITS = 4) spans 16
 // banks, so lanes never conflict (equal indices broadcast), at twice the lookups per byte.
-// Such a lookup moves 64 of the 128 bytes shared memory delivers per cycle; with the columns
-// interleaved (CI), one 8- or 16-byte load per lookup fetches 2 or 4 columns (N even), which
-// may use the rest. Either layout adds the same values in the same order: the same bits.
 //
 // Why this shape (measured on an H200, int4 (28672, 8192) N = 1, BENCHMARKS.md): with one
 // group's 64 KiB of tables staged per step and the index words loaded just before their
-// lookups it took 561 us; this one takes 107 us. The words of the next piece are loaded into
-// registers before the current piece's tables are staged and looked up, so the weight stream
-// has a piece of loads in flight per thread at all times, and small pieces let several blocks
-// share an SM, whose lookups fill each other's waits.
+// lookups it took 561 us; with the words of the next batch in flight and one batch's tables
+// staged per step, 107 us at d = 2 and 97 us at d = 1 (4-bit indices). A batch of 4-bit
+// indices needs only 4 KiB of tables, so one chunk holds many batches (up to 6 groups of
+// 128): the barriers and the wait for each staging, once per batch before, come once per chunk
+// (97 -> 89 us). ncu then found the kernel issue-bound (75% of issue slots, ALU pipe the
+// busiest, DRAM 30%): six instructions per lookup (shift, mask, add of the tuple's offset,
+// scale to bytes, load, add). With the tables 2^BITS floats apart, the byte address is one
+// shift and one and-or, and the tuple and column offsets become the load's immediate: four
+// instructions per lookup, 80 us (1.59x cuBLAS fp16 on dequantized weights).
 // Scales and zero points are read transposed ((K/G, M): lane = row, coalesced), with the
-// group's first piece. The order of the adds of each row is that of the host scalar build.
-template <int NC, int RPT, int BITS, bool CI>
+// group's first batch. The order of the adds of each row is that of the host scalar build.
+template <int NC, int RPT, int BITS>
 __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     msgemm_gemv_lut(const unsigned int* __restrict__ idx, const float* __restrict__ tables,
-                    const float* __restrict__ xt, const float* __restrict__ values, int levels, int depth,
-                    long long k, const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
-                    const float* __restrict__ sums, long long m_rows, int groups, int qpg, int pw, int slot,
+                    const float* __restrict__ scales_t, const float* __restrict__ zeros_t,
+                    const float* __restrict__ sums, long long m_rows, int groups, int qpg, int pw, int bpc,
                     int groups_per_split, float* __restrict__ partial) {
     static_assert(BITS == 4 || BITS == 8, "table indices are nibbles or bytes");
     constexpr int P = 32 / BITS;                  // tuples per word
-    constexpr unsigned int MASK = (1u << BITS) - 1;
-    constexpr int PWMAX = NC >= 8 ? 1 : 8 / NC;  // words per piece, at most
+    constexpr int STRIDE = 1 << BITS;  // floats per table in T
+    // Words per batch, at most: RPT PWMAX <= 16 next-batch words per thread, with as many
+    // current ones, keep the 128 registers of two blocks per SM free of spills.
+    constexpr int PW_COLS = NC >= 8 ? 1 : 8 / NC;
+    constexpr int PWMAX = PW_COLS < 16 / RPT ? PW_COLS : 16 / RPT;
     extern __shared__ float4 tab4[];
-    float* tab = reinterpret_cast<float*>(tab4);  // the piece's tables, laid out as T (CI: interleaved)
+    float* tab = reinterpret_cast<float*>(tab4);  // the chunk's tables, laid out as T
     const long long m0 = static_cast<long long>(blockIdx.x) * (MSGEMM_ROWS * RPT) + threadIdx.x;
     const int split = blockIdx.y;
     const int g0 = split * groups_per_split;
     const int g1 = min(groups, g0 + groups_per_split);
-    const int ppg = qpg / pw;  // pieces per group
+    const int ppg = qpg / pw;  // batches per group
     const int i0 = g0 * ppg;
     const int i1 = g1 * ppg;
+    const int batch_floats = pw * P * NC * STRIDE;
     const bool has_zeros = zeros_t != nullptr;
     bool live[RPT];
 #pragma unroll
     for (int r = 0; r < RPT; ++r) live[r] = m0 + r * MSGEMM_ROWS < m_rows;
     MSGEMM_COUNTERS_DECLARE
-    unsigned int wn[RPT][PWMAX];  // the next piece's words
+    unsigned int wn[RPT][PWMAX];  // the next batch's words
     float sn[RPT], zn[RPT];       // the next group's scale and zero point
-    // Loads piece i's words (and its group's scale and zero point if it is the group's first).
-#define MSGEMM_LOAD_PIECE(i)                                                                         \
+    // Loads batch i's words (and its group's scale and zero point if it is the group's first).
+#define MSGEMM_LOAD_BATCH(i)                                                                         \
     {                                                                                                \
         const int g_ = (i) / ppg;                                                                    \
-        const int piece_ = (i) - g_ * ppg;                                                           \
-        const long long q0_ = static_cast<long long>(g_) * qpg + piece_ * pw;                        \
+        const long long q0_ = static_cast<long long>(i) * pw;                                        \
         _Pragma("unroll") for (int r = 0; r < RPT; ++r) {                                            \
             const long long m_ = m0 + r * MSGEMM_ROWS;                                               \
             _Pragma("unroll") for (int q = 0; q < PWMAX; ++q) {                                      \
@@ -207,13 +182,13 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
                 wn[r][q] = (q < pw && live[r]) ? __ldcs(idx + (q0_ + q) * m_rows + m_) : 0u;        \
                 MSGEMM_COUNT_ADD(words, (q < pw && live[r]) ? 1 : 0);                                \
             }                                                                                        \
-            if (piece_ == 0) {                                                                       \
+            if ((i) == g_ * ppg) {                                                                   \
                 sn[r] = live[r] ? __ldg(scales_t + static_cast<long long>(g_) * m_rows + m_) : 0.0f; \
                 zn[r] = (live[r] && has_zeros) ? __ldg(zeros_t + static_cast<long long>(g_) * m_rows + m_) : 0.0f; \
             }                                                                                        \
         }                                                                                            \
     }
-    if (i0 < i1) MSGEMM_LOAD_PIECE(i0)
+    if (i0 < i1) MSGEMM_LOAD_BATCH(i0)
     float y[RPT][NC];
     float p[RPT][NC];
     float sc[RPT], zc[RPT];
@@ -229,65 +204,57 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     }
     for (int i = i0; i < i1; ++i) {
         const int g = i / ppg;
-        const int piece = i - g * ppg;
+        const int batch = i - g * ppg;
         unsigned int wc[RPT][PWMAX];
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
 #pragma unroll
             for (int q = 0; q < PWMAX; ++q) wc[r][q] = wn[r][q];
-            if (piece == 0) {
+            if (batch == 0) {
                 sc[r] = sn[r];
                 zc[r] = zn[r];
             }
         }
-        if (i + 1 < i1) MSGEMM_LOAD_PIECE(i + 1)
-        // Stage the piece's tables: P pw tuples x NC columns x slot floats, contiguous in
-        // `tables` (layout T with N = NC columns, interleaved where CI), or built here.
-        const int count = pw * P * NC * slot;
-        const long long p0 = static_cast<long long>(P) * (static_cast<long long>(g) * qpg + piece * pw);
-        const int mine = count / MSGEMM_ROWS + (static_cast<int>(threadIdx.x) < count % MSGEMM_ROWS ? 1 : 0);
-        __syncthreads();  // the previous piece's tables are no longer read
-        if (tables == nullptr) {
-            for (int v = threadIdx.x; v < count; v += MSGEMM_ROWS) {
-                int e, c;
-                long long p;
-                msgemm_table_coords(v, NC, slot, CI, e, c, p);
-                tab[v] = msgemm_table_entry(values, xt + c * k + (p0 + p) * depth, levels, depth, e);
-            }
-            MSGEMM_COUNT_ADD(table_mul, depth * mine);
-            MSGEMM_COUNT_ADD(table_add, (depth - 1) * mine);
-        } else if ((slot & 3) == 0) {
-            const float4* src4 = reinterpret_cast<const float4*>(tables + p0 * NC * slot);
+        if (i + 1 < i1) MSGEMM_LOAD_BATCH(i + 1)
+        const int in_chunk = (i - i0) % bpc;
+        if (in_chunk == 0) {
+            // Stage the chunk's tables: batches i .. i + bpc - 1 (fewer at the split's end),
+            // contiguous in `tables` from tuple P pw i on (batch i covers words pw i ...).
+            const int count = min(bpc, i1 - i) * batch_floats;
+            const float4* src4 = reinterpret_cast<const float4*>(tables + static_cast<long long>(P) * pw * i * NC * STRIDE);
+            __syncthreads();  // the previous chunk's tables are no longer read
             for (int v = threadIdx.x; v < count / 4; v += MSGEMM_ROWS) tab4[v] = __ldg(src4 + v);
-        } else {
-            const float* src = tables + p0 * NC * slot;
-            for (int v = threadIdx.x; v < count; v += MSGEMM_ROWS) tab[v] = __ldg(src + v);
+            MSGEMM_COUNT_ADD(staged, count / MSGEMM_ROWS +
+                                         (static_cast<int>(threadIdx.x) < count % MSGEMM_ROWS ? 1 : 0));
+            __syncthreads();
         }
-        MSGEMM_COUNT_ADD(staged, mine);
-        __syncthreads();
+        // Byte offsets into the chunk: the batch's tables start at a multiple of 4 STRIDE bytes,
+        // so `(index << 2) | batch` is their sum (one and-or), and the per-tuple and per-column
+        // offsets are compile-time constants the shared-memory load takes as its immediate.
+        const unsigned int batch_bytes = 4u * static_cast<unsigned int>(in_chunk * batch_floats);
+        const char* tabb = reinterpret_cast<const char*>(tab);
 #pragma unroll
         for (int q = 0; q < PWMAX; ++q) {
             if (q < pw) {
 #pragma unroll
                 for (int j = 0; j < P; ++j) {
-                    const float* row = tab + (P * q + j) * NC * slot;
+                    constexpr unsigned int EMASK = (STRIDE - 1u) << 2;
 #pragma unroll
                     for (int r = 0; r < RPT; ++r) {
-                        const int e = (wc[r][q] >> (BITS * j)) & MASK;
-                        if constexpr (CI) {  // W columns per load
-                            constexpr int W = NC % 4 == 0 ? 4 : (NC % 2 == 0 ? 2 : 1);
+                        const unsigned int w = wc[r][q];
+                        const unsigned int e4 = (j == 0 ? (w << 2) : (w >> (BITS * j - 2))) & EMASK;
+                        const char* at = tabb + (e4 | batch_bytes) + (P * q + j) * NC * STRIDE * 4;
 #pragma unroll
-                            for (int c = 0; c < NC; c += W) msgemm_add_columns<W>(p[r] + c, row + e * NC + c);
-                        } else {
-#pragma unroll
-                            for (int c = 0; c < NC; ++c) p[r][c] = __fadd_rn(p[r][c], row[c * slot + e]);
+                        for (int c = 0; c < NC; ++c) {
+                            const float t = *reinterpret_cast<const float*>(at + c * STRIDE * 4);
+                            p[r][c] = __fadd_rn(p[r][c], t);
                         }
                         MSGEMM_COUNT_ADD(lookups, live[r] ? NC : 0);
                     }
                 }
             }
         }
-        if (piece == ppg - 1) {  // the group's last piece: y += s * (P - z * S)
+        if (batch == ppg - 1) {  // the group's last batch: y += s * (P - z * S)
 #pragma unroll
             for (int r = 0; r < RPT; ++r) {
 #pragma unroll
@@ -302,7 +269,7 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
             }
         }
     }
-#undef MSGEMM_LOAD_PIECE
+#undef MSGEMM_LOAD_BATCH
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
         const long long m = m0 + r * MSGEMM_ROWS;

@@ -78,6 +78,21 @@ def test_indices_are_nibbles_exactly_where_tables_have_16_entries_or_fewer(cp):
         np.testing.assert_array_equal(got, want, err_msg=f"{fmt} d={d} g={g}")
 
 
+def test_default_depth_prefers_4_bit_indices_unless_bytes_cover_over_twice_the_weights(cp):
+    """int4, fp4, nf4 and int3 at d = 1, int2 at d = 2 (16 entries); ternary at its natural
+    d = 5 (8-bit), or at d = 2 (9 entries) where the group size rules d = 5 out; fp8 and groups
+    that no 4-bit depth divides keep the natural depth with byte indices."""
+    rng = np.random.default_rng(12)
+    for fmt, g, depth, bits in [("int4", 128, 1, 4), ("fp4", 32, 1, 4), ("nf4", 64, 1, 4), ("int3", 64, 1, 4),
+                                ("int2", 64, 2, 4), ("uint2", 64, 2, 4), ("ternary", 80, 5, 8),
+                                ("ternary", 128, 2, 4), ("fp8_e4m3", 128, 1, 8), ("ternary", 20, 5, 8)]:
+        pw = integer_weights(fmt, rng, 4, 2 * g, g)
+        pwd = mgc.to_device(pw)
+        assert (pwd.depth, pwd.bits) == (depth, bits), (fmt, g)
+        if bits == 8:
+            assert depth == pw.natural_depth
+
+
 def test_without_gpu_raises_clear_error():
     if _gpu.is_available():
         pytest.skip("a GPU is present")
@@ -97,8 +112,13 @@ EXACT = [("int4", 2, 128, False), ("uint4", 2, 64, True), ("fp4", 2, 32, False),
          ("int2", 2, 64, False), ("ternary", 2, 80, True), ("uint4", 1, 4, True)]
 
 
+# Table chunks (mgc._CHUNK_BYTES): the default; 0, one batch of words per chunk; 9000 bytes, two
+# batches of 16-entry tables per chunk, so that splits end in a shorter chunk.
+RUNS = [(None, None), (1, None), (3, None), (None, 0), (3, 0), (None, 9000), (3, 9000)]
+
+
 @pytest.mark.parametrize("fmt, depth, g, zeros", EXACT)
-def test_lut_gemv_equals_float64_reference_exactly(cp, fmt, depth, g, zeros):
+def test_lut_gemv_equals_float64_reference_exactly(cp, monkeypatch, fmt, depth, g, zeros):
     rng = np.random.default_rng(zlib.crc32(f"{fmt}/{depth}/{g}".encode()))  # same seed in every process
     m, k = 300, (640 if fmt == "ternary" else 512)  # M not a multiple of the 256-row tile
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros, perm=fmt == "int4")
@@ -107,11 +127,12 @@ def test_lut_gemv_equals_float64_reference_exactly(cp, fmt, depth, g, zeros):
     for n in [None, 2, 3, 5, 8]:  # every column count has its own kernel instantiation
         x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
         want = (wd @ x.astype(np.float64)).astype(np.float32)
-        for splits, fuse, ci in [(None, False, False), (1, False, False), (3, False, False), (None, True, False),
-                                 (3, True, True), (None, False, True)]:
-            y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits, fuse_tables=fuse, interleave_columns=ci))
-            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits} fused={fuse} "
-                                                            f"interleaved={ci}")
+        for splits, chunk in RUNS:
+            with monkeypatch.context() as mp:
+                if chunk is not None:
+                    mp.setattr(mgc, "_CHUNK_BYTES", chunk)
+                y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, splits=splits))
+            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} d={depth} n={n} splits={splits} chunk={chunk}")
         if pwd.packed is not None:
             np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_gemv_cuda(pwd, x)), want)
 
@@ -121,34 +142,35 @@ COUNTED = [("int4", 2, 128, False, 1), ("uint4", 2, 64, True, 3), ("ternary", 5,
            ("ternary", 2, 80, True, 5)]
 
 
-@pytest.mark.parametrize("fuse, ci", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("chunk", [None, 0])
 @pytest.mark.parametrize("fmt, depth, g, zeros, n", COUNTED)
-def test_device_counts_equal_the_formulas(cp, fmt, depth, g, zeros, n, fuse, ci):
+def test_device_counts_equal_the_formulas(cp, monkeypatch, fmt, depth, g, zeros, n, chunk):
     """The counting build's per-kind totals against closed forms (lookups: the host's
-    ``op_counts``): every weight word loaded once whatever N, every table staged once per row
-    tile (and, built in the LUT kernel, built once per row tile), one lookup per row, tuple
+    ``op_counts``): every weight word loaded once whatever N, every table built once and staged
+    once per row tile (by chunks of batches, or a batch at a time), one lookup per row, tuple
     and column; and the same result as the plain build."""
+    if chunk is not None:
+        monkeypatch.setattr(mgc, "_CHUNK_BYTES", chunk)
     rng = np.random.default_rng(zlib.crc32(f"count/{fmt}/{n}".encode()))
-    m, k = 700, (640 if fmt == "ternary" else 512)  # two row tiles of 512, the second ragged
+    m, k = 1500, (640 if fmt == "ternary" else 512)  # two row tiles of 1024, the second ragged
     pw = integer_weights(fmt, rng, m, k, g, zeros=zeros)
     pwd = mgc.to_device(pw, depth=depth)
     x = rng.integers(-8, 9, size=(k, n)).astype(np.float32)
-    opts = {"splits": 3, "fuse_tables": fuse, "interleave_columns": ci}
+    opts = {"splits": 3}
     y, got = mgc.msgemm_cuda(pwd, x, count=True, **opts)
     np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(mgc.msgemm_cuda(pwd, x, **opts)))
     np.testing.assert_array_equal(cp.asnumpy(y), (pw.dequantize() @ x.astype(np.float64)).astype(np.float32))
     slot, tuples, groups = pwd.levels**depth, k // depth, k // g
     per = -(-groups // 3)
     splits = -(-groups // per)
-    tiles = -(-m // (mgc._ROWS * mgc._RPT))
+    tiles = -(-m // (mgc._ROWS * mgc._rows_per_thread(n)))
     host = mg.op_counts(m, k, n, format=fmt, depth=depth, group_size=g, zero_points=zeros)
-    builds = tiles if fuse else 1
     want = {
-        "table_mul": builds * depth * tuples * n * slot,
-        "table_add": builds * (depth - 1) * tuples * n * slot,
+        "table_mul": depth * tuples * n * slot,
+        "table_add": (depth - 1) * tuples * n * slot,
         "sum_add": n * groups * (g - 1) if zeros else 0,
         "words": m * tuples // pwd.tuples_per_word,
-        "staged": tiles * tuples * n * slot,
+        "staged": tiles * tuples * n * (1 << pwd.bits),  # tables 2^bits floats apart
         "lookups": host["lookup"],
         "scale_mul": m * n * groups,
         "zero_mul": m * n * groups if zeros else 0,
@@ -161,8 +183,8 @@ def test_random_data_within_the_f32_bound_and_deterministic(cp):
     rng = np.random.default_rng(5)
     m, k, g = 1000, 2048, 128
     w = rng.standard_normal((m, k)).astype(np.float32)
-    # The natural depth (8-bit indices) and d = 1 (4-bit indices) of every 4-bit format.
-    for fmt, depth in [(f, d) for f in ["int4", "uint4", "nf4", "fp4"] for d in (None, 1)]:
+    # The default, d = 1 (4-bit indices), and d = 2 (8-bit indices) of every 4-bit format.
+    for fmt, depth in [(f, d) for f in ["int4", "uint4", "nf4", "fp4"] for d in (None, 2)]:
         pw = mg.quantize(w, fmt, g)
         pwd = mgc.to_device(pw, depth=depth)
         d = pwd.depth
@@ -200,7 +222,7 @@ def test_bad_inputs_give_clear_errors(cp):
         mgc.msgemm_cuda(None, np.zeros(256, np.float32))
     with pytest.raises(TypeError, match="float"):
         mgc.msgemm_cuda(pwd, np.zeros(256, np.int32))
-    for knob in ("fuse_tables", "interleave_columns", "count", "check"):
+    for knob in ("count", "check"):
         with pytest.raises(TypeError, match=knob):
             mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), **{knob: "yes"})
     with pytest.raises(ValueError, match="splits"):

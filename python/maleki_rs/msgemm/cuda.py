@@ -10,7 +10,7 @@ Usage::
     from maleki_rs.msgemm import cuda as mgc
 
     pw = mg.quantize(w, "int4", group_size=128)
-    pwd = mgc.to_device(pw)             # or mgc.to_device(pw, depth=1): 4-bit table indices
+    pwd = mgc.to_device(pw)             # int4: d = 1, 4-bit table indices, 16-entry tables
     y = mgc.msgemm_cuda(pwd, x)         # cupy array, ~ pw.dequantize() @ x
     y_dense = mgc.dequant_gemv_cuda(pwd, x)   # dense dequantize+FMA comparator (4-bit formats)
 
@@ -19,13 +19,11 @@ float32 sums per group, ``y += s * (P - z * S)`` per group; the K dimension is s
 thread blocks and the partial results are added in a fixed order (deterministic). On integer
 data with power-of-two scales the result equals the float64 reference bit for bit.
 
-Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): (28672, 8192) at
-N = 1 takes 107 µs, 1.14x cuBLAS fp16 on dequantized weights (which take 3.8x the memory); at
-N = 4, 0.53x. The kernels are for decode-sized N; for batches, dequantize and use cupy.matmul.
-Three variants are not yet timed on a device: 4-bit indices with 16-entry tables
-(``to_device(pw, depth=1)`` for int4: no shared-memory bank conflicts), tables built inside
-the LUT kernel (``fuse_tables=True``) and column-interleaved tables (``interleave_columns=True``:
-2 or 4 columns per shared-memory load); ``benches/gpu_msgemm.py`` sweeps them.
+Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): the kernels are
+for decode-sized N. A GEMV of (28672, 8192) takes 80 µs, 1.59x cuBLAS fp16 on dequantized
+weights (which take 3.8x the memory); N = 4 about as fast as cuBLAS; for larger batches,
+dequantize and use cupy.matmul.
+``benches/gpu_msgemm.py`` measures them and sweeps the launch shape and table depth.
 """
 
 from __future__ import annotations
@@ -48,8 +46,17 @@ _SRC = "msgemm/msgemm.cu"
 #: Most columns of X one call takes (decode and small batches).
 MAX_COLUMNS = 8
 _ROWS = 256
-_RPT = 2  # rows per thread of msgemm_gemv_lut (its template argument): a block covers 512 rows
-_BLOCKS_PER_SM = 4  # default K splits: about this many blocks per SM
+# Launch shape of msgemm_gemv_lut, from the H200 sweep (BENCHMARKS.md, msgemm-gpu): 4 rows per
+# thread and about 2 blocks per SM were fastest for every depth and N of int4 (28672, 8192) and
+# (8192, 28672).
+_RPT = 4  # rows per thread (its template argument) up to _RPT_MAX_N columns: a block covers 1024 rows
+#: More columns than this run 2 rows per thread: their accumulators (2 x RPT x N floats) would
+#: not fit the 128 registers of two blocks per SM with 4 (ptxas reports spills from N = 6 on).
+_RPT_MAX_N = 4
+_BLOCKS_PER_SM = 2  # default K splits: about this many blocks per SM
+#: Shared memory for one chunk of staged tables (no opt-in to large shared memory needed); 0
+#: stages one batch of words' tables at a time (a barrier pair per batch).
+_CHUNK_BYTES = 48 << 10
 _PLAIN = ("msgemm_tables", "msgemm_group_sums", "msgemm_reduce_splits", "dequant_gemv_shfl")
 #: Operation kinds of the counting build (``msgemm_cuda(..., count=True)``), in the order of
 #: ``msgemm_counts`` in msgemm.cu.
@@ -62,17 +69,23 @@ _COUNT_OPTION = "-DMSGEMM_COUNT"
 INDEX_BITS = (4, 8)
 
 
-def _lut_name(n: int, rpt: int, bits: int, interleaved: bool) -> str:
-    return f"msgemm_gemv_lut<{n}, {rpt}, {bits}, {'true' if interleaved else 'false'}>"
+def _lut_name(n: int, rpt: int, bits: int) -> str:
+    return f"msgemm_gemv_lut<{n}, {rpt}, {bits}>"
 
 
 @functools.lru_cache(maxsize=8)
 def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     """Every kernel of msgemm.cu, as compiled into one module: the ``extern "C"`` ones and
-    ``msgemm_gemv_lut`` for 1 to 8 columns, 4- and 8-bit indices and both table layouts (the
-    compile check in CI instantiates the same)."""
-    return _PLAIN + tuple(_lut_name(n, rpt, b, ci) for ci in (False, True) for b in INDEX_BITS
+    ``msgemm_gemv_lut`` for 1 to 8 columns and 4- and 8-bit indices (the compile check in CI
+    instantiates the same)."""
+    return _PLAIN + tuple(_lut_name(n, _rows_per_thread(n, rpt), b) for b in INDEX_BITS
                           for n in range(1, MAX_COLUMNS + 1))
+
+
+def _rows_per_thread(n: int, rpt: int | None = None) -> int:
+    """Rows per thread of the LUT kernel for ``n`` columns (``rpt``: the module's setting)."""
+    rpt = _RPT if rpt is None else rpt
+    return rpt if n <= _RPT_MAX_N else min(rpt, 2)
 
 
 @dataclass
@@ -145,23 +158,25 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
     ----------
     pw : PackedWeights
     depth : int, optional
-        Table depth ``d`` (default: the format's natural depth). Needs ``V^d <= 256``, ``d``
-        dividing the group size and ``(G / d) % 4 == 0``. Where ``V^d <= 16`` and
-        ``(G / d) % 8 == 0`` (int4 at ``d = 1``, int2 and ternary at ``d = 2``), the indices
-        are stored 8 to a 32-bit word instead of 4: half the bytes, and tables of 16 entries
-        that the lanes of a warp read without shared-memory bank conflicts.
+        Table depth ``d``. Needs ``V^d <= 256``, ``d`` dividing the group size and
+        ``(G / d) % 4 == 0``. Where ``V^d <= 16`` and ``(G / d) % 8 == 0`` (int4, fp4, nf4 and
+        int3 at ``d = 1``, int2 and ternary at ``d = 2``), the indices are stored 8 to a 32-bit
+        word instead of 4: tables of at most 16 entries, which the lanes of a warp read without
+        shared-memory bank conflicts. Default: the largest such ``d`` if it is at least half
+        the format's natural depth (int4, fp4, nf4, int3 at 1, int2 at 2), else the natural
+        depth (ternary at 5 where the group size allows it); chosen from H200 timings.
     """
     if not isinstance(pw, PackedWeights):
         raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
     m, k = pw.shape
     g = pw.group_size
     v = pw.levels
-    d = pw.natural_depth if depth is None else check_int(depth, "depth", min=1, max=8)
+    d = _default_depth(pw) if depth is None else check_int(depth, "depth", min=1, max=8)
     if v**d > 256:
         raise ValueError(f"depth: the GPU kernels need V^d <= 256 (byte indices); V={v}, d={d} gives {v**d}")
     if g % d or (g // d) % 4:
         raise ValueError(f"depth: the GPU kernels need d | G and (G/d) % 4 == 0; G={g}, d={d}")
-    bits = 4 if v**d <= 16 and (g // d) % 8 == 0 else 8
+    bits = 4 if _nibble_depth_ok(v, g, d) else 8
     cp = require()
     codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
     idx = np.zeros((m, k // d), np.uint16)
@@ -190,6 +205,28 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         packed=packed,
         nbytes=pw.nbytes,
     )
+
+
+def _nibble_depth_ok(v: int, g: int, d: int) -> bool:
+    """Whether depth ``d`` gives 4-bit table indices: ``V^d <= 16`` and ``(G/d) % 8 == 0``."""
+    return v**d <= 16 and g % d == 0 and (g // d) % 8 == 0
+
+
+def _default_depth(pw: PackedWeights) -> int:
+    """The largest depth with 4-bit indices where it is at least half the natural depth, else
+    the natural depth.
+
+    Measured on an H200 (BENCHMARKS.md, msgemm-gpu), L2-flushed, (28672, 8192): int4 at d = 1
+    (4-bit) beat d = 2 (8-bit) at N = 1, 4 and 8; int2 at d = 2 beat d = 4 (60 against 74 µs at
+    N = 1); ternary at d = 5 (8-bit) beat d = 2 at N = 1 (50 against 85 µs; at N = 4, 139
+    against 111). A byte lookup of 256 entries costs about two 16-entry ones (bank conflicts),
+    so it wins where it covers more than twice the weights."""
+    v, g, nat = pw.levels, pw.group_size, pw.natural_depth
+    natural_ok = v**nat <= 256 and g % nat == 0 and (g // nat) % 4 == 0
+    for d in range(nat, 0, -1):
+        if _nibble_depth_ok(v, g, d) and (2 * d >= nat or not natural_ok):
+            return d
+    return nat
 
 
 @functools.lru_cache(maxsize=16)
@@ -228,7 +265,7 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
     if xt.shape[0] == 0 or xt.shape[0] > MAX_COLUMNS:
         raise ValueError(
             f"x: the GPU kernels take 1 to {MAX_COLUMNS} columns, got {xt.shape[0]} (each column is a pass of "
-            "lookups: from 4 columns on, cupy.matmul on dequantized float16 weights is faster on an H200)"
+            "lookups: beyond 4 columns, cupy.matmul on dequantized float16 weights is faster on an H200)"
         )
     if pwd.k_perm is not None:
         xt = xt[:, pwd.k_perm]
@@ -239,25 +276,37 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
     return xt, vector
 
 
-def _splits(pwd: DeviceWeights, sm_count: int) -> int:
+def _splits(pwd: DeviceWeights, sm_count: int, rpt: int) -> int:
+    """K splits for about ``_BLOCKS_PER_SM`` blocks per SM at ``_RPT`` rows per thread; with fewer
+    rows per thread (N > ``_RPT_MAX_N``), proportionally more blocks (H200 sweep, N = 8 at 2
+    rows: 344 µs at 4 blocks per SM against 484 at 2)."""
     m = pwd.shape[0]
     groups = pwd.shape[1] // pwd.group_size
-    tiles = -(-m // (_ROWS * _RPT))
-    want = -(-_BLOCKS_PER_SM * sm_count // tiles)
+    tiles = -(-m // (_ROWS * rpt))
+    want = -(-_BLOCKS_PER_SM * max(1, _RPT // rpt) * sm_count // tiles)
     return max(1, min(groups, want))
 
 
-def _piece_words(n: int, words_per_group: int) -> int:
-    """Index words per staged piece: the largest power of two <= 8 / n dividing the group's
-    words (a piece's tables then take at most 32 KiB of shared memory)."""
-    pw = max(1, 8 // n)
+def _batch_words(n: int, rpt: int, words_per_group: int) -> int:
+    """Index words per batch (per row, in registers): the largest power of two <= 8 / n and
+    <= 16 / rpt dividing the group's words (a batch's tables then take at most 32 KiB of shared
+    memory; the kernel's PWMAX)."""
+    pw = max(1, min(8 // n, 16 // rpt))
     while words_per_group % pw:
         pw //= 2
     return pw
 
 
+def _batches_per_chunk(batch_bytes: int, batches_per_split: int) -> int:
+    """Batches whose tables are staged together: as many as fit :data:`_CHUNK_BYTES`, spread
+    evenly over the split's chunks (at least one batch)."""
+    most = max(1, _CHUNK_BYTES // batch_bytes)
+    chunks = -(-batches_per_split // most)
+    return -(-batches_per_split // chunks)
+
+
 def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True,
-                count: bool = False, fuse_tables: bool = False, interleave_columns: bool = False) -> Any:
+                count: bool = False) -> Any:
     """``Wd @ x`` through look-up tables on the device.
 
     Parameters
@@ -275,16 +324,6 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         the device ran (rows past M not counted): table multiplies and adds, group-sum adds,
         weight words loaded, table floats staged in shared memory, lookups (each with its add),
         scale and zero-point multiplies, and split-reduction adds.
-    fuse_tables : bool
-        Build each piece's tables in shared memory inside the LUT kernel, from ``x``, instead
-        of in a kernel of their own through global memory. Every row tile (512 rows by
-        default) then repeats the table arithmetic (``ceil(M / 512)`` times the table
-        multiplies), which is cheap
-        where tables are small (``V^d <= 16``); it saves a kernel and the tables' round trip.
-        The same bits either way (one definition of a table entry).
-    interleave_columns : bool
-        Lay the tables out with the N columns of each entry side by side, so that one 8- or
-        16-byte shared-memory load fetches 2 or 4 columns' entries (N even). The same bits.
 
     Returns
     -------
@@ -294,42 +333,42 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
     cp = require()
     count = check_bool(count, "count")
-    fuse = check_bool(fuse_tables, "fuse_tables")
-    ci = check_bool(interleave_columns, "interleave_columns")
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
     g, d, v, slot, tpg = pwd.group_size, pwd.depth, pwd.levels, pwd.slot, pwd.tuples_per_group
     groups = k // g
     counts = _reset_counts() if count else None
-    tables = np.uint64(0)  # a null pointer: the LUT kernel builds them
-    if not fuse:
-        tables = cp.empty((k // d) * n * slot, cp.float32)
-        total = tables.size
-        _kernel("msgemm_tables", count)(
-            (min(-(-total // 256), 65535),), (256,),
-            (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), np.int32(ci), tables),
-        )
+    stride = 1 << pwd.bits  # floats per table in the device layout (a power of two >= slot)
+    tables = cp.empty((k // d) * n * stride, cp.float32)
+    total = tables.size
+    _kernel("msgemm_tables", count)(
+        (min(-(-total // 256), 65535),), (256,),
+        (xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), np.int32(n), np.int32(slot), np.int32(stride),
+         tables),
+    )
     sums = cp.zeros(n * groups, cp.float32)
     if pwd.zeros_t is not None:
         _kernel("msgemm_group_sums", count)(
             (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
         )
     sm = _sm_count(cp.cuda.Device().id)
-    s = _splits(pwd, sm) if splits is None else check_int(splits, "splits", min=1, max=min(groups, 65535))
+    rpt = _rows_per_thread(n)
+    s = _splits(pwd, sm, rpt) if splits is None else check_int(splits, "splits", min=1, max=min(groups, 65535))
     per = -(-groups // s)
     s = -(-groups // per)
     tpw = pwd.tuples_per_word
     qpg = tpg // tpw
-    pw = _piece_words(n, qpg)
-    smem = pw * tpw * n * slot * 4  # <= 32 KiB: no opt-in to large shared memory needed
+    pw = _batch_words(n, rpt, qpg)
+    batch_bytes = pw * tpw * n * stride * 4  # <= 32 KiB
+    bpc = _batches_per_chunk(batch_bytes, per * (qpg // pw))
     partial = cp.empty((s, n, m), cp.float32)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)  # a null pointer
-    _kernel(_lut_name(n, _RPT, pwd.bits, ci), count)(
-        (-(-m // (_ROWS * _RPT)), s), (_ROWS,),
-        (pwd.idx, tables, xt, pwd.values, np.int32(v), np.int32(d), np.int64(k), pwd.scales_t, zeros, sums,
-         np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw), np.int32(slot), np.int32(per), partial),
-        shared_mem=smem,
+    _kernel(_lut_name(n, rpt, pwd.bits), count)(
+        (-(-m // (_ROWS * rpt)), s), (_ROWS,),
+        (pwd.idx, tables, pwd.scales_t, zeros, sums, np.int64(m), np.int32(groups), np.int32(qpg), np.int32(pw),
+         np.int32(bpc), np.int32(per), partial),
+        shared_mem=bpc * batch_bytes,
     )
     y = cp.empty((m, n), cp.float32)
     _kernel("msgemm_reduce_splits", count)(
