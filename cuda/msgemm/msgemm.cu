@@ -137,7 +137,10 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
 // busiest, DRAM 30%): six instructions per lookup (shift, mask, add of the tuple's offset,
 // scale to bytes, load, add). With the tables 2^BITS floats apart, the byte address is one
 // shift and one and-or, and the tuple and column offsets become the load's immediate: four
-// instructions per lookup, 80 us (1.59x cuBLAS fp16 on dequantized weights).
+// instructions per lookup, 80 us (1.59x cuBLAS fp16 on dequantized weights). The SASS then
+// showed the next batch's loads at about 325 instructions per 128 lookups (a division, 64-bit
+// address products and row predicates per batch); with pointers and counters that advance by
+// additions, about 130: 67 us (1.80x).
 // Scales and zero points are read transposed ((K/G, M): lane = row, coalesced), with the
 // group's first batch. The order of the adds of each row is that of the host scalar build.
 template <int NC, int RPT, int BITS>
@@ -149,10 +152,11 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     static_assert(BITS == 4 || BITS == 8, "table indices are nibbles or bytes");
     constexpr int P = 32 / BITS;                  // tuples per word
     constexpr int STRIDE = 1 << BITS;  // floats per table in T
-    // Words per batch, at most: RPT PWMAX <= 16 next-batch words per thread, with as many
-    // current ones, keep the 128 registers of two blocks per SM free of spills.
-    constexpr int PW_COLS = NC >= 8 ? 1 : 8 / NC;
-    constexpr int PWMAX = PW_COLS < 16 / RPT ? PW_COLS : 16 / RPT;
+    // Words per batch, at most: RPT NC PWMAX <= 16 (next-batch words per thread, with as many
+    // current ones, beside 2 RPT NC accumulators) keeps the 128 registers of two blocks per SM
+    // free of spills (ptxas -v; test_cuda_compile.py).
+    constexpr int PW_LIMIT = 16 / (RPT * NC);
+    constexpr int PWMAX = PW_LIMIT < 1 ? 1 : (PW_LIMIT > 8 ? 8 : PW_LIMIT);
     extern __shared__ float4 tab4[];
     float* tab = reinterpret_cast<float*>(tab4);  // the chunk's tables, laid out as T
     const long long m0 = static_cast<long long>(blockIdx.x) * (MSGEMM_ROWS * RPT) + threadIdx.x;
@@ -168,27 +172,45 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
 #pragma unroll
     for (int r = 0; r < RPT; ++r) live[r] = m0 + r * MSGEMM_ROWS < m_rows;
     MSGEMM_COUNTERS_DECLARE
+    // The weight stream: batch i's word q of row m0 + 256 r is at wnext + q m_rows + 256 r when
+    // batch i is next. The pointers and counters advance by additions (no divisions or 64-bit
+    // products per batch: ncu counted them at over a third of the kernel's instructions).
+    // Word q of a batch is qoff[q] words past its first; past the batch's pw words the last
+    // one is loaded again (in bounds, never looked up), so that loads need no predicate but the
+    // row's (to_device keeps M below 2^28, so 7 M fits 32 bits).
+    unsigned int qoff[PWMAX];
+#pragma unroll
+    for (int q = 0; q < PWMAX; ++q) qoff[q] = static_cast<unsigned int>(min(q, pw - 1)) * static_cast<unsigned int>(m_rows);
+    const unsigned int* wnext = idx + static_cast<long long>(i0) * pw * m_rows + m0;
+    const long long wstep = static_cast<long long>(pw) * m_rows;
+    const float* snext = scales_t + static_cast<long long>(g0) * m_rows + m0;
+    const float* znext = has_zeros ? zeros_t + static_cast<long long>(g0) * m_rows + m0 : nullptr;
+    int bnext = 0;  // the next batch's index within its group
     unsigned int wn[RPT][PWMAX];  // the next batch's words
     float sn[RPT], zn[RPT];       // the next group's scale and zero point
-    // Loads batch i's words (and its group's scale and zero point if it is the group's first).
-#define MSGEMM_LOAD_BATCH(i)                                                                         \
-    {                                                                                                \
-        const int g_ = (i) / ppg;                                                                    \
-        const long long q0_ = static_cast<long long>(i) * pw;                                        \
-        _Pragma("unroll") for (int r = 0; r < RPT; ++r) {                                            \
-            const long long m_ = m0 + r * MSGEMM_ROWS;                                               \
-            _Pragma("unroll") for (int q = 0; q < PWMAX; ++q) {                                      \
-                /* Weights are read once: stream them past the caches (evict-first). */              \
-                wn[r][q] = (q < pw && live[r]) ? __ldcs(idx + (q0_ + q) * m_rows + m_) : 0u;        \
-                MSGEMM_COUNT_ADD(words, (q < pw && live[r]) ? 1 : 0);                                \
-            }                                                                                        \
-            if ((i) == g_ * ppg) {                                                                   \
-                sn[r] = live[r] ? __ldg(scales_t + static_cast<long long>(g_) * m_rows + m_) : 0.0f; \
-                zn[r] = (live[r] && has_zeros) ? __ldg(zeros_t + static_cast<long long>(g_) * m_rows + m_) : 0.0f; \
-            }                                                                                        \
-        }                                                                                            \
+    // Loads the next batch's words (and its group's scale and zero point if it is the group's
+    // first), then moves the stream on by one batch.
+#define MSGEMM_LOAD_NEXT                                                                              \
+    {                                                                                                 \
+        _Pragma("unroll") for (int r = 0; r < RPT; ++r) {                                             \
+            _Pragma("unroll") for (int q = 0; q < PWMAX; ++q) {                                       \
+                /* Weights are read once: stream them past the caches (evict-first). */               \
+                wn[r][q] = live[r] ? __ldcs(wnext + qoff[q] + r * MSGEMM_ROWS) : 0u;                  \
+                MSGEMM_COUNT_ADD(words, (q < pw && live[r]) ? 1 : 0);                                 \
+            }                                                                                         \
+        }                                                                                             \
+        if (bnext == 0) {                                                                             \
+            _Pragma("unroll") for (int r = 0; r < RPT; ++r) {                                         \
+                sn[r] = live[r] ? __ldg(snext + r * MSGEMM_ROWS) : 0.0f;                              \
+                zn[r] = (live[r] && has_zeros) ? __ldg(znext + r * MSGEMM_ROWS) : 0.0f;               \
+            }                                                                                         \
+            snext += m_rows;                                                                          \
+            if (has_zeros) znext += m_rows;                                                           \
+        }                                                                                             \
+        wnext += wstep;                                                                               \
+        if (++bnext == ppg) bnext = 0;                                                                \
     }
-    if (i0 < i1) MSGEMM_LOAD_BATCH(i0)
+    if (i0 < i1) MSGEMM_LOAD_NEXT
     float y[RPT][NC];
     float p[RPT][NC];
     float sc[RPT], zc[RPT];
@@ -202,9 +224,10 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
             p[r][c] = 0.0f;
         }
     }
+    int g = g0;        // batch i's group
+    int batch = 0;     // batch i's index within its group
+    int in_chunk = 0;  // batch i's index within its chunk of staged tables
     for (int i = i0; i < i1; ++i) {
-        const int g = i / ppg;
-        const int batch = i - g * ppg;
         unsigned int wc[RPT][PWMAX];
 #pragma unroll
         for (int r = 0; r < RPT; ++r) {
@@ -215,8 +238,7 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
                 zc[r] = zn[r];
             }
         }
-        if (i + 1 < i1) MSGEMM_LOAD_BATCH(i + 1)
-        const int in_chunk = (i - i0) % bpc;
+        if (i + 1 < i1) MSGEMM_LOAD_NEXT
         if (in_chunk == 0) {
             // Stage the chunk's tables: batches i .. i + bpc - 1 (fewer at the split's end),
             // contiguous in `tables` from tuple P pw i on (batch i covers words pw i ...).
@@ -268,8 +290,13 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
                 MSGEMM_COUNT_ADD(zero_mul, (live[r] && has_zeros) ? NC : 0);
             }
         }
+        if (++batch == ppg) {
+            batch = 0;
+            ++g;
+        }
+        if (++in_chunk == bpc) in_chunk = 0;
     }
-#undef MSGEMM_LOAD_BATCH
+#undef MSGEMM_LOAD_NEXT
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
         const long long m = m0 + r * MSGEMM_ROWS;

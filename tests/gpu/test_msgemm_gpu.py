@@ -37,8 +37,12 @@ def integer_weights(fmt, rng, m, k, g, *, zeros=False, perm=False):
                                         codebook=CUSTOM if fmt == "codebook" else None, k_perm=kp)
 
 
-def test_validation_runs_without_a_device():
+def test_validation_runs_without_a_device(monkeypatch):
     pw = mg.quantize(np.ones((8, 64), np.float32), "int4", 32)
+    with monkeypatch.context() as mp:  # the 32-bit word offsets' limit, scaled down
+        mp.setattr(mgc, "_MAX_ROWS", 8)
+        with pytest.raises(ValueError, match="fewer than 8 rows"):
+            mgc.to_device(pw)
     with pytest.raises(ValueError, match="V\\^d <= 256"):
         mgc.to_device(pw, depth=3)
     with pytest.raises(TypeError, match="PackedWeights"):

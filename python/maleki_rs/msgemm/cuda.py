@@ -20,7 +20,7 @@ thread blocks and the partial results are added in a fixed order (deterministic)
 data with power-of-two scales the result equals the float64 reference bit for bit.
 
 Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): the kernels are
-for decode-sized N. A GEMV of (28672, 8192) takes 80 µs, 1.59x cuBLAS fp16 on dequantized
+for decode-sized N. A GEMV of (28672, 8192) takes 67 µs, 1.80x cuBLAS fp16 on dequantized
 weights (which take 3.8x the memory); N = 4 about as fast as cuBLAS; for larger batches,
 dequantize and use cupy.matmul.
 ``benches/gpu_msgemm.py`` measures them and sweeps the launch shape and table depth.
@@ -47,12 +47,14 @@ _SRC = "msgemm/msgemm.cu"
 MAX_COLUMNS = 8
 _ROWS = 256
 # Launch shape of msgemm_gemv_lut, from the H200 sweep (BENCHMARKS.md, msgemm-gpu): 4 rows per
-# thread and about 2 blocks per SM were fastest for every depth and N of int4 (28672, 8192) and
-# (8192, 28672).
+# thread and about 2 blocks per SM were fastest at N = 1 for int4 (28672, 8192) and
+# (8192, 28672) (8 rows: 73-77 against 67-70 µs); from N = 4 on, 2 rows with twice the splits.
 _RPT = 4  # rows per thread (its template argument) up to _RPT_MAX_N columns: a block covers 1024 rows
 #: More columns than this run 2 rows per thread: their accumulators (2 x RPT x N floats) would
-#: not fit the 128 registers of two blocks per SM with 4 (ptxas reports spills from N = 6 on).
-_RPT_MAX_N = 4
+#: not fit the 128 registers of two blocks per SM with 4 (ptxas reports spills from N = 4 on).
+_RPT_MAX_N = 3
+#: Rows the LUT kernel's 32-bit word offsets (up to 7 M) allow, with room to spare.
+_MAX_ROWS = 1 << 28
 _BLOCKS_PER_SM = 2  # default K splits: about this many blocks per SM
 #: Shared memory for one chunk of staged tables (no opt-in to large shared memory needed); 0
 #: stages one batch of words' tables at a time (a barrier pair per batch).
@@ -176,6 +178,8 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         raise ValueError(f"depth: the GPU kernels need V^d <= 256 (byte indices); V={v}, d={d} gives {v**d}")
     if g % d or (g // d) % 4:
         raise ValueError(f"depth: the GPU kernels need d | G and (G/d) % 4 == 0; G={g}, d={d}")
+    if m >= _MAX_ROWS:  # the LUT kernel's word offsets are 32-bit
+        raise ValueError(f"pw: the GPU kernels take fewer than {_MAX_ROWS} rows, got M={m}")
     bits = 4 if _nibble_depth_ok(v, g, d) else 8
     cp = require()
     codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
@@ -217,10 +221,10 @@ def _default_depth(pw: PackedWeights) -> int:
     the natural depth.
 
     Measured on an H200 (BENCHMARKS.md, msgemm-gpu), L2-flushed, (28672, 8192): int4 at d = 1
-    (4-bit) beat d = 2 (8-bit) at N = 1, 4 and 8; int2 at d = 2 beat d = 4 (60 against 74 µs at
-    N = 1); ternary at d = 5 (8-bit) beat d = 2 at N = 1 (50 against 85 µs; at N = 4, 139
-    against 111). A byte lookup of 256 entries costs about two 16-entry ones (bank conflicts),
-    so it wins where it covers more than twice the weights."""
+    (4-bit) beat d = 2 (8-bit) at N = 1, 4 and 8 (67 against 89 µs at N = 1); int2 at d = 2
+    beat d = 4 (51 against 66 µs at N = 1); ternary at d = 5 (8-bit) beat d = 2 at N = 1 (46
+    against 56 µs; at N = 4, 154 against 101). A byte lookup of 256 entries costs about two
+    16-entry ones (bank conflicts), so it wins where it covers more than twice the weights."""
     v, g, nat = pw.levels, pw.group_size, pw.natural_depth
     natural_ok = v**nat <= 256 and g % nat == 0 and (g // nat) % 4 == 0
     for d in range(nat, 0, -1):
@@ -279,7 +283,7 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
 def _splits(pwd: DeviceWeights, sm_count: int, rpt: int) -> int:
     """K splits for about ``_BLOCKS_PER_SM`` blocks per SM at ``_RPT`` rows per thread; with fewer
     rows per thread (N > ``_RPT_MAX_N``), proportionally more blocks (H200 sweep, N = 8 at 2
-    rows: 344 µs at 4 blocks per SM against 484 at 2)."""
+    rows: 316 µs at 4 blocks per SM against 423 at 2)."""
     m = pwd.shape[0]
     groups = pwd.shape[1] // pwd.group_size
     tiles = -(-m // (_ROWS * rpt))
@@ -288,10 +292,10 @@ def _splits(pwd: DeviceWeights, sm_count: int, rpt: int) -> int:
 
 
 def _batch_words(n: int, rpt: int, words_per_group: int) -> int:
-    """Index words per batch (per row, in registers): the largest power of two <= 8 / n and
-    <= 16 / rpt dividing the group's words (a batch's tables then take at most 32 KiB of shared
-    memory; the kernel's PWMAX)."""
-    pw = max(1, min(8 // n, 16 // rpt))
+    """Index words per batch (per row, in registers): the largest power of two <= 16 / (rpt n)
+    (at least 1, at most 8) dividing the group's words: the kernel's PWMAX (a batch's tables
+    then take at most 32 KiB of shared memory)."""
+    pw = min(8, max(1, 16 // (rpt * n)))
     while words_per_group % pw:
         pw //= 2
     return pw
