@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
                     const float* __restrict__ sums, long long m_rows, int groups, int qpg, int pw, int bpc,
                     int groups_per_split, float* __restrict__ partial) {
     static_assert(BITS == 4 || BITS == 8, "table indices are nibbles or bytes");
+    static_assert(RPT >= 2, "a batch's tables fit 32 KiB of shared memory from 2 rows per thread on");
     constexpr int P = 32 / BITS;                  // tuples per word
     constexpr int STRIDE = 1 << BITS;  // floats per table in T
     // Words per batch, at most: RPT NC PWMAX <= 16 (next-batch words per thread, with as many

@@ -43,6 +43,8 @@ def test_validation_runs_without_a_device(monkeypatch):
         mp.setattr(mgc, "_MAX_ROWS", 8)
         with pytest.raises(ValueError, match="fewer than 8 rows"):
             mgc.to_device(pw)
+    with pytest.raises(ValueError, match="at least 2 rows per thread"):
+        mgc.kernel_names(1)
     with pytest.raises(ValueError, match="V\\^d <= 256"):
         mgc.to_device(pw, depth=3)
     with pytest.raises(TypeError, match="PackedWeights"):
@@ -85,16 +87,19 @@ def test_indices_are_nibbles_exactly_where_tables_have_16_entries_or_fewer(cp):
 def test_default_depth_prefers_4_bit_indices_unless_bytes_cover_over_twice_the_weights(cp):
     """int4, fp4, nf4 and int3 at d = 1, int2 at d = 2 (16 entries); ternary at its natural
     d = 5 (8-bit), or at d = 2 (9 entries) where the group size rules d = 5 out; fp8 and groups
-    that no 4-bit depth divides keep the natural depth with byte indices."""
+    that no 4-bit depth divides keep the natural depth with byte indices, or the largest byte
+    depth the group size allows where it rules the natural one out too."""
     rng = np.random.default_rng(12)
     for fmt, g, depth, bits in [("int4", 128, 1, 4), ("fp4", 32, 1, 4), ("nf4", 64, 1, 4), ("int3", 64, 1, 4),
                                 ("int2", 64, 2, 4), ("uint2", 64, 2, 4), ("ternary", 80, 5, 8),
-                                ("ternary", 128, 2, 4), ("fp8_e4m3", 128, 1, 8), ("ternary", 20, 5, 8)]:
+                                ("ternary", 128, 2, 4), ("fp8_e4m3", 128, 1, 8), ("ternary", 20, 5, 8),
+                                ("uint4", 4, 1, 8), ("int2", 12, 3, 8)]:
         pw = integer_weights(fmt, rng, 4, 2 * g, g)
         pwd = mgc.to_device(pw)
         assert (pwd.depth, pwd.bits) == (depth, bits), (fmt, g)
-        if bits == 8:
-            assert depth == pw.natural_depth
+        nat = pw.natural_depth
+        if bits == 8 and g % nat == 0 and (g // nat) % 4 == 0:
+            assert depth == nat
 
 
 def test_without_gpu_raises_clear_error():
@@ -116,8 +121,9 @@ EXACT = [("int4", 2, 128, False), ("uint4", 2, 64, True), ("fp4", 2, 32, False),
          ("int2", 2, 64, False), ("ternary", 2, 80, True), ("uint4", 1, 4, True)]
 
 
-# Table chunks (mgc._CHUNK_BYTES): the default; 0, one batch of words per chunk; 9000 bytes, two
-# batches of 16-entry tables per chunk, so that splits end in a shorter chunk.
+# Table chunks (mgc._CHUNK_BYTES): the default; 0, one batch of words per chunk; 9000 bytes, 2-5
+# batches of 16-entry tables per chunk (one of 256-entry ones), so that splits end in a shorter
+# chunk and chunks span groups.
 RUNS = [(None, None), (1, None), (3, None), (None, 0), (3, 0), (None, 9000), (3, 9000)]
 
 

@@ -79,7 +79,9 @@ def _lut_name(n: int, rpt: int, bits: int) -> str:
 def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     """Every kernel of msgemm.cu, as compiled into one module: the ``extern "C"`` ones and
     ``msgemm_gemv_lut`` for 1 to 8 columns and 4- and 8-bit indices (the compile check in CI
-    instantiates the same)."""
+    instantiates the same). ``rpt`` >= 2: a batch's tables then fit 32 KiB of shared memory."""
+    if rpt < 2:
+        raise ValueError(f"rpt: the LUT kernel needs at least 2 rows per thread, got {rpt}")
     return _PLAIN + tuple(_lut_name(n, _rows_per_thread(n, rpt), b) for b in INDEX_BITS
                           for n in range(1, MAX_COLUMNS + 1))
 
@@ -218,7 +220,8 @@ def _nibble_depth_ok(v: int, g: int, d: int) -> bool:
 
 def _default_depth(pw: PackedWeights) -> int:
     """The largest depth with 4-bit indices where it is at least half the natural depth, else
-    the natural depth.
+    the natural depth; where the group size rules both out, the largest depth with byte
+    indices that it allows (int4 in groups of 4: d = 1).
 
     Measured on an H200 (BENCHMARKS.md, msgemm-gpu), L2-flushed, (28672, 8192): int4 at d = 1
     (4-bit) beat d = 2 (8-bit) at N = 1, 4 and 8 (67 against 89 µs at N = 1); int2 at d = 2
@@ -230,7 +233,12 @@ def _default_depth(pw: PackedWeights) -> int:
     for d in range(nat, 0, -1):
         if _nibble_depth_ok(v, g, d) and (2 * d >= nat or not natural_ok):
             return d
-    return nat
+    if natural_ok:
+        return nat
+    for d in range(nat, 0, -1):
+        if v**d <= 256 and g % d == 0 and (g // d) % 4 == 0:
+            return d
+    return nat  # to_device names what rules it out
 
 
 @functools.lru_cache(maxsize=16)
@@ -292,9 +300,9 @@ def _splits(pwd: DeviceWeights, sm_count: int, rpt: int) -> int:
 
 
 def _batch_words(n: int, rpt: int, words_per_group: int) -> int:
-    """Index words per batch (per row, in registers): the largest power of two <= 16 / (rpt n)
-    (at least 1, at most 8) dividing the group's words: the kernel's PWMAX (a batch's tables
-    then take at most 32 KiB of shared memory)."""
+    """Index words per batch (per row, in registers): the kernel's PWMAX, ``16 / (rpt n)``
+    clamped to [1, 8], halved until it divides the group's words (with ``rpt >= 2`` a batch's
+    tables take at most 32 KiB of shared memory)."""
     pw = min(8, max(1, 16 // (rpt * n)))
     while words_per_group % pw:
         pw //= 2
