@@ -16,19 +16,24 @@
 //   - float arithmetic is IEEE binary32/64 without contraction (-ffp-contract=off): the
 //     __f*_rn intrinsics, fmaf and fma give the same bits as on a GPU. NVRTC contracts a plain
 //     a * b + c into an FMA by default, so kernels spell out their roundings (as ours do).
+//   - global memory past the end of an argument array: cudasim.py places each array's end
+//     against a page that cannot be read or written (at most 15 bytes short of it, to keep
+//     16-byte alignment), and a fault there stops the launch with an error naming the argument.
 // What it does not model: the memory model (no races between blocks can happen here), warp
 // divergence timing, shuffles over part of a warp (a mask other than 0xffffffff is refused),
-// out-of-bounds global accesses (wrong results or a crash), speed. One launch runs at a time
-// in a process (cudasim.py holds a lock).
+// global accesses before an array's start (wrong results or a crash), speed. One launch runs
+// at a time in a process (cudasim.py holds a lock).
 //
 // A thread that never waits costs a function call: a fiber runs the threads of its block one
 // after another until one of them waits, so a kernel without barriers runs each block in one
 // fiber.
 #pragma once
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <csetjmp>
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -392,7 +397,9 @@ inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int 
     }
     g_dynamic_smem.assign(16 + smem + kCanary, 0xff);
     Call call{k, args};
-    Block b;
+    // On the heap: a fault in the kernel jumps out of this frame (guarded_launch), which then
+    // frees the block through g_block.
+    Block& b = *new Block;
     b.nthreads = static_cast<int>(nthreads);
     b.body = run_thread;
     b.body_arg = &call;
@@ -436,6 +443,69 @@ inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int 
     }
     for (Fiber& fb : b.fibers) munmap(fb.stack, kGuard + kStack);
     g_block = nullptr;
+    delete &b;
+    return rc;
+}
+
+// Guard pages after the argument arrays (cudasim.py): a fault on one ends the launch.
+constexpr std::size_t kGuardPage = 4096;
+inline sigjmp_buf g_fault_env;
+inline const unsigned long long* g_guards = nullptr;  // first byte of each array's guard page
+inline std::size_t g_nguards = 0;
+inline volatile std::uintptr_t g_fault_addr = 0;
+inline volatile long g_fault_guard = -1;
+
+inline void on_fault(int sig, siginfo_t* si, void*) {
+    const auto a = reinterpret_cast<std::uintptr_t>(si->si_addr);
+    for (std::size_t i = 0; i < g_nguards; ++i) {
+        if (a >= g_guards[i] && a < g_guards[i] + kGuardPage) {
+            g_fault_addr = a;
+            g_fault_guard = static_cast<long>(i);
+            siglongjmp(g_fault_env, 1);
+        }
+    }
+    signal(sig, SIG_DFL);  // not ours: the access repeats and ends the process, as it would anyway
+}
+
+// launch() with SIGSEGV/SIGBUS caught on the guard pages `guards` (one per entry of
+// `guard_args`, the argument it ends).
+inline int guarded_launch(KernelBase* k, const unsigned int grid[3], const unsigned int block[3], std::size_t smem,
+                          void** args, const unsigned long long* guards, const int* guard_args, std::size_t nguards,
+                          char* err, std::size_t errlen) {
+    static char altstack[1 << 16];  // the handler may run on a fiber's stack near its guard
+    stack_t ss{}, old_ss{};
+    ss.ss_sp = altstack;
+    ss.ss_size = sizeof altstack;
+    sigaltstack(&ss, &old_ss);
+    struct sigaction sa{}, old_segv{}, old_bus{};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
+    g_guards = guards;
+    g_nguards = nguards;
+    int rc;
+    if (sigsetjmp(g_fault_env, 1) == 0) {
+        rc = launch(k, grid, block, smem, args, err, errlen);
+    } else {
+        const long i = g_fault_guard;
+        if (Block* b = g_block) {
+            for (Fiber& fb : b->fibers) munmap(fb.stack, kGuard + kStack);
+            g_block = nullptr;
+            delete b;
+        }
+        std::snprintf(err, errlen,
+                      "cudasim: an access past the end of argument %d (block %u,%u,%u, thread %u,%u,%u)",
+                      guard_args[i], blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y,
+                      threadIdx.z);
+        rc = 1;
+    }
+    g_guards = nullptr;
+    g_nguards = 0;
+    sigaction(SIGSEGV, &old_segv, nullptr);
+    sigaction(SIGBUS, &old_bus, nullptr);
+    sigaltstack(&old_ss, nullptr);
     return rc;
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import mmap
 import os
 import re
 import shutil
@@ -64,10 +65,63 @@ def _translation_unit(source: str, names: tuple[str, ...]) -> str:
         + 'extern "C" int sim_params(int k) { return sim_kernels[k]->params(); }\n'
         + 'extern "C" unsigned long long sim_param_size(int k, int i) { return sim_kernels[k]->param_size(i); }\n'
         + 'extern "C" int sim_launch(int k, const unsigned* grid, const unsigned* block, unsigned long long smem,\n'
-        + "                          void** args, char* err, unsigned long long errlen) {\n"
-        + "    return cudasim::launch(sim_kernels[k], grid, block, smem, args, err, errlen);\n"
+        + "                          void** args, const unsigned long long* guards, const int* guard_args,\n"
+        + "                          unsigned long long nguards, char* err, unsigned long long errlen) {\n"
+        + "    return cudasim::guarded_launch(sim_kernels[k], grid, block, smem, args, guards, guard_args, nguards,\n"
+        + "                                   err, errlen);\n"
         + "}\n"
     )
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_LIBC.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_PAGE = mmap.PAGESIZE
+
+
+class _Guarded:
+    """A copy of a contiguous array whose end (16-byte aligned, so at most 15 bytes short) meets
+    a page that cannot be read or written: a kernel's access past the array's end faults there,
+    and cudasim.h turns the fault into an error."""
+
+    def __init__(self, a: np.ndarray):
+        self.array = a
+        self.size = -(-a.nbytes // _PAGE) * _PAGE + 2 * _PAGE  # room for the alignment, and the guard
+        addr = _LIBC.mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                          -1, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "cudasim: mmap failed")
+        self.addr = addr
+        self.guard = addr + self.size - _PAGE
+        if _LIBC.mprotect(self.guard, _PAGE, 0) != 0:  # PROT_NONE
+            _LIBC.munmap(addr, self.size)
+            raise OSError(ctypes.get_errno(), "cudasim: mprotect failed")
+        self.data = (self.guard - a.nbytes) & ~15
+        self.view = np.frombuffer((ctypes.c_char * a.nbytes).from_address(self.data), a.dtype).reshape(a.shape)
+        self.view[...] = a
+
+    def close(self) -> None:
+        """Copies the kernel's writes back and frees the mapping."""
+        if self.array.flags.writeable:
+            self.array[...] = self.view
+        self.view = None
+        _LIBC.munmap(self.addr, self.size)
+
+
+def _guardable(args: tuple[Any, ...]) -> list[int]:
+    """Indices of the arrays that can be given a guarded copy: C-contiguous and sharing no
+    memory with another argument (a copy would split an alias)."""
+    arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+    out = []
+    for i in arrays:
+        if not args[i].flags.c_contiguous:
+            continue
+        if any(j != i and np.shares_memory(args[i], args[j]) for j in arrays):
+            continue
+        out.append(i)
+    return out
 
 
 class SimFunction:
@@ -83,9 +137,12 @@ class SimFunction:
             raise TypeError(f"{self.name}: takes {len(self._sizes)} arguments, got {len(args)}")
         keep = []
         ptrs = (ctypes.c_void_p * max(1, len(args)))()
+        guarded = {i: None for i in _guardable(args)}
         for i, (a, size) in enumerate(zip(args, self._sizes, strict=True)):
             if isinstance(a, np.ndarray):
-                buf = ctypes.c_void_p(a.ctypes.data)
+                if i in guarded:
+                    guarded[i] = _Guarded(a)
+                buf = ctypes.c_void_p(guarded[i].data if i in guarded else a.ctypes.data)
                 got = ctypes.sizeof(buf)
             elif isinstance(a, np.generic):
                 raw = np.asarray(a).tobytes()
@@ -99,9 +156,17 @@ class SimFunction:
             ptrs[i] = ctypes.addressof(buf)
         dims = [tuple(int(v) for v in d) + (1,) * (3 - len(d)) for d in (grid, block)]
         err = ctypes.create_string_buffer(512)
-        with _LAUNCH:
-            rc = self._lib.sim_launch(self._index, (ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
-                                      ctypes.c_ulonglong(int(shared_mem)), ptrs, err, ctypes.c_ulonglong(len(err)))
+        n = len(guarded)
+        pages = (ctypes.c_ulonglong * max(1, n))(*[g.guard for g in guarded.values()])
+        which = (ctypes.c_int * max(1, n))(*guarded)
+        try:
+            with _LAUNCH:
+                rc = self._lib.sim_launch(self._index, (ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
+                                          ctypes.c_ulonglong(int(shared_mem)), ptrs, pages, which,
+                                          ctypes.c_ulonglong(n), err, ctypes.c_ulonglong(len(err)))
+        finally:
+            for g in guarded.values():
+                g.close()
         if rc != 0:
             raise RuntimeError(f"{self.name}: {err.value.decode()}")
 

@@ -67,6 +67,18 @@ extern "C" __global__ void smem_overrun(int n) {
     if (threadIdx.x == 0) buf[n] = 1.0f;
 }
 
+// Thread 0 of the last block reads in[n] (one past an array of n floats when n is its size),
+// after a block barrier (so on a fiber of its own), and writes it to out.
+extern "C" __global__ void read_at(const float* __restrict__ in, int n, float* __restrict__ out) {
+    __syncthreads();
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) out[0] = in[n];
+}
+
+// Thread 3 writes out[n].
+extern "C" __global__ void write_at(float* out, int n) {
+    if (threadIdx.x == 3) out[n] = 1.0f;
+}
+
 extern "C" __global__ void partial_mask(float* out) {
     out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1.0f, 0);
 }
@@ -86,7 +98,7 @@ extern "C" __global__ void block_sum(const double* __restrict__ in, double* __re
 }
 """
 NAMES = ("shuffles", "reverse<true>", "reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
-         "block_sum", "static_shared", "smem_overrun", "partial_mask")
+         "block_sum", "static_shared", "smem_overrun", "partial_mask", "read_at", "write_at")
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +185,28 @@ def test_wrong_kernels_stop_with_an_error(mod):
         mod.get_function("divergent_barrier")((1,), (64,), (out,))
     with pytest.raises(RuntimeError, match="has returned"):
         mod.get_function("shuffle_from_a_returned_lane")((1,), (32,), (out,))
+
+
+def test_global_accesses_past_an_array_stop_with_an_error(mod):
+    """Reads and writes past an argument's end (by up to a page; at most 15 bytes past it go
+    unseen, for 16-byte alignment) stop the launch and name the argument; the process lives on
+    and the next launch runs."""
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(4, np.float32)
+    read_at, write_at = mod.get_function("read_at"), mod.get_function("write_at")
+    read_at((3,), (64,), (x, np.int32(63), out))
+    assert out[0] == 63.0  # the last element: fine, and the result comes back
+    with pytest.raises(RuntimeError, match=r"past the end of argument 0 \(block 2,0,0, thread 0,0,0\)"):
+        read_at((3,), (64,), (x, np.int32(64 + 1000), out))  # 4000 bytes past the end
+    with pytest.raises(RuntimeError, match="past the end of argument 0"):
+        read_at((3,), (64,), (x[:60], np.int32(64), out))  # a view: guarded too
+    with pytest.raises(RuntimeError, match="past the end of argument 0"):
+        read_at((1,), (32,), (np.zeros(0, np.float32), np.int32(0), out))
+    with pytest.raises(RuntimeError, match=r"past the end of argument 0 \(block 0,0,0, thread 3,0,0\)"):
+        write_at((1,), (32,), (out, np.int32(4)))
+    write_at((1,), (32,), (out, np.int32(3)))
+    np.testing.assert_array_equal(out, [63.0, 0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(x, np.arange(64, dtype=np.float32))
 
 
 def test_arguments_are_checked_against_the_kernel(mod):
