@@ -213,6 +213,11 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
     )
 
 
+def _depth_ok(v: int, g: int, d: int) -> bool:
+    """Whether the kernels take depth ``d``: ``V^d <= 256``, ``d | G`` and ``(G/d) % 4 == 0``."""
+    return v**d <= 256 and g % d == 0 and (g // d) % 4 == 0
+
+
 def _nibble_depth_ok(v: int, g: int, d: int) -> bool:
     """Whether depth ``d`` gives 4-bit table indices: ``V^d <= 16`` and ``(G/d) % 8 == 0``."""
     return v**d <= 16 and g % d == 0 and (g // d) % 8 == 0
@@ -229,14 +234,14 @@ def _default_depth(pw: PackedWeights) -> int:
     against 56 µs; at N = 4, 154 against 101). A byte lookup of 256 entries costs about two
     16-entry ones (bank conflicts), so it wins where it covers more than twice the weights."""
     v, g, nat = pw.levels, pw.group_size, pw.natural_depth
-    natural_ok = v**nat <= 256 and g % nat == 0 and (g // nat) % 4 == 0
+    natural_ok = _depth_ok(v, g, nat)
     for d in range(nat, 0, -1):
         if _nibble_depth_ok(v, g, d) and (2 * d >= nat or not natural_ok):
             return d
     if natural_ok:
         return nat
     for d in range(nat, 0, -1):
-        if v**d <= 256 and g % d == 0 and (g // d) % 4 == 0:
+        if _depth_ok(v, g, d):
             return d
     return nat  # to_device names what rules it out
 
