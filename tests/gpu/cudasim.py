@@ -138,35 +138,36 @@ class SimFunction:
         keep = []
         ptrs = (ctypes.c_void_p * max(1, len(args)))()
         guarded = {i: None for i in _guardable(args)}
-        for i, (a, size) in enumerate(zip(args, self._sizes, strict=True)):
-            if isinstance(a, np.ndarray):
-                if i in guarded:
-                    guarded[i] = _Guarded(a)
-                buf = ctypes.c_void_p(guarded[i].data if i in guarded else a.ctypes.data)
-                got = ctypes.sizeof(buf)
-            elif isinstance(a, np.generic):
-                raw = np.asarray(a).tobytes()
-                buf = ctypes.create_string_buffer(raw, len(raw))
-                got = len(raw)
-            else:  # CuPy takes numpy scalars and arrays; our callers pass nothing else
-                raise TypeError(f"{self.name}: argument {i} is a {type(a).__name__}, not a numpy array or scalar")
-            if got != size:
-                raise TypeError(f"{self.name}: argument {i} has {got} bytes, the kernel's parameter {size}")
-            keep.append(buf)
-            ptrs[i] = ctypes.addressof(buf)
-        dims = [tuple(int(v) for v in d) + (1,) * (3 - len(d)) for d in (grid, block)]
-        err = ctypes.create_string_buffer(512)
-        n = len(guarded)
-        pages = (ctypes.c_ulonglong * max(1, n))(*[g.guard for g in guarded.values()])
-        which = (ctypes.c_int * max(1, n))(*guarded)
-        try:
+        try:  # the guarded copies are freed (and written back) whatever happens
+            for i, (a, size) in enumerate(zip(args, self._sizes, strict=True)):
+                if isinstance(a, np.ndarray):
+                    if i in guarded:
+                        guarded[i] = _Guarded(a)
+                    buf = ctypes.c_void_p(guarded[i].data if i in guarded else a.ctypes.data)
+                    got = ctypes.sizeof(buf)
+                elif isinstance(a, np.generic):
+                    raw = np.asarray(a).tobytes()
+                    buf = ctypes.create_string_buffer(raw, len(raw))
+                    got = len(raw)
+                else:  # CuPy takes numpy scalars and arrays; our callers pass nothing else
+                    raise TypeError(f"{self.name}: argument {i} is a {type(a).__name__}, not a numpy array or scalar")
+                if got != size:
+                    raise TypeError(f"{self.name}: argument {i} has {got} bytes, the kernel's parameter {size}")
+                keep.append(buf)
+                ptrs[i] = ctypes.addressof(buf)
+            dims = [tuple(int(v) for v in d) + (1,) * (3 - len(d)) for d in (grid, block)]
+            err = ctypes.create_string_buffer(512)
+            n = len(guarded)
+            pages = (ctypes.c_ulonglong * max(1, n))(*[g.guard for g in guarded.values()])
+            which = (ctypes.c_int * max(1, n))(*guarded)
             with _LAUNCH:
                 rc = self._lib.sim_launch(self._index, (ctypes.c_uint * 3)(*dims[0]), (ctypes.c_uint * 3)(*dims[1]),
                                           ctypes.c_ulonglong(int(shared_mem)), ptrs, pages, which,
                                           ctypes.c_ulonglong(n), err, ctypes.c_ulonglong(len(err)))
         finally:
             for g in guarded.values():
-                g.close()
+                if g is not None:
+                    g.close()
         if rc != 0:
             raise RuntimeError(f"{self.name}: {err.value.decode()}")
 
