@@ -10,11 +10,11 @@ the device only (CI runs them on the CPU simulator).
 Then a sweep of the LUT GEMV's variants (int4 at d = 1 with 4-bit indices or d = 2 with 8-bit
 ones; tables staged by chunks or a batch of words at a time) and launch shapes (rows per
 thread, K splits) on the two headline shapes, and of int2's and ternary's depths, from which
-the library's defaults come.
+the library's defaults come; and of the tensor-core kernel's K splits at N = 4, 16 and 64.
 
-Timings: int4 g128, shapes (M, K) of spec section 6, N in {1, 4, 16} (N = 16 is two calls of
-8 columns: the LUT kernel takes N <= 8; cuBLAS runs N = 16 in one call), plus cuBLAS alone at
-N = 256 for reference. 10 warm-ups, median of 50, warm and with a 256 MiB L2 flush before each
+Timings: int4 g128, shapes (M, K) of spec section 6, N in {1, 4, 16, 256}: the LUT kernel
+(N = 16 is two calls of 8 columns: it takes N <= 8; none at 256), the tensor-core kernel
+(``dequant_mma_cuda``, every N in one call) and cuBLAS fp16 and fp32 (one call). 10 warm-ups, median of 50, warm and with a 256 MiB L2 flush before each
 run. GB/s are packed bytes (codes + scales) per second against the 4.8 TB/s of HBM3e.
 
 Each timed call is queued behind a ~1 ms spin kernel, so the events measure the device time
@@ -154,6 +154,45 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
                          rows)
 
 
+def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
+    """L2-flushed times of the tensor-core kernel (``dequant_mma_cuda``, int4 g128) over the K
+    splits (blocks per SM) at N = 4, 16 and 64, each result checked against cuBLAS fp32 first;
+    cuBLAS fp16 on the dequantized weights alongside. The library's default comes from this."""
+    rng = np.random.default_rng(3)
+    flush_buf = cp.empty(256 << 20, cp.uint8)
+    per_sm = [1, 2, 4, 8, 16]
+    saved = mgc._MMA_BLOCKS_PER_SM
+    rows = []
+    try:
+        for m, k in shapes:
+            codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
+            scales = (rng.random((m, k // 128), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+            pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
+            pwd = mgc.to_device(pw, mma=True)
+            w32 = cp.asarray(pw.dequantize(np.float32))
+            w16 = w32.astype(cp.float16)
+            del codes, pw
+            for n in (4, 16, 64):
+                x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
+                x16 = x.astype(cp.float16)
+                ref = cp.matmul(w32, x)
+                t16 = timed(cp, lambda: cp.matmul(w16, x16), flush=lambda: flush_buf.fill(1))
+                cells = []
+                for b in per_sm:
+                    mgc._MMA_BLOCKS_PER_SM = b
+                    y = mgc.dequant_mma_cuda(pwd, x)
+                    rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                    assert rel < 1e-5, f"mma sweep ({m}, {k}) N={n} {b}/SM: rel. L1 {rel:.2e}"
+                    t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                    cells.append(f"{t * 1e3:.1f} ({t16 / t:.2f}x)")
+                rows.append([f"({m}, {k})", n, *cells, f"{t16 * 1e3:.1f}"])
+                print("mma sweep", rows[-1], flush=True)
+            del pwd, w32, w16
+    finally:
+        mgc._MMA_BLOCKS_PER_SM = saved
+    return _report.table(["(M, K)", "N", *[f"{b} blocks/SM µs (vs fp16)" for b in per_sm], "cuBLAS fp16 µs"], rows)
+
+
 def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
     """int2 and ternary at their 4-bit-index depth (d = 2) against their natural depth (byte
     indices), default launch, L2-flushed: which depth the library picks by default."""
@@ -204,6 +243,7 @@ def main() -> None:
 
     tuning = sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes)
     by_format = formats_sweep(cp, mg, mgc, *args.sweep_shapes[0])
+    by_split = mma_sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes)
     shapes = args.shapes[:2] if args.quick else args.shapes
     rng = np.random.default_rng(0)
     flush_buf = cp.empty(256 << 20, cp.uint8)
@@ -219,7 +259,7 @@ def main() -> None:
         scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
         pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
         del codes
-        pwd = mgc.to_device(pw)
+        pwd = mgc.to_device(pw, mma=True)
         pwd2 = mgc.to_device(pw, depth=2)  # 8-bit indices, 256-entry tables
         pwd_depth = pwd.depth
         w32 = cp.asarray(pw.dequantize(np.float32))
@@ -231,13 +271,18 @@ def main() -> None:
             t16 = timed(cp, lambda: cp.matmul(w16, x16))
             t16c = timed(cp, lambda: cp.matmul(w16, x16), flush=flush)
             t32 = timed(cp, lambda: cp.matmul(w32, x))
+            ref = cp.matmul(w32, x)
+            ym = mgc.dequant_mma_cuda(pwd, x)
+            relm = float(cp.abs(ym - ref).sum() / cp.abs(ref).sum())
+            assert relm < 1e-5, f"({m}, {k}) N={n} tensor cores: rel. L1 error {relm:.2e} against cuBLAS fp32"
+            tm = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=flush)
+            mma_cell = f"{tm * 1e3:.1f} ({t16c / tm:.2f}x)"
             if n <= 16:
                 parts = [cp.ascontiguousarray(x[:, i:i + 8]) for i in range(0, n, 8)]
                 ours = lambda: [mgc.msgemm_cuda(pwd, p, check=False) for p in parts]  # noqa: E731
                 ours2 = lambda: [mgc.msgemm_cuda(pwd2, p, check=False) for p in parts]  # noqa: E731
                 dense = (lambda: [mgc.dequant_gemv_cuda(pwd, p, check=False) for p in parts]) if n <= 8 else None
                 y = cp.concatenate([mgc.msgemm_cuda(pwd, p) for p in parts], axis=1)
-                ref = cp.matmul(w32, x)
                 rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
                 # f32 tables: float32 rounding only (the oracles above test the exact bound).
                 assert rel < 1e-5, f"({m}, {k}) N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
@@ -256,22 +301,25 @@ def main() -> None:
                     "—" if np.isnan(td) else f"{td * 1e3:.1f}",
                     f"{rel:.1e}",
                 ]
-                headline[(m, k, n)] = (t16c / tc, nb / (tc * 1e-3) / 1e12 / HBM_TBS, t16c / tc2)
+                headline[(m, k, n)] = (t16c / tc, nb / (tc * 1e-3) / 1e12 / HBM_TBS, t16c / tc2, t16c / tm)
             else:
                 cells = ["not supported (N > 8 per call)", "—", "—", "—", "—", "—"]
-            rows.append([f"({m}, {k})", n, *cells, f"{t16 * 1e3:.1f} / {t16c * 1e3:.1f}", f"{t32 * 1e3:.1f}"])
+                headline[(m, k, n)] = (float("nan"),) * 3 + (t16c / tm,)
+            rows.append([f"({m}, {k})", n, *cells, mma_cell, f"{t16 * 1e3:.1f} / {t16c * 1e3:.1f}",
+                         f"{t32 * 1e3:.1f}"])
             print(rows[-1], flush=True)
         del pwd, pwd2, w16, w32
 
     goals = []
     for mk in [(28672, 8192), (8192, 28672)]:
         if (*mk, 1) in headline:
-            r, f, r2 = headline[(*mk, 1)]
+            r, f, r2, _ = headline[(*mk, 1)]
             goals.append(f"- int4 g128 GEMV {mk}: {r:.2f}x cuBLAS fp16 (goal >= 2.5x), {100 * f:.0f}% of 4.8 TB/s "
                          f"(goal >= 65%); at d = 2 (8-bit indices) {r2:.2f}x.")
         if (*mk, 16) in headline:
-            goals.append(f"- N = 16 {mk}: {headline[(*mk, 16)][0]:.2f}x cuBLAS fp16 (goal >= 1.5x); at d = 2 "
-                         f"{headline[(*mk, 16)][2]:.2f}x.")
+            r, _, r2, rm = headline[(*mk, 16)]
+            goals.append(f"- N = 16 {mk}: tensor cores (`dequant_mma_cuda`) {rm:.2f}x cuBLAS fp16 (goal >= 1.5x); "
+                         f"LUT {r:.2f}x, at d = 2 {r2:.2f}x.")
     body = "\n".join(
         [
             f"Measured by `{_report.command_line()}` on {name} (CuPy {cp.__version__}).",
@@ -281,13 +329,16 @@ def main() -> None:
             "",
             _report.table(
                 ["(M, K)", "N", "ours µs warm / L2-flushed", "TB/s flushed (of 4.8)", "vs cuBLAS fp16 warm / flushed",
-                 "ours at d = 2 (8-bit indices) µs flushed (vs fp16)", "dense shfl comparator µs", "rel. L1 vs fp32", "cuBLAS fp16 µs warm / flushed", "cuBLAS fp32 µs"],
+                 "ours at d = 2 (8-bit indices) µs flushed (vs fp16)", "dense shfl comparator µs", "rel. L1 vs fp32",
+                 "tensor cores µs flushed (vs fp16)", "cuBLAS fp16 µs warm / flushed", "cuBLAS fp32 µs"],
                 rows,
             ),
             "",
             f"Ours: the library's default depth (d = {pwd_depth}, 4-bit indices), f32 tables (`msgemm_tables`) + LUT "
             "GEMV + split reduction, all included. "
-            "For N >= 256 tensor cores win, as expected: the paper's point is that LUT GEMM needs new hardware.",
+            "For N >= 256 tensor cores win, as expected: the paper's point is that LUT GEMM needs new hardware. "
+            "Tensor cores: `dequant_mma_cuda` (4-bit codes decoded to float16 in registers, X split into float16 "
+            "hi + lo, mma.m16n8k16), X's preparation and the split reduction included.",
             "",
             f"Table depth, table staging and launch shape (rows per thread, K splits from blocks per SM; library "
             f"default: d = {pwd_depth}, {mgc._CHUNK_BYTES >> 10} KiB chunks, {mgc._RPT} rows, {mgc._BLOCKS_PER_SM} "
@@ -298,6 +349,11 @@ def main() -> None:
             "Other formats' depths (library launch shape), L2-flushed µs:",
             "",
             by_format,
+            "",
+            f"Tensor-core kernel (`dequant_mma_cuda`, int4 g128) by K splits (library default: "
+            f"{mgc._MMA_BLOCKS_PER_SM} blocks per SM), L2-flushed µs:",
+            "",
+            by_split,
         ]
     )
     print(body)

@@ -371,3 +371,181 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
         if (lane == 0 && n < n_cols) y[m * n_cols + n] = a;
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// Batches on tensor cores: dequantize to float16 in registers, then mma.m16n8k16.
+//
+// The LUT kernel above does one lookup and add per weight and column, so from about N = 4 on
+// it loses to cuBLAS on dequantized float16 weights (tensor cores). This kernel keeps the 4-bit
+// weight stream (a quarter of float16's bytes) and does the multiply-adds on tensor cores. It
+// takes codebooks of the form v[c] = c + b with an integer b (int4, uint4, int3, uint3, int2,
+// uint2, ternary: codes below 16): the float16 with bits 0x6400 | c is 1024 + c, so a word of 8
+// codes becomes 4 registers of float16 pairs with a shift, an and-or and one float16
+// subtraction of 1024 - b each, exactly.
+//
+// Layouts (python/maleki_rs/msgemm/cuda.py: to_device(..., mma=True), dequant_mma_cuda):
+//   wq   [ceil(M/16) row tiles][K'/64 chunks][32 lanes] uint4, K' = K rounded up to 64 (codes
+//        past M or K are 0). Word j of a lane holds the A fragment of the lane for k16 step
+//        4 chunk + j: with g = lane / 4 and t = lane % 4, register r of the fragment (rows g,
+//        g + 8, g, g + 8 and columns 2t, 2t, 2t + 8, 2t + 8 for r = 0..3, two consecutive
+//        columns each) takes nibbles 4r (first column) and 16 + 4r (second).
+//   xf   [K'/16 steps][N'/8 column tiles][32 lanes] uint4: the B fragments {hi b0, hi b1, lo b0,
+//        lo b1} of X scaled per column by a power of two (largest |x| in [2^13, 2^14)) and split
+//        into float16 hi + lo (x = hi + lo to about 22 bits); columns past N are 0. N' is N
+//        rounded up to 8 NT.
+//   scales_t, zeros_t  (K/G, M) as above; sums [N'][K/G]: group sums of the scaled X (only
+//        read with zero points).
+// Grid (ceil(ceil(M/16) / (4 MT)), splits, N' / (8 NT)), 128 threads: warp w of block x owns
+// the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
+// (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
+// output: P = sum over the group's k16 steps of A hi + A lo in float32 accumulators from zero
+// (integer data: exact), then y += s * (P - z * S) as in the LUT kernel; partial[split][n][M]
+// for msgemm_reduce_splits, and the host divides by the column's scale (a power of two).
+#define MSGEMM_MMA_WARPS 4
+
+#ifdef CUDASIM
+__device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) { return cudasim::hsub2(a, b); }
+__device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
+                                                unsigned int b1) {
+    cudasim::mma16816(d, a, b0, b1);
+}
+#else
+__device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
+                                                unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+__device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
+    return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
+}
+
+template <int MT, int NT>
+__global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
+    msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
+               const float* __restrict__ zeros_t, const float* __restrict__ sums, unsigned int offset2,
+               long long m_rows, int chunks, int x_tiles, int n_cols, int groups, int steps_per_group,
+               int groups_per_split, float* __restrict__ partial) {
+    const int lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const long long row_tiles = (m_rows + 15) / 16;
+    const long long tile0 = (static_cast<long long>(blockIdx.x) * MSGEMM_MMA_WARPS + threadIdx.x / 32) * MT;
+    if (tile0 >= row_tiles) return;  // whole warps leave together (the mma is a warp collective)
+    const int split = blockIdx.y;
+    const int g_begin = split * groups_per_split;
+    const int g_end = min(groups, g_begin + groups_per_split);
+    const int s_begin = g_begin * steps_per_group;  // a multiple of 4: a chunk's first step
+    const int s_end = g_end == groups ? 4 * chunks : g_end * steps_per_group;  // the last split takes K's padding
+    const int nt0 = blockIdx.z * NT;
+    // Row tiles past the last (in the warp's last MT) read the last tile again and store nothing.
+    const uint4* wp[MT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const long long tile = min(tile0 + i, row_tiles - 1);
+        wp[i] = wq + (tile * chunks + s_begin / 4) * 32 + lane;
+    }
+    const uint4* xp = xf + (static_cast<long long>(s_begin) * x_tiles + nt0) * 32 + lane;
+    const long long x_step = static_cast<long long>(x_tiles) * 32;
+
+    float acc[MT][NT][4], pg[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][nt][e] = pg[i][nt][e] = 0.0f;
+        }
+    }
+    uint4 cur[MT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) cur[i] = __ldcs(wp[i]);  // read once: evict first
+    int g = g_begin;
+    int left = steps_per_group;  // steps of group g still to come
+    for (int s = s_begin; s < s_end; s += 4) {
+        // The next chunk's words are in flight while this one is multiplied.
+        uint4 nxt[MT];
+        const bool more = s + 4 < s_end;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            wp[i] += 32;
+            nxt[i] = more ? __ldcs(wp[i]) : cur[i];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            uint4 xb[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) xb[nt] = __ldg(xp + nt * 32);
+            xp += x_step;
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const unsigned int w = msgemm_word(cur[i], j);
+                unsigned int a[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    msgemm_mma16816(pg[i][nt], a, xb[nt].x, xb[nt].y);
+                    msgemm_mma16816(pg[i][nt], a, xb[nt].z, xb[nt].w);
+                }
+            }
+            if (--left == 0) {  // the end of group g (uniform over the warp)
+                if (g < g_end) {
+#pragma unroll
+                    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const long long row = (tile0 + i) * 16 + gid + 8 * h;
+                            const bool live = row < m_rows;
+                            const float sc = live ? __ldg(scales_t + static_cast<long long>(g) * m_rows + row) : 0.0f;
+                            const float z =
+                                (live && zeros_t != nullptr) ? __ldg(zeros_t + static_cast<long long>(g) * m_rows + row)
+                                                             : 0.0f;
+#pragma unroll
+                            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                                for (int e = 0; e < 2; ++e) {
+                                    float u = pg[i][nt][2 * h + e];
+                                    if (zeros_t != nullptr) {
+                                        const int n = (nt0 + nt) * 8 + 2 * tig + e;
+                                        u = __fsub_rn(u, __fmul_rn(z, __ldg(sums + static_cast<long long>(n) * groups + g)));
+                                    }
+                                    acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));
+                                    pg[i][nt][2 * h + e] = 0.0f;
+                                }
+                            }
+                        }
+                    }
+                }
+                ++g;
+                left = steps_per_group;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) cur[i] = nxt[i];
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long long row = (tile0 + i) * 16 + gid + 8 * h;
+            if (row >= m_rows) continue;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int n = (nt0 + nt) * 8 + 2 * tig + e;
+                    if (n < n_cols) partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] = acc[i][nt][2 * h + e];
+                }
+            }
+        }
+    }
+}

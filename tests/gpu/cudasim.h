@@ -19,6 +19,9 @@
 //   - global memory past the end of an argument array: cudasim.py places each array's end
 //     against a page that cannot be read or written (at most 15 bytes short of it, to keep
 //     16-byte alignment), and a fault there stops the launch with an error naming the argument.
+//   - float16 (as bits, two to a 32-bit word) and the tensor-core instruction mma.m16n8k16
+//     with float32 accumulators: cudasim::hsub2 and cudasim::mma16816 below stand in for the
+//     kernels' inline PTX (they test CUDASIM); the mma is a warp collective, like a shuffle.
 // What it does not model: the memory model (no races between blocks can happen here), warp
 // divergence timing, shuffles over part of a warp (a mask other than 0xffffffff is refused),
 // global accesses before an array's start (wrong results or a crash), speed. One launch runs
@@ -28,6 +31,9 @@
 // after another until one of them waits, so a kernel without barriers runs each block in one
 // fiber.
 #pragma once
+
+// Kernel sources test this to swap inline PTX for the models at the end of this header.
+#define CUDASIM 1
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -66,6 +72,12 @@ struct alignas(8) float2 {
 };
 struct alignas(16) float4 {
     float x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned int x, y;
+};
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
 };
 
 inline uint3 threadIdx, blockIdx;
@@ -550,3 +562,67 @@ inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = warp
     const bool own = src >= lane - lane % width + width;
     return cudasim::shuffle(v, own ? lane : src, own);
 }
+
+// Float16 and the tensor-core instruction mma.m16n8k16 (the kernels reach them through inline
+// PTX on a GPU; with CUDASIM defined, through these models). Half values travel as their bits,
+// two to a 32-bit word (element 0 in the low half, as in PTX's .f16x2).
+namespace cudasim {
+inline float half_bits_to_float(unsigned int h) {
+    _Float16 v;
+    const auto b = static_cast<std::uint16_t>(h);
+    std::memcpy(&v, &b, 2);
+    return static_cast<float>(v);
+}
+inline unsigned int float_to_half_bits(float f) {  // round to nearest even, as cvt.rn.f16.f32
+    const auto v = static_cast<_Float16>(f);
+    std::uint16_t b;
+    std::memcpy(&b, &v, 2);
+    return b;
+}
+// sub.rn.f16x2: both halves, each rounded once to float16 (a float16 difference is exact in
+// float32, so rounding the float32 difference gives the same bits).
+inline unsigned int hsub2(unsigned int a, unsigned int b) {
+    const unsigned int lo = float_to_half_bits(half_bits_to_float(a & 0xffffu) - half_bits_to_float(b & 0xffffu));
+    const unsigned int hi = float_to_half_bits(half_bits_to_float(a >> 16) - half_bits_to_float(b >> 16));
+    return lo | (hi << 16);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, D = A B + C in place (PTX ISA, "Matrix
+// Fragments for mma.m16n8k16 with floating point type"); lane = 4 groupID + threadID_in_group:
+//   a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]
+//   b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
+//   d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]
+// A warp collective (every lane of the warp must take part, as on a GPU). The 16 products of
+// each output (exact in double) are added to C in double and rounded once to float32: the
+// hardware's own order and rounding of this sum are not specified; they agree with this
+// wherever the sum is exact in float32, as on integer data.
+inline void mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
+    const int lane = linear_thread() % warpSize;
+    const int g = lane >> 2, t = lane & 3;
+    const uint4 mine{a[0], a[1], a[2], a[3]};
+    double arow[2][16], bcol[2][16];
+    for (int q = 0; q < 4; ++q) {  // the four lanes holding rows g and g + 8
+        const uint4 v = __shfl_sync(0xffffffffu, mine, 4 * g + q);
+        for (int e = 0; e < 2; ++e) {
+            arow[0][2 * q + e] = half_bits_to_float(v.x >> (16 * e));
+            arow[1][2 * q + e] = half_bits_to_float(v.y >> (16 * e));
+            arow[0][2 * q + 8 + e] = half_bits_to_float(v.z >> (16 * e));
+            arow[1][2 * q + 8 + e] = half_bits_to_float(v.w >> (16 * e));
+        }
+    }
+    const uint2 bmine{b0, b1};
+    for (int c = 0; c < 2; ++c) {  // columns 2t and 2t + 1, each held by four lanes
+        for (int q = 0; q < 4; ++q) {
+            const uint2 v = __shfl_sync(0xffffffffu, bmine, 4 * (2 * t + c) + q);
+            for (int e = 0; e < 2; ++e) {
+                bcol[c][2 * q + e] = half_bits_to_float(v.x >> (16 * e));
+                bcol[c][2 * q + 8 + e] = half_bits_to_float(v.y >> (16 * e));
+            }
+        }
+    }
+    for (int i = 0; i < 4; ++i) {
+        double s = d[i];
+        for (int k = 0; k < 16; ++k) s += arow[i >> 1][k] * bcol[i & 1][k];
+        d[i] = static_cast<float>(s);
+    }
+}
+}  // namespace cudasim

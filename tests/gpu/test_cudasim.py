@@ -96,9 +96,34 @@ extern "C" __global__ void block_sum(const double* __restrict__ in, double* __re
         if (threadIdx.x == 0) out[blockIdx.x] = v;
     }
 }
+
+// One mma.m16n8k16 (cudasim::mma16816): each lane builds its fragments from A (16 x 16) and B
+// (16 x 8, [k][n]) as float16 bits, by the PTX ISA's formulas, and writes its part of D = A B + C
+// (16 x 8 floats, in place in c); hsub[lane] = the float16 pairs a[lane] - b[lane].
+extern "C" __global__ void mma_tile(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b,
+                                    float* __restrict__ c, const unsigned int* __restrict__ ha,
+                                    const unsigned int* __restrict__ hb, unsigned int* __restrict__ hsub) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned int af[4];
+    for (int r = 0; r < 4; ++r) {
+        const int row = g + 8 * (r % 2), col = 2 * t + 8 * (r / 2);
+        af[r] = a[row * 16 + col] | (static_cast<unsigned int>(a[row * 16 + col + 1]) << 16);
+    }
+    unsigned int bf[2];
+    for (int r = 0; r < 2; ++r) {
+        const int k = 2 * t + 8 * r;
+        bf[r] = b[k * 8 + g] | (static_cast<unsigned int>(b[(k + 1) * 8 + g]) << 16);
+    }
+    float d[4];
+    for (int i = 0; i < 4; ++i) d[i] = c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+    cudasim::mma16816(d, af, bf[0], bf[1]);
+    for (int i = 0; i < 4; ++i) c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+    hsub[lane] = cudasim::hsub2(ha[lane], hb[lane]);
+}
 """
 NAMES = ("shuffles", "reverse<true>", "reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
-         "block_sum", "static_shared", "smem_overrun", "partial_mask", "read_at", "write_at")
+         "block_sum", "static_shared", "smem_overrun", "partial_mask", "read_at", "write_at",
+         "mma_tile")
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +195,23 @@ def test_launches_from_two_threads_run_one_at_a_time(mod):
         t.join()
     for o in outs:
         np.testing.assert_array_equal(o, x.reshape(blocks, threads).sum(axis=1))
+
+
+def test_tensor_core_mma_and_float16_subtraction_follow_their_definitions(mod):
+    """The model of mma.m16n8k16 (float16 A, B; float32 C, D) against numpy's float64 product of
+    the same float16 values, rounded once; sub.rn.f16x2 against numpy's float16 subtraction."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = (rng.standard_normal((16, 8)) * 100).astype(np.float16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    want = (a.astype(np.float64) @ b.astype(np.float64) + c).astype(np.float32)
+    ha = rng.standard_normal(64).astype(np.float16)
+    hb = (rng.standard_normal(64) * 1e3).astype(np.float16)
+    hsub = np.zeros(32, np.uint32)
+    mod.get_function("mma_tile")((1,), (32,), (a.view(np.uint16), b.view(np.uint16), c, ha.view(np.uint32),
+                                               hb.view(np.uint32), hsub))
+    np.testing.assert_array_equal(c, want)
+    np.testing.assert_array_equal(hsub.view(np.float16), ha - hb)
 
 
 def test_wrong_kernels_stop_with_an_error(mod):

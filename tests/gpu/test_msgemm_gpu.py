@@ -237,3 +237,108 @@ def test_bad_inputs_give_clear_errors(cp):
             mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), **{knob: "yes"})
     with pytest.raises(ValueError, match="splits"):
         mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), splits=0)
+
+
+# The tensor-core kernel (dequant_mma_cuda): affine codebooks v[c] = c + b only.
+MMA_EXACT = [("int4", 128, False), ("uint4", 64, True), ("int3", 32, False), ("uint3", 48, True),
+             ("int2", 16, False), ("uint2", 32, True), ("ternary", 80, False)]
+
+
+def test_mma_words_hold_each_lane_s_fragment_as_the_ptx_isa_lays_it_out():
+    """Word j of lane (g, t) in chunk c of row tile T holds the A fragment of k16 step 4 c + j:
+    register r has rows g + 8 (r % 2), columns 2 t + 8 (r // 2) + e (PTX ISA, mma.m16n8k16,
+    floating point A), element e at nibble 4 r + 16 e. Decoded here lane by lane."""
+    rng = np.random.default_rng(21)
+    m, k = 37, 200  # ragged in both: padded to 48 rows and 256 columns with code 0
+    codes = rng.integers(0, 16, size=(m, k)).astype(np.uint8)
+    words = mgc._mma_words(codes)
+    assert words.shape == (3, 4, 32, 4) and words.dtype == np.uint32
+    got = np.full((48, 256), 99, np.int64)
+    for tile, chunk, lane, j in np.ndindex(words.shape):
+        g, t = divmod(lane, 4)
+        for r in range(4):
+            for e in range(2):
+                row = 16 * tile + g + 8 * (r % 2)
+                col = 64 * chunk + 16 * j + 2 * t + 8 * (r // 2) + e
+                got[row, col] = (int(words[tile, chunk, lane, j]) >> (4 * r + 16 * e)) & 15
+    want = np.zeros((48, 256), np.int64)
+    want[:m, :k] = codes
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fmt, g, zeros", MMA_EXACT)
+def test_mma_equals_float64_reference_exactly(cp, fmt, g, zeros):
+    """Integer data with power-of-two scales: every product and partial sum is an exact integer
+    (float16 holds the codes and the inputs exactly), so the tensor-core result equals the
+    float64 reference bit for bit, for every kernel shape (N up to 8, 16, 32, 64 columns a
+    block; 70 takes two blocks along N), ragged M, K splits and act order."""
+    rng = np.random.default_rng(zlib.crc32(f"mma/{fmt}/{g}".encode()))
+    m, k = 75, 4 * g if g != 80 else 320  # M not a multiple of 16; K not of 64 for g = 48 and 80
+    pw = integer_weights(fmt, rng, m, k, g, zeros=zeros, perm=fmt == "int4")
+    pwd = mgc.to_device(pw, mma=True)
+    wd = pw.dequantize()
+    for n in [None, 3, 12, 30, 70]:
+        x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
+        x *= np.float32(2.0) ** rng.integers(-3, 4, size=x.shape[1:] if n else ())  # per-column scale
+        want = (wd @ x.astype(np.float64)).astype(np.float32)
+        for splits in (None, 1, 3):
+            y = cp.asnumpy(mgc.dequant_mma_cuda(pwd, x, splits=splits))
+            assert y.shape == want.shape
+            np.testing.assert_array_equal(y, want, err_msg=f"{fmt} g={g} n={n} splits={splits}")
+
+
+def test_mma_random_data_is_float32_accurate_and_deterministic(cp):
+    """Random data: the hi + lo float16 split of X keeps about 22 bits, so the error stays at
+    float32 level relative to sum |w x| (not float16's 1e-3), also for columns whose scales
+    differ by 10^60 and whose values overflow float16 (1e30)."""
+    rng = np.random.default_rng(22)
+    m, k, g = 200, 1024, 128
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    x = rng.standard_normal((k, 20)).astype(np.float32)
+    x[:, 1] *= np.float32(1e30)
+    x[:, 2] *= np.float32(1e-30)
+    x[::7, 3] = 0.0
+    x[:, 4] = 0.0  # an all-zero column
+    for fmt in ["int4", "uint4", "int2"]:
+        pw = mg.quantize(w, fmt, g)
+        pwd = mgc.to_device(pw, mma=True)
+        wd = pw.dequantize()
+        want = wd @ x.astype(np.float64)
+        mag = np.abs(wd) @ np.abs(x.astype(np.float64))
+        y = cp.asnumpy(mgc.dequant_mma_cuda(pwd, x))
+        # x = hi + lo to 2^-22; float32 accumulation over 2 k / 16 mma steps, k / g groups
+        # and the splits (rounding or, on tensor cores, truncation: a factor 2 more).
+        bound = (2.0**-21 + 2 * (2 * k / 16 + 3 * k / g + 16) * 2.0**-23) * mag
+        assert np.all(np.abs(y - want) <= bound), fmt
+        assert np.all(y[:, 4] == 0.0)
+        rel = np.abs(y - want).max(axis=0) / np.maximum(mag.max(axis=0), 1e-300)
+        assert rel.max() < 1e-5, (fmt, rel)
+        assert cp.asnumpy(mgc.dequant_mma_cuda(pwd, x)).tobytes() == y.tobytes()
+
+
+def test_mma_bad_inputs_give_clear_errors(cp):
+    rng = np.random.default_rng(23)
+    w = rng.standard_normal((32, 256)).astype(np.float32)
+    for fmt in ["nf4", "fp4"]:
+        with pytest.raises(ValueError, match="c \\+ b"):
+            mgc.to_device(mg.quantize(w, fmt, 64), mma=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        mgc.to_device(mg.quantize(w, "int4", 8), mma=True)
+    with pytest.raises(TypeError, match="mma"):
+        mgc.to_device(mg.quantize(w, "int4", 64), mma="yes")
+    pw = mg.quantize(w, "int4", 64)
+    with pytest.raises(ValueError, match="mma=True"):
+        mgc.dequant_mma_cuda(mgc.to_device(pw), np.zeros(256, np.float32))
+    pwd = mgc.to_device(pw, mma=True)
+    with pytest.raises(ValueError, match="shape"):
+        mgc.dequant_mma_cuda(pwd, np.zeros((100, 2), np.float32))
+    with pytest.raises(ValueError, match="no columns"):
+        mgc.dequant_mma_cuda(pwd, np.zeros((256, 0), np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        mgc.dequant_mma_cuda(pwd, np.full((256, 3), np.inf, np.float32))
+    with pytest.raises(ValueError, match="splits"):
+        mgc.dequant_mma_cuda(pwd, np.zeros(256, np.float32), splits=5)  # 4 groups
+    with pytest.raises(TypeError, match="DeviceWeights"):
+        mgc.dequant_mma_cuda(pw, np.zeros(256, np.float32))
+    with pytest.raises(ValueError, match="dequant_mma_cuda"):  # the LUT kernels point to it for batches
+        mgc.msgemm_cuda(pwd, np.zeros((256, 9), np.float32))

@@ -1,4 +1,5 @@
-"""msGeMM on an NVIDIA GPU with CuPy (spec section 6): look-up-table GEMV for N <= 8 columns.
+"""msGeMM on an NVIDIA GPU with CuPy (spec section 6): look-up-table GEMV for N <= 8 columns,
+and a tensor-core kernel for batches.
 
 Import-guarded: importing this module never needs CuPy; the functions raise
 :class:`maleki_rs.exceptions.GPUUnavailableError` without a usable device. Kernels live in
@@ -14,6 +15,9 @@ Usage::
     y = mgc.msgemm_cuda(pwd, x)         # cupy array, ~ pw.dequantize() @ x
     y_dense = mgc.dequant_gemv_cuda(pwd, x)   # dense dequantize+FMA comparator (4-bit formats)
 
+    pwd = mgc.to_device(pw, mma=True)   # also the tensor-core layout (int4, uint4, int3, int2, ternary)
+    y = mgc.dequant_mma_cuda(pwd, xb)   # xb (K, N), any N: codes -> float16 in registers, mma.sync
+
 Arithmetic: float32 tables built exactly as the host scalar build (no FMA contraction),
 float32 sums per group, ``y += s * (P - z * S)`` per group; the K dimension is split across
 thread blocks and the partial results are added in a fixed order (deterministic). On integer
@@ -21,8 +25,10 @@ data with power-of-two scales the result equals the float64 reference bit for bi
 
 Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): the kernels are
 for decode-sized N. A GEMV of (28672, 8192) takes 67 µs, 1.80x cuBLAS fp16 on dequantized
-weights (which take 3.8x the memory); N = 4 about as fast as cuBLAS; for larger batches,
-dequantize and use cupy.matmul.
+weights (which take 3.8x the memory); N = 4 about as fast as cuBLAS; N = 16 at 0.2x.
+``dequant_mma_cuda`` is for those batches: it reads the same 4-bit codes and multiplies on
+tensor cores; its exactness is tested on the CPU simulator, but it has not yet been timed on a
+GPU (the sweep in ``benches/gpu_msgemm.py`` will give its figures and launch default).
 ``benches/gpu_msgemm.py`` measures them and sweeps the launch shape and table depth.
 """
 
@@ -39,8 +45,8 @@ from .._gpu.loader import get_module
 from .._util.validate import check_bool, check_int
 from ._api import PackedWeights
 
-__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "kernel_names", "MAX_COLUMNS",
-           "COUNT_KINDS"]
+__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "dequant_mma_cuda", "kernel_names",
+           "MAX_COLUMNS", "COUNT_KINDS"]
 
 _SRC = "msgemm/msgemm.cu"
 #: Most columns of X one call takes (decode and small batches).
@@ -69,6 +75,11 @@ _COUNT_OPTION = "-DMSGEMM_COUNT"
 
 #: Bits per table index in the device layout: 4 where a table has at most 16 entries.
 INDEX_BITS = (4, 8)
+#: Shapes of msgemm_mma: (row tiles, column tiles of 8) per warp, by column tiles in the call.
+#: MT x NT = 4 to 8 keeps the two accumulator sets (8 MT NT floats) in registers.
+_MMA_SHAPES = {1: (4, 1), 2: (4, 2), 4: (2, 4), 8: (1, 8)}
+_MMA_WARPS = 4
+_MMA_BLOCKS_PER_SM = 4  # default K splits: about this many 4-warp blocks per SM
 
 
 def _lut_name(n: int, rpt: int, bits: int) -> str:
@@ -83,7 +94,11 @@ def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     if rpt < 2:
         raise ValueError(f"rpt: the LUT kernel needs at least 2 rows per thread, got {rpt}")
     return _PLAIN + tuple(_lut_name(n, _rows_per_thread(n, rpt), b) for b in INDEX_BITS
-                          for n in range(1, MAX_COLUMNS + 1))
+                          for n in range(1, MAX_COLUMNS + 1)) + tuple(_mma_name(*s) for s in _MMA_SHAPES.values())
+
+
+def _mma_name(mt: int, nt: int) -> str:
+    return f"msgemm_mma<{mt}, {nt}>"
 
 
 def _rows_per_thread(n: int, rpt: int | None = None) -> int:
@@ -117,6 +132,11 @@ class DeviceWeights:
         Canonical 4-bit packing, for the dense comparator (4-bit formats only).
     nbytes : int
         Bytes of the packed weights on the host (codes + scales + zero points).
+    mma_words : cupy.ndarray or None
+        With ``to_device(..., mma=True)``: the codes as tensor-core A fragments for
+        :func:`dequant_mma_cuda`, shape (ceil(M/16), ceil(K/64), 32, 4) uint32 (4 bits a code).
+    mma_offset : int
+        The ``b`` of the codebook ``v[c] = c + b`` that ``mma_words`` decodes with.
     """
 
     shape: tuple[int, int]
@@ -131,6 +151,8 @@ class DeviceWeights:
     k_perm: Any
     packed: Any
     nbytes: int
+    mma_words: Any = None
+    mma_offset: int = 0
 
     @property
     def slot(self) -> int:
@@ -155,7 +177,7 @@ class DeviceWeights:
         return None if self.zeros_t is None else self.zeros_t.T
 
 
-def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
+def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False) -> DeviceWeights:
     """Copies ``pw`` to the current CUDA device in the kernels' layout.
 
     Parameters
@@ -169,6 +191,11 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         shared-memory bank conflicts. Default: the largest such ``d`` if it is at least half
         the format's natural depth (int4, fp4, nf4, int3 at 1, int2 at 2), else the natural
         depth (ternary at 5 where the group size allows it); chosen from H200 timings.
+    mma : bool
+        Also lay the codes out for :func:`dequant_mma_cuda` (batches on tensor cores; another
+        half byte per weight on the device). Needs a codebook ``v[c] = c + b`` with an integer
+        ``b`` (int4, uint4, int3, uint3, int2, uint2, ternary) and a group size that is a
+        multiple of 16.
     """
     if not isinstance(pw, PackedWeights):
         raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
@@ -183,6 +210,7 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
     if m >= _MAX_ROWS:  # the LUT kernel's word offsets are 32-bit
         raise ValueError(f"pw: the GPU kernels take fewer than {_MAX_ROWS} rows, got M={m}")
     bits = 4 if _nibble_depth_ok(v, g, d) else 8
+    offset = _mma_offset(pw) if check_bool(mma, "mma") else None
     cp = require()
     codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
     idx = np.zeros((m, k // d), np.uint16)
@@ -210,7 +238,43 @@ def to_device(pw: PackedWeights, depth: int | None = None) -> DeviceWeights:
         k_perm=None if pw.k_perm is None else cp.asarray(np.asarray(pw.k_perm, dtype=np.int64)),
         packed=packed,
         nbytes=pw.nbytes,
+        mma_words=None if offset is None else cp.asarray(_mma_words(np.asarray(pw.codes, np.uint8))),
+        mma_offset=0 if offset is None else offset,
     )
+
+
+def _mma_offset(pw: PackedWeights) -> int:
+    """The integer ``b`` of a codebook ``v[c] = c + b`` (what msgemm_mma decodes), checking what
+    the tensor-core layout needs."""
+    values = np.asarray(pw.codebook, np.float64)
+    b = values[0] if values.size else 0.0
+    affine = (values.size <= 16 and np.array_equal(values, np.arange(values.size) + b) and b == np.floor(b)
+              and -1008 <= b <= 0)
+    if not affine:
+        raise ValueError(
+            f"mma: the tensor-core kernel decodes codebooks v[c] = c + b with an integer b (int4, uint4, int3, "
+            f"uint3, int2, uint2, ternary); format {pw.format!r} has {values.tolist()[:16]}"
+        )
+    if pw.group_size % 16:
+        raise ValueError(f"mma: the tensor-core kernel needs a group size that is a multiple of 16, got {pw.group_size}")
+    return int(b)
+
+
+def _mma_words(codes: np.ndarray) -> np.ndarray:
+    """Codes (M, K) below 16 as msgemm_mma's A fragments: (ceil(M/16), ceil(K/64), 32, 4) uint32
+    (layout: msgemm.cu, "Batches on tensor cores")."""
+    m, k = codes.shape
+    mt, ch = -(-m // 16), -(-k // 64)
+    c = np.zeros((16 * mt, 64 * ch), np.uint8)
+    c[:m, :k] = codes
+    # m = 16 tile + 8 half + g; k = 64 chunk + 16 j + 8 r + 2 t + e
+    c = c.reshape(mt, 2, 8, ch, 4, 2, 4, 2)
+    words = np.zeros((mt, 8, ch, 4, 4), np.uint32)  # (tile, g, chunk, j, t)
+    for half in range(2):
+        for r in range(2):
+            for e in range(2):
+                words |= c[:, half, :, :, :, r, :, e].astype(np.uint32) << np.uint32(4 * (half + 2 * r) + 16 * e)
+    return np.ascontiguousarray(words.transpose(0, 2, 1, 4, 3)).reshape(mt, ch, 32, 4)
 
 
 def _depth_ok(v: int, g: int, d: int) -> bool:
@@ -268,8 +332,9 @@ def _reset_counts() -> Any:
     return counts
 
 
-def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
-    """X as a (N, K) float32 C-contiguous device array in packed column order; vector flag."""
+def _xt(pwd: DeviceWeights, x: Any, check: bool = True, max_columns: int | None = MAX_COLUMNS) -> tuple[Any, bool]:
+    """X as a (N, K) float32 C-contiguous device array in packed column order; vector flag.
+    ``max_columns``: the most columns the caller's kernels take (None: any number)."""
     cp = require()
     xa = cp.asarray(x)
     if xa.dtype.kind != "f":
@@ -279,10 +344,12 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True) -> tuple[Any, bool]:
         raise ValueError(f"x: expected shape ({k},) or ({k}, N), got {xa.shape}")
     vector = xa.ndim == 1
     xt = xa.reshape(1, k) if vector else xa.T
-    if xt.shape[0] == 0 or xt.shape[0] > MAX_COLUMNS:
+    if xt.shape[0] == 0:
+        raise ValueError("x: has no columns")
+    if max_columns is not None and xt.shape[0] > max_columns:
         raise ValueError(
-            f"x: the GPU kernels take 1 to {MAX_COLUMNS} columns, got {xt.shape[0]} (each column is a pass of "
-            "lookups: beyond 4 columns, cupy.matmul on dequantized float16 weights is faster on an H200)"
+            f"x: the LUT kernels take 1 to {max_columns} columns, got {xt.shape[0]} (each column is a pass of "
+            "lookups: for batches use dequant_mma_cuda, on tensor cores)"
         )
     if pwd.k_perm is not None:
         xt = xt[:, pwd.k_perm]
@@ -418,4 +485,98 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
         (pwd.packed, pwd.values, pwd.scales_t, zeros, xt, np.int64(m), np.int64(k), np.int32(n),
          np.int32(pwd.group_size), y),
     )
+    return y.reshape(m) if vector else y
+
+
+def _mma_x(xt: Any, chunks: int, n_pad: int) -> tuple[Any, Any, Any]:
+    """X (N, K) float32 as msgemm_mma's B fragments (msgemm.cu, "Batches on tensor cores"):
+    ``(xf, xs, inv)``: xf (4 chunks, n_pad / 8, 32, 4) uint32; xs, X scaled per column by a
+    power of two that puts its largest |x| in [2^13, 2^14) (float16's range, with room); inv,
+    the inverse scales (N,) float32."""
+    cp = require()
+    n, k = xt.shape
+    _, e = cp.frexp(cp.abs(xt).max(axis=1))
+    # Clamped so that the scale and its inverse are normal float32 (the scaling is then exact).
+    a = cp.clip(14 - e.astype(cp.int32), -125, 125)
+    scale = cp.ldexp(cp.ones(n, cp.float32), a)
+    xs = xt * scale[:, None]
+    full = cp.zeros((n_pad, 64 * chunks), cp.float32)
+    full[:n, :k] = xs
+    hi = full.astype(cp.float16)
+    lo = (full - hi.astype(cp.float32)).astype(cp.float16)
+    # n = 8 tile + g; k = 16 step + 8 r + 2 t + e; fragment register = 2 part + r
+    parts = cp.stack([hi, lo]).reshape(2, n_pad // 8, 8, 4 * chunks, 2, 4, 2)
+    frag = cp.ascontiguousarray(parts.transpose(3, 1, 2, 5, 0, 4, 6))  # step, tile, g, t, part, r, e
+    xf = frag.view(cp.uint32).reshape(4 * chunks, n_pad // 8, 32, 4)
+    return xf, xs, cp.ldexp(cp.ones(n, cp.float32), -a)
+
+
+def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True) -> Any:
+    """``Wd @ x`` for batches, on tensor cores: the 4-bit codes are decoded to float16 in
+    registers and multiplied with ``mma.m16n8k16`` (float32 accumulators).
+
+    X is scaled per column by a power of two and split into two float16 parts (``x = hi + lo``
+    to about 22 significant bits), each multiplied, so the result is float32-accurate like the
+    LUT kernel's (errors of about 1e-6 relative to the sum of |w x|), not float16-accurate; on
+    integer data with power-of-two scales it equals the float64 reference bit for bit. Per
+    group: ``y += s * (P - z * S)``; K splits added in a fixed order: deterministic.
+
+    Parameters
+    ----------
+    pwd : DeviceWeights
+        From ``to_device(pw, mma=True)`` (codebooks ``v[c] = c + b``: int4, uint4, int3,
+        uint3, int2, uint2, ternary; group sizes that are multiples of 16).
+    x : array_like (numpy or cupy), shape (K,) or (K, N), any N >= 1, float dtype
+    splits : int, optional
+        K splits (blocks along K, whole groups each); default: about 4 blocks per SM.
+    check : bool
+        Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
+
+    Returns
+    -------
+    cupy.ndarray, float32, shape (M,) or (M, N).
+    """
+    if not isinstance(pwd, DeviceWeights):
+        raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
+    if pwd.mma_words is None:
+        raise ValueError("dequant_mma_cuda: the weights have no tensor-core layout; copy them with "
+                         "to_device(pw, mma=True)")
+    cp = require()
+    xt, vector = _xt(pwd, x, check_bool(check, "check"), max_columns=None)
+    n = xt.shape[0]
+    m, k = pwd.shape
+    g = pwd.group_size
+    groups = k // g
+    row_tiles, chunks = pwd.mma_words.shape[:2]
+    tiles = -(-n // 8)
+    nt_all = 1 if tiles == 1 else 2 if tiles == 2 else 4 if tiles <= 4 else 8
+    mt, nt = _MMA_SHAPES[nt_all]
+    n_pad = -(-n // (8 * nt)) * 8 * nt
+    xf, xs, inv = _mma_x(xt, chunks, n_pad)
+    sums = np.uint64(0)  # a null pointer: read only with zero points
+    if pwd.zeros_t is not None:
+        sums = cp.zeros(n_pad * groups, cp.float32)
+        _kernel("msgemm_group_sums")((-(-(n * groups) // 256),), (256,), (xs, np.int64(k), np.int32(n), np.int32(g),
+                                                                          sums))
+    steps = g // 16  # k16 steps per group
+    unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
+    grid_x = -(-row_tiles // (_MMA_WARPS * mt))
+    grid_z = n_pad // (8 * nt)
+    if splits is None:
+        want = -(-_MMA_BLOCKS_PER_SM * _sm_count(cp.cuda.Device().id) // (grid_x * grid_z))
+    else:
+        want = check_int(splits, "splits", min=1, max=min(groups, 65535))
+    per = -(-(-(-groups // max(1, want))) // unit) * unit
+    s = -(-groups // per)
+    partial = cp.empty((s, n, m), cp.float32)
+    offset2 = int(np.array([1024 - pwd.mma_offset] * 2, np.float16).view(np.uint32)[0])
+    zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
+    _kernel(_mma_name(mt, nt))(
+        (grid_x, s, grid_z), (32 * _MMA_WARPS,),
+        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, np.uint32(offset2), np.int64(m), np.int32(chunks),
+         np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
+    )
+    y = cp.empty((m, n), cp.float32)
+    _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y))
+    y *= inv[None, :]
     return y.reshape(m) if vector else y
