@@ -309,16 +309,18 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     MSGEMM_COUNTERS_FLUSH
 }
 
-// y (M, N) row-major = sum over splits, in split order, of partial[split][n][m].
+// y (M, N) row-major = sum over splits, in split order, of partial[split][n][m], times
+// col_scale[n] where given (the tensor-core kernel's inverse column scales: powers of two).
 extern "C" __global__ void msgemm_reduce_splits(const float* __restrict__ partial, long long m_rows, int n_cols,
-                                                int splits, float* __restrict__ y) {
+                                                int splits, const float* __restrict__ col_scale,
+                                                float* __restrict__ y) {
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= m_rows * n_cols) return;
     const long long m = i / n_cols;
     const long long n = i % n_cols;
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s) acc = __fadd_rn(acc, partial[(static_cast<long long>(s) * n_cols + n) * m_rows + m]);
-    y[i] = acc;
+    y[i] = col_scale != nullptr ? __fmul_rn(acc, col_scale[n]) : acc;
     MSGEMM_COUNTERS_DECLARE
     MSGEMM_COUNT_ADD(reduce_add, splits);
     MSGEMM_COUNTERS_FLUSH
@@ -393,23 +395,35 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //        lo b1} of X scaled per column by a power of two (largest |x| in [2^13, 2^14)) and split
 //        into float16 hi + lo (x = hi + lo to about 22 bits); columns past N are 0. N' is N
 //        rounded up to 8 NT.
-//   scales_t, zeros_t  (K/G, M) as above; sums [N'][K/G]: group sums of the scaled X (only
-//        read with zero points).
+//   scales_t, zeros_t  (K/G, M) as above; sums [N][K/G]: group sums of X (msgemm_group_sums;
+//        read with zero points only), times scale[n] (msgemm_mma_scales).
 // Grid (ceil(ceil(M/16) / (4 MT)), splits, N' / (8 NT)), 128 threads: warp w of block x owns
 // the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
 // (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
 // output: P = sum over the group's k16 steps of A hi + A lo in float32 accumulators from zero
 // (integer data: exact), then y += s * (P - z * S) as in the LUT kernel; partial[split][n][M]
-// for msgemm_reduce_splits, and the host divides by the column's scale (a power of two).
+// for msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two).
 #define MSGEMM_MMA_WARPS 4
 
 #ifdef CUDASIM
+__device__ __forceinline__ unsigned int msgemm_f2h(float f) { return cudasim::float_to_half_bits(f); }
+__device__ __forceinline__ float msgemm_h2f(unsigned int h) { return cudasim::half_bits_to_float(h); }
 __device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) { return cudasim::hsub2(a, b); }
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {
     cudasim::mma16816(d, a, b0, b1);
 }
 #else
+__device__ __forceinline__ unsigned int msgemm_f2h(float f) {  // round to nearest even
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float msgemm_h2f(unsigned int h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
+    return f;
+}
 __device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) {
     unsigned int d;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -425,6 +439,51 @@ __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned in
 }
 #endif
 
+// scale[n] = 2^a, inv[n] = 2^-a with a such that the largest |x| of column n of xt (N, K) is in
+// [2^13, 2^14) (a within [-125, 125], so both are normal floats and scaling is exact; an
+// all-zero column gets a = 14). One block of 256 threads per column.
+extern "C" __global__ void msgemm_mma_scales(const float* __restrict__ xt, long long k, float* __restrict__ scale,
+                                             float* __restrict__ inv) {
+    __shared__ float part[256 / 32];
+    const long long n = blockIdx.x;
+    float mx = 0.0f;
+    for (long long i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(xt[n * k + i]));
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) mx = fmaxf(mx, part[w]);
+        int e = 0;
+        frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1); e = 0 for 0
+        const int a = min(125, max(-125, 14 - e));
+        scale[n] = ldexpf(1.0f, a);
+        inv[n] = ldexpf(1.0f, -a);
+    }
+}
+
+// The B fragments xf [K'/16 steps][N'/8 tiles][32 lanes][4] (layout above) of xt (N, K) scaled
+// by scale[n]: one thread per 32-bit word (two float16s of hi or of lo; 0 past K or N).
+extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, const float* __restrict__ scale, long long k,
+                                        int n_cols, int x_tiles, long long words, unsigned int* __restrict__ xf) {
+    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= words) return;
+    const int reg = static_cast<int>(i & 3);
+    const int lane = static_cast<int>((i >> 2) & 31);
+    const long long tile_step = i >> 7;
+    const int tile = static_cast<int>(tile_step % x_tiles);
+    const long long step = tile_step / x_tiles;
+    const int n = tile * 8 + lane / 4;
+    const long long k0 = step * 16 + 8 * (reg & 1) + 2 * (lane & 3);
+    unsigned int out = 0;
+    for (int e = 0; e < 2; ++e) {
+        const float v = (n < n_cols && k0 + e < k) ? __fmul_rn(xt[n * k + k0 + e], scale[n]) : 0.0f;
+        const unsigned int hi = msgemm_f2h(v);
+        const unsigned int h = reg < 2 ? hi : msgemm_f2h(__fsub_rn(v, msgemm_h2f(hi)));  // hi, or lo = v - hi
+        out |= h << (16 * e);
+    }
+    xf[i] = out;
+}
+
 __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
     return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
 }
@@ -432,7 +491,8 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
 template <int MT, int NT>
 __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
-               const float* __restrict__ zeros_t, const float* __restrict__ sums, unsigned int offset2,
+               const float* __restrict__ zeros_t, const float* __restrict__ sums, const float* __restrict__ scale,
+               unsigned int offset2,
                long long m_rows, int chunks, int x_tiles, int n_cols, int groups, int steps_per_group,
                int groups_per_split, float* __restrict__ partial) {
     const int lane = threadIdx.x & 31;
@@ -468,6 +528,13 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     uint4 cur[MT];
 #pragma unroll
     for (int i = 0; i < MT; ++i) cur[i] = __ldcs(wp[i]);  // read once: evict first
+    // X's fragments run one step ahead of the multiplies (they come from L1/L2: every warp of
+    // the block and every row block of the split reads the same ones), except with 8 column
+    // tiles, whose 64 registers more would spill.
+    constexpr bool AHEAD = NT <= 4;
+    uint4 xb[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xb[nt] = __ldg(xp + nt * 32);
     int g = g_begin;
     int left = steps_per_group;  // steps of group g still to come
     for (int s = s_begin; s < s_end; s += 4) {
@@ -481,10 +548,13 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            uint4 xb[NT];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) xb[nt] = __ldg(xp + nt * 32);
+            uint4 xn[NT];
+            const bool next = j < 3 || more;
             xp += x_step;
+            if (AHEAD) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) xn[nt] = next ? __ldg(xp + nt * 32) : xb[nt];
+            }
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
                 const unsigned int w = msgemm_word(cur[i], j);
@@ -497,6 +567,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                     msgemm_mma16816(pg[i][nt], a, xb[nt].z, xb[nt].w);
                 }
             }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) xb[nt] = AHEAD ? xn[nt] : (next ? __ldg(xp + nt * 32) : xb[nt]);
             if (--left == 0) {  // the end of group g (uniform over the warp)
                 if (g < g_end) {
 #pragma unroll
@@ -514,9 +586,12 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
 #pragma unroll
                                 for (int e = 0; e < 2; ++e) {
                                     float u = pg[i][nt][2 * h + e];
-                                    if (zeros_t != nullptr) {
-                                        const int n = (nt0 + nt) * 8 + 2 * tig + e;
-                                        u = __fsub_rn(u, __fmul_rn(z, __ldg(sums + static_cast<long long>(n) * groups + g)));
+                                    const int n = (nt0 + nt) * 8 + 2 * tig + e;
+                                    if (zeros_t != nullptr && n < n_cols) {  // columns past N are 0
+                                        // S of the scaled column: exact (a power of two)
+                                        const float sum = __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g),
+                                                                    __ldg(scale + n));
+                                        u = __fsub_rn(u, __fmul_rn(z, sum));
                                     }
                                     acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));
                                     pg[i][nt][2 * h + e] = 0.0f;

@@ -266,6 +266,44 @@ def test_mma_words_hold_each_lane_s_fragment_as_the_ptx_isa_lays_it_out():
     np.testing.assert_array_equal(got, want)
 
 
+def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
+    """msgemm_mma_scales and msgemm_mma_x against numpy: per column a power of two putting the
+    largest |x| in [2^13, 2^14) (clamped to 2^+-125), hi = float16(x s), lo = float16(x s - hi),
+    in the B-fragment order of the PTX ISA (register 2 part + r of lane 4 g + t: rows 2 t + 8 r,
+    2 t + 8 r + 1 of column 8 tile + g); zeros past K and N."""
+    rng = np.random.default_rng(24)
+    n, k, chunks, tiles = 11, 150, 3, 2
+    xt = rng.standard_normal((n, k)).astype(np.float32)
+    xt[1] *= np.float32(3e37)
+    xt[2] *= np.float32(1e-40)  # subnormal
+    xt[3] = 0.0
+    xt[4, 7] = -65504.0 * 4
+    scale, inv = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+    mgc._kernel("msgemm_mma_scales")((n,), (256,), (xt, np.int64(k), scale, inv))
+    scale, inv = cp.asnumpy(scale), cp.asnumpy(inv)
+    mx = np.abs(xt).max(axis=1)
+    a = np.clip(14 - np.frexp(mx)[1], -125, 125)
+    np.testing.assert_array_equal(scale, np.ldexp(np.float32(1), a))
+    np.testing.assert_array_equal(inv, np.ldexp(np.float32(1), -a))
+    ok = mx > 1e-30
+    assert np.all((mx * scale)[ok] >= 2.0**13) and np.all((mx * scale)[ok] < 2.0**14)
+    xf = cp.empty((4 * chunks, tiles, 32, 4), cp.uint32)
+    mgc._kernel("msgemm_mma_x")((-(-xf.size // 256),), (256,), (xt, cp.asarray(scale), np.int64(k), np.int32(n),
+                                                               np.int32(tiles), np.int64(xf.size), xf))
+    full = np.zeros((8 * tiles, 64 * chunks), np.float32)
+    full[:n, :k] = xt * scale[:, None]
+    hi = full.astype(np.float16)
+    lo = (full - hi.astype(np.float32)).astype(np.float16)
+    want = np.zeros(xf.shape, np.uint32)
+    for step, tile, lane, reg in np.ndindex(xf.shape):
+        g, t = divmod(lane, 4)
+        part, r = divmod(reg, 2)
+        row = 16 * step + 2 * t + 8 * r
+        h = (hi, lo)[part][8 * tile + g, row:row + 2].view(np.uint16).astype(np.uint32)
+        want[step, tile, lane, reg] = h[0] | (h[1] << 16)
+    np.testing.assert_array_equal(cp.asnumpy(xf), want)
+
+
 @pytest.mark.parametrize("fmt, g, zeros", MMA_EXACT)
 def test_mma_equals_float64_reference_exactly(cp, fmt, g, zeros):
     """Integer data with power-of-two scales: every product and partial sum is an exact integer

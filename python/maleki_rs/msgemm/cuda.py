@@ -65,7 +65,8 @@ _BLOCKS_PER_SM = 2  # default K splits: about this many blocks per SM
 #: Shared memory for one chunk of staged tables (no opt-in to large shared memory needed); 0
 #: stages one batch of words' tables at a time (a barrier pair per batch).
 _CHUNK_BYTES = 48 << 10
-_PLAIN = ("msgemm_tables", "msgemm_group_sums", "msgemm_reduce_splits", "dequant_gemv_shfl")
+_PLAIN = ("msgemm_tables", "msgemm_group_sums", "msgemm_reduce_splits", "dequant_gemv_shfl", "msgemm_mma_scales",
+          "msgemm_mma_x")
 #: Operation kinds of the counting build (``msgemm_cuda(..., count=True)``), in the order of
 #: ``msgemm_counts`` in msgemm.cu.
 COUNT_KINDS = ("table_mul", "table_add", "sum_add", "words", "staged", "lookups", "scale_mul", "zero_mul",
@@ -456,7 +457,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     )
     y = cp.empty((m, n), cp.float32)
     _kernel("msgemm_reduce_splits", count)(
-        (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y)
+        (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), np.uint64(0), y)
     )
     y = y.reshape(m) if vector else y
     if count:
@@ -486,29 +487,6 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
          np.int32(pwd.group_size), y),
     )
     return y.reshape(m) if vector else y
-
-
-def _mma_x(xt: Any, chunks: int, n_pad: int) -> tuple[Any, Any, Any]:
-    """X (N, K) float32 as msgemm_mma's B fragments (msgemm.cu, "Batches on tensor cores"):
-    ``(xf, xs, inv)``: xf (4 chunks, n_pad / 8, 32, 4) uint32; xs, X scaled per column by a
-    power of two that puts its largest |x| in [2^13, 2^14) (float16's range, with room); inv,
-    the inverse scales (N,) float32."""
-    cp = require()
-    n, k = xt.shape
-    _, e = cp.frexp(cp.abs(xt).max(axis=1))
-    # Clamped so that the scale and its inverse are normal float32 (the scaling is then exact).
-    a = cp.clip(14 - e.astype(cp.int32), -125, 125)
-    scale = cp.ldexp(cp.ones(n, cp.float32), a)
-    xs = xt * scale[:, None]
-    full = cp.zeros((n_pad, 64 * chunks), cp.float32)
-    full[:n, :k] = xs
-    hi = full.astype(cp.float16)
-    lo = (full - hi.astype(cp.float32)).astype(cp.float16)
-    # n = 8 tile + g; k = 16 step + 8 r + 2 t + e; fragment register = 2 part + r
-    parts = cp.stack([hi, lo]).reshape(2, n_pad // 8, 8, 4 * chunks, 2, 4, 2)
-    frag = cp.ascontiguousarray(parts.transpose(3, 1, 2, 5, 0, 4, 6))  # step, tile, g, t, part, r, e
-    xf = frag.view(cp.uint32).reshape(4 * chunks, n_pad // 8, 32, 4)
-    return xf, xs, cp.ldexp(cp.ones(n, cp.float32), -a)
 
 
 def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True) -> Any:
@@ -552,11 +530,16 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     nt_all = 1 if tiles == 1 else 2 if tiles == 2 else 4 if tiles <= 4 else 8
     mt, nt = _MMA_SHAPES[nt_all]
     n_pad = -(-n // (8 * nt)) * 8 * nt
-    xf, xs, inv = _mma_x(xt, chunks, n_pad)
+    scale = cp.empty(n, cp.float32)
+    inv = cp.empty(n, cp.float32)
+    _kernel("msgemm_mma_scales")((n,), (256,), (xt, np.int64(k), scale, inv))
+    xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
+    _kernel("msgemm_mma_x")((-(-xf.size // 256),), (256,), (xt, scale, np.int64(k), np.int32(n),
+                                                           np.int32(n_pad // 8), np.int64(xf.size), xf))
     sums = np.uint64(0)  # a null pointer: read only with zero points
     if pwd.zeros_t is not None:
-        sums = cp.zeros(n_pad * groups, cp.float32)
-        _kernel("msgemm_group_sums")((-(-(n * groups) // 256),), (256,), (xs, np.int64(k), np.int32(n), np.int32(g),
+        sums = cp.empty(n * groups, cp.float32)
+        _kernel("msgemm_group_sums")((-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g),
                                                                           sums))
     steps = g // 16  # k16 steps per group
     unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
@@ -566,17 +549,18 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
         want = -(-_MMA_BLOCKS_PER_SM * _sm_count(cp.cuda.Device().id) // (grid_x * grid_z))
     else:
         want = check_int(splits, "splits", min=1, max=min(groups, 65535))
-    per = -(-(-(-groups // max(1, want))) // unit) * unit
+    per = -(-groups // max(1, want))  # groups per split,
+    per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
     partial = cp.empty((s, n, m), cp.float32)
     offset2 = int(np.array([1024 - pwd.mma_offset] * 2, np.float16).view(np.uint32)[0])
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     _kernel(_mma_name(mt, nt))(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
-        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, np.uint32(offset2), np.int64(m), np.int32(chunks),
+        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, scale, np.uint32(offset2), np.int64(m), np.int32(chunks),
          np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
     )
     y = cp.empty((m, n), cp.float32)
-    _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y))
-    y *= inv[None, :]
+    _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,),
+                                    (partial, np.int64(m), np.int32(n), np.int32(s), inv, y))
     return y.reshape(m) if vector else y
