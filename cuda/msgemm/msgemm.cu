@@ -379,11 +379,15 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //
 // The LUT kernel above does one lookup and add per weight and column, so from about N = 4 on
 // it loses to cuBLAS on dequantized float16 weights (tensor cores). This kernel keeps the 4-bit
-// weight stream (a quarter of float16's bytes) and does the multiply-adds on tensor cores. It
-// takes codebooks of the form v[c] = c + b with an integer b (int4, uint4, int3, uint3, int2,
-// uint2, ternary: codes below 16): the float16 with bits 0x6400 | c is 1024 + c, so a word of 8
-// codes becomes 4 registers of float16 pairs with a shift, an and-or and one float16
-// subtraction of 1024 - b each, exactly.
+// weight stream (a quarter of float16's bytes) and does the multiply-adds on tensor cores. Two
+// codebooks decode without tables (a word of 8 codes becomes 4 registers of float16 pairs,
+// exactly):
+//   FMT 0: v[c] = c + b with an integer b (int4, uint4, int3, uint3, int2, uint2, ternary):
+//          the float16 with bits 0x6400 | c is 1024 + c; a shift, an and-or and one float16
+//          subtraction of 1024 - b per register.
+//   FMT 1: fp4 e2m1 (c = sign, 2 exponent bits, 1 mantissa bit): the sign to bit 15 and the
+//          other three bits to bits 9-11 make the float16 v[c] 2^-14 (subnormal for 0.5); two
+//          shifts and two logic operations per register, and the scale takes the 2^14.
 //
 // Layouts (python/maleki_rs/msgemm/cuda.py: to_device(..., mma=True), dequant_mma_cuda):
 //   wq   [ceil(M/16) row tiles][K'/64 chunks][32 lanes] uint4, K' = K rounded up to 64 (codes
@@ -488,7 +492,7 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
     return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
 }
 
-template <int MT, int NT>
+template <int MT, int NT, int FMT>
 __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
                const float* __restrict__ zeros_t, const float* __restrict__ sums, const float* __restrict__ scale,
@@ -529,9 +533,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
 #pragma unroll
     for (int i = 0; i < MT; ++i) cur[i] = __ldcs(wp[i]);  // read once: evict first
     // X's fragments run one step ahead of the multiplies (they come from L1/L2: every warp of
-    // the block and every row block of the split reads the same ones), except with 8 column
-    // tiles, whose 64 registers more would spill.
-    constexpr bool AHEAD = NT <= 4;
+    // the block and every row block of the split reads the same ones).
     uint4 xb[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xb[nt] = __ldg(xp + nt * 32);
@@ -551,16 +553,20 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
             uint4 xn[NT];
             const bool next = j < 3 || more;
             xp += x_step;
-            if (AHEAD) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) xn[nt] = next ? __ldg(xp + nt * 32) : xb[nt];
-            }
+            for (int nt = 0; nt < NT; ++nt) xn[nt] = next ? __ldg(xp + nt * 32) : xb[nt];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
                 const unsigned int w = msgemm_word(cur[i], j);
                 unsigned int a[4];
 #pragma unroll
-                for (int r = 0; r < 4; ++r) a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
+                for (int r = 0; r < 4; ++r) {
+                    if (FMT == 0) {
+                        a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
+                    } else {  // sign bits 4r + 3 (and + 19) to 15 (31), bits 4r..4r+2 to 9..11
+                        a[r] = ((w << (12 - 4 * r)) & 0x80008000u) | (((w >> 3) << (12 - 4 * r)) & 0x0e000e00u);
+                    }
+                }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     msgemm_mma16816(pg[i][nt], a, xb[nt].x, xb[nt].y);
@@ -568,7 +574,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                 }
             }
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) xb[nt] = AHEAD ? xn[nt] : (next ? __ldg(xp + nt * 32) : xb[nt]);
+            for (int nt = 0; nt < NT; ++nt) xb[nt] = xn[nt];
             if (--left == 0) {  // the end of group g (uniform over the warp)
                 if (g < g_end) {
 #pragma unroll
@@ -577,7 +583,10 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                         for (int h = 0; h < 2; ++h) {
                             const long long row = (tile0 + i) * 16 + gid + 8 * h;
                             const bool live = row < m_rows;
-                            const float sc = live ? __ldg(scales_t + static_cast<long long>(g) * m_rows + row) : 0.0f;
+                            // FMT 1: the decoded values are v 2^-14 (exact powers of two throughout)
+                            const float sc = live ? __fmul_rn(__ldg(scales_t + static_cast<long long>(g) * m_rows + row),
+                                                              FMT == 1 ? 16384.0f : 1.0f)
+                                                  : 0.0f;
                             const float z =
                                 (live && zeros_t != nullptr) ? __ldg(zeros_t + static_cast<long long>(g) * m_rows + row)
                                                              : 0.0f;
@@ -590,7 +599,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                                     if (zeros_t != nullptr && n < n_cols) {  // columns past N are 0
                                         // S of the scaled column: exact (a power of two)
                                         const float sum = __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g),
-                                                                    __ldg(scale + n));
+                                                                    __fmul_rn(__ldg(scale + n),
+                                                                              FMT == 1 ? 1.0f / 16384.0f : 1.0f));
                                         u = __fsub_rn(u, __fmul_rn(z, sum));
                                     }
                                     acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));

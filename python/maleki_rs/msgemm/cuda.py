@@ -76,10 +76,16 @@ _COUNT_OPTION = "-DMSGEMM_COUNT"
 
 #: Bits per table index in the device layout: 4 where a table has at most 16 entries.
 INDEX_BITS = (4, 8)
-#: Shapes of msgemm_mma: (row tiles, column tiles of 8) per warp, by column tiles in the call.
-#: MT x NT = 4 to 8 keeps the two accumulator sets (8 MT NT floats) in registers.
-_MMA_SHAPES = {1: (4, 1), 2: (4, 2), 4: (2, 4), 8: (1, 8)}
+#: Shapes of msgemm_mma: (row tiles, column tiles of 8) per warp, by column tiles in the call
+#: (more than 4: blocks of 4 along N). MT x NT = 4 to 8 keeps the two accumulator sets (8 MT NT
+#: floats) in registers; 8 column tiles (1, 8) spilled in the step loop. Beyond 32 columns each
+#: block of 32 reads the weights again, but there the two float16 multiplies per weight and
+#: column outlast the weight stream anyway.
+_MMA_SHAPES = {1: (4, 1), 2: (4, 2), 4: (2, 4)}
 _MMA_WARPS = 4
+#: Codebooks msgemm_mma decodes (its FMT): v[c] = c + b, and fp4 e2m1 (code = sign, exponent, mantissa).
+_MMA_AFFINE, _MMA_E2M1 = 0, 1
+_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 _MMA_BLOCKS_PER_SM = 4  # default K splits: about this many 4-warp blocks per SM
 
 
@@ -95,11 +101,12 @@ def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
     if rpt < 2:
         raise ValueError(f"rpt: the LUT kernel needs at least 2 rows per thread, got {rpt}")
     return _PLAIN + tuple(_lut_name(n, _rows_per_thread(n, rpt), b) for b in INDEX_BITS
-                          for n in range(1, MAX_COLUMNS + 1)) + tuple(_mma_name(*s) for s in _MMA_SHAPES.values())
+                          for n in range(1, MAX_COLUMNS + 1)) + tuple(
+        _mma_name(*s, f) for f in (_MMA_AFFINE, _MMA_E2M1) for s in _MMA_SHAPES.values())
 
 
-def _mma_name(mt: int, nt: int) -> str:
-    return f"msgemm_mma<{mt}, {nt}>"
+def _mma_name(mt: int, nt: int, fmt: int) -> str:
+    return f"msgemm_mma<{mt}, {nt}, {fmt}>"
 
 
 def _rows_per_thread(n: int, rpt: int | None = None) -> int:
@@ -136,8 +143,8 @@ class DeviceWeights:
     mma_words : cupy.ndarray or None
         With ``to_device(..., mma=True)``: the codes as tensor-core A fragments for
         :func:`dequant_mma_cuda`, shape (ceil(M/16), ceil(K/64), 32, 4) uint32 (4 bits a code).
-    mma_offset : int
-        The ``b`` of the codebook ``v[c] = c + b`` that ``mma_words`` decodes with.
+    mma_format : tuple[int, int]
+        How ``mma_words`` decode: (0, b) for a codebook ``v[c] = c + b``, (1, 0) for fp4 e2m1.
     """
 
     shape: tuple[int, int]
@@ -153,7 +160,7 @@ class DeviceWeights:
     packed: Any
     nbytes: int
     mma_words: Any = None
-    mma_offset: int = 0
+    mma_format: tuple[int, int] = (0, 0)
 
     @property
     def slot(self) -> int:
@@ -195,8 +202,8 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
     mma : bool
         Also lay the codes out for :func:`dequant_mma_cuda` (batches on tensor cores; another
         half byte per weight on the device). Needs a codebook ``v[c] = c + b`` with an integer
-        ``b`` (int4, uint4, int3, uint3, int2, uint2, ternary) and a group size that is a
-        multiple of 16.
+        ``b`` (int4, uint4, int3, uint3, int2, uint2, ternary) or fp4's, and a group size that
+        is a multiple of 16.
     """
     if not isinstance(pw, PackedWeights):
         raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
@@ -211,7 +218,7 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
     if m >= _MAX_ROWS:  # the LUT kernel's word offsets are 32-bit
         raise ValueError(f"pw: the GPU kernels take fewer than {_MAX_ROWS} rows, got M={m}")
     bits = 4 if _nibble_depth_ok(v, g, d) else 8
-    offset = _mma_offset(pw) if check_bool(mma, "mma") else None
+    mma_format = _mma_format(pw) if check_bool(mma, "mma") else None
     cp = require()
     codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
     idx = np.zeros((m, k // d), np.uint16)
@@ -239,26 +246,26 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
         k_perm=None if pw.k_perm is None else cp.asarray(np.asarray(pw.k_perm, dtype=np.int64)),
         packed=packed,
         nbytes=pw.nbytes,
-        mma_words=None if offset is None else cp.asarray(_mma_words(np.asarray(pw.codes, np.uint8))),
-        mma_offset=0 if offset is None else offset,
+        mma_words=None if mma_format is None else cp.asarray(_mma_words(np.asarray(pw.codes, np.uint8))),
+        mma_format=(0, 0) if mma_format is None else mma_format,
     )
 
 
-def _mma_offset(pw: PackedWeights) -> int:
-    """The integer ``b`` of a codebook ``v[c] = c + b`` (what msgemm_mma decodes), checking what
-    the tensor-core layout needs."""
-    values = np.asarray(pw.codebook, np.float64)
-    b = values[0] if values.size else 0.0
-    affine = (values.size <= 16 and np.array_equal(values, np.arange(values.size) + b) and b == np.floor(b)
-              and -1008 <= b <= 0)
-    if not affine:
-        raise ValueError(
-            f"mma: the tensor-core kernel decodes codebooks v[c] = c + b with an integer b (int4, uint4, int3, "
-            f"uint3, int2, uint2, ternary); format {pw.format!r} has {values.tolist()[:16]}"
-        )
+def _mma_format(pw: PackedWeights) -> tuple[int, int]:
+    """How msgemm_mma decodes ``pw``'s codebook: (0, b) for ``v[c] = c + b`` with an integer
+    ``b``, (1, 0) for fp4 e2m1; checks what the tensor-core layout needs."""
     if pw.group_size % 16:
         raise ValueError(f"mma: the tensor-core kernel needs a group size that is a multiple of 16, got {pw.group_size}")
-    return int(b)
+    values = np.asarray(pw.codebook, np.float64)
+    if np.array_equal(values, _E2M1):
+        return (_MMA_E2M1, 0)
+    b = values[0] if values.size else 0.0
+    if values.size <= 16 and np.array_equal(values, np.arange(values.size) + b) and b == np.floor(b) and -1008 <= b <= 0:
+        return (_MMA_AFFINE, int(b))
+    raise ValueError(
+        f"mma: the tensor-core kernel decodes codebooks v[c] = c + b with an integer b (int4, uint4, int3, uint3, "
+        f"int2, uint2, ternary) and fp4's; format {pw.format!r} has {values.tolist()[:16]}"
+    )
 
 
 def _mma_words(codes: np.ndarray) -> np.ndarray:
@@ -503,7 +510,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     ----------
     pwd : DeviceWeights
         From ``to_device(pw, mma=True)`` (codebooks ``v[c] = c + b``: int4, uint4, int3,
-        uint3, int2, uint2, ternary; group sizes that are multiples of 16).
+        uint3, int2, uint2, ternary; and fp4; group sizes that are multiples of 16).
     x : array_like (numpy or cupy), shape (K,) or (K, N), any N >= 1, float dtype
     splits : int, optional
         K splits (blocks along K, whole groups each); default: about 4 blocks per SM.
@@ -527,8 +534,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     groups = k // g
     row_tiles, chunks = pwd.mma_words.shape[:2]
     tiles = -(-n // 8)
-    nt_all = 1 if tiles == 1 else 2 if tiles == 2 else 4 if tiles <= 4 else 8
-    mt, nt = _MMA_SHAPES[nt_all]
+    mt, nt = _MMA_SHAPES[1 if tiles == 1 else 2 if tiles == 2 else 4]
     n_pad = -(-n // (8 * nt)) * 8 * nt
     scale = cp.empty(n, cp.float32)
     inv = cp.empty(n, cp.float32)
@@ -553,9 +559,10 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
     partial = cp.empty((s, n, m), cp.float32)
-    offset2 = int(np.array([1024 - pwd.mma_offset] * 2, np.float16).view(np.uint32)[0])
+    fmt, b = pwd.mma_format
+    offset2 = int(np.array([1024 - b] * 2, np.float16).view(np.uint32)[0])  # FMT 0: float16 1024 - b, twice
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
-    _kernel(_mma_name(mt, nt))(
+    _kernel(_mma_name(mt, nt, fmt))(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
         (pwd.mma_words, xf, pwd.scales_t, zeros, sums, scale, np.uint32(offset2), np.int64(m), np.int32(chunks),
          np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
