@@ -564,7 +564,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                     if (FMT == 0) {
                         a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
                     } else {  // sign bits 4r + 3 (and + 19) to 15 (31), bits 4r..4r+2 to 9..11
-                        a[r] = ((w << (12 - 4 * r)) & 0x80008000u) | (((w >> 3) << (12 - 4 * r)) & 0x0e000e00u);
+                        const unsigned int em = (r < 3 ? w << (9 - 4 * r) : w >> 3) & 0x0e000e00u;
+                        a[r] = ((w << (12 - 4 * r)) & 0x80008000u) | em;
                     }
                 }
 #pragma unroll
