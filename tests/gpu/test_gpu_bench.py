@@ -31,7 +31,7 @@ def bench(sim_cp, monkeypatch):
         return 0.1
 
     monkeypatch.setattr(mod, "timed", fake_timed)
-    monkeypatch.setattr(mod, "run_oracles", lambda: "not run (simulator)")
+    monkeypatch.setattr(mod, "run_oracles", lambda: ("not run (simulator)", True))
     mod.calls = calls
     return mod
 
@@ -54,6 +54,22 @@ def test_bench_runs_on_the_simulator(bench, monkeypatch, capsys):
     assert rows("int2 g64") == 2 and rows("ternary g80") == 2
     assert "a batch at a time" in out and "d = 2 (8-bit indices)" in out
     assert len(bench.calls) > 100
+
+
+def test_bench_times_the_lut_kernels_when_the_tensor_core_oracles_fail(bench, monkeypatch, capsys):
+    """A failing (or crashing) tensor-core kernel must not cost a device session the LUT
+    figures: its oracles run apart, and the script then leaves it out."""
+    from maleki_rs.msgemm import cuda as mgc
+
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(bench, "run_oracles", lambda: ("tensor cores failed", False))
+    monkeypatch.setattr(mgc, "dequant_mma_cuda", lambda *a, **k: pytest.fail("the tensor-core kernel ran"))
+    monkeypatch.setattr(sys, "argv", ["gpu_msgemm.py", "--no-write", "--shapes", "200x256", "--sweep-shapes",
+                                      "130x128"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "not timed: its device oracles failed" in out
+    assert sum(line.startswith("| (200, 256) |") for line in out.splitlines()) == 4
 
 
 def test_bench_rejects_bad_shapes(bench, monkeypatch):
