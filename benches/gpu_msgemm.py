@@ -172,7 +172,7 @@ def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     cuBLAS fp16 on the dequantized weights alongside. The library's default comes from this."""
     rng = np.random.default_rng(3)
     flush_buf = cp.empty(256 << 20, cp.uint8)
-    per_sm = [1, 2, 4, 8, 16]
+    per_sm = [1, 2, 3, 4, 6, 8]
     saved = mgc._MMA_BLOCKS_PER_SM
     rows = []
     try:

@@ -95,17 +95,21 @@ extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const flo
     MSGEMM_COUNTERS_FLUSH
 }
 
-// S[n][g] = ((x_0 + x_1) + ...) + x_{G-1} over the group (the zero-point term), one thread each.
+// S[n][g] = ((x_0 + x_1) + ...) + x_{G-1} over the group (the zero-point term), one thread each;
+// with `scale` (the tensor-core kernel's column scales, powers of two), of the x_j scale[n]: the
+// same sum scaled exactly, short of float32's range.
 extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long long k, int n_cols,
-                                             int group_size, float* __restrict__ sums) {
+                                             int group_size, const float* __restrict__ scale,
+                                             float* __restrict__ sums) {
     const long long groups = k / group_size;
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= groups * n_cols) return;
     const long long n = i / groups;
     const long long g = i % groups;
     const float* xs = xt + n * k + g * group_size;
-    float s = xs[0];
-    for (int j = 1; j < group_size; ++j) s = __fadd_rn(s, xs[j]);
+    const float c = scale != nullptr ? scale[n] : 1.0f;
+    float s = __fmul_rn(xs[0], c);
+    for (int j = 1; j < group_size; ++j) s = __fadd_rn(s, __fmul_rn(xs[j], c));
     sums[i] = s;
     MSGEMM_COUNTERS_DECLARE
     MSGEMM_COUNT_ADD(sum_add, group_size - 1);
@@ -386,8 +390,10 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //          the float16 with bits 0x6400 | c is 1024 + c; a shift, an and-or and one float16
 //          subtraction of 1024 - b per register.
 //   FMT 1: fp4 e2m1 (c = sign, 2 exponent bits, 1 mantissa bit): the sign to bit 15 and the
-//          other three bits to bits 9-11 make the float16 v[c] 2^-14 (subnormal for 0.5); two
-//          shifts and two logic operations per register, and the scale takes the 2^14.
+//          other three bits to bits 9-11 make the float16 v[c] 2^-14 (subnormal for 0.5), and a
+//          float16 doubling makes it v 2^-13, normal: the tensor cores never see a subnormal
+//          weight (how they treat them is not documented). Two shifts, two logic operations
+//          and a multiply per register; the scale takes the 2^13.
 //
 // Layouts (python/maleki_rs/msgemm/cuda.py: to_device(..., mma=True), dequant_mma_cuda):
 //   wq   [ceil(M/16) row tiles][K'/64 chunks][32 lanes] uint4, K' = K rounded up to 64 (codes
@@ -399,8 +405,8 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //        lo b1} of X scaled per column by a power of two (largest |x| in [2^13, 2^14)) and split
 //        into float16 hi + lo (x = hi + lo to about 22 bits); columns past N are 0. N' is N
 //        rounded up to 8 NT.
-//   scales_t, zeros_t  (K/G, M) as above; sums [N][K/G]: group sums of X (msgemm_group_sums;
-//        read with zero points only), times scale[n] (msgemm_mma_scales).
+//   scales_t, zeros_t  (K/G, M) as above; sums [N][K/G]: group sums of the scaled X
+//        (msgemm_group_sums with msgemm_mma_scales' scale; read with zero points only).
 // Grid (ceil(ceil(M/16) / (4 MT)), splits, N' / (8 NT)), 128 threads: warp w of block x owns
 // the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
 // (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
@@ -413,6 +419,7 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 __device__ __forceinline__ unsigned int msgemm_f2h(float f) { return cudasim::float_to_half_bits(f); }
 __device__ __forceinline__ float msgemm_h2f(unsigned int h) { return cudasim::half_bits_to_float(h); }
 __device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) { return cudasim::hsub2(a, b); }
+__device__ __forceinline__ unsigned int msgemm_hmul2(unsigned int a, unsigned int b) { return cudasim::hmul2(a, b); }
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {
     cudasim::mma16816(d, a, b0, b1);
@@ -431,6 +438,11 @@ __device__ __forceinline__ float msgemm_h2f(unsigned int h) {
 __device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) {
     unsigned int d;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int msgemm_hmul2(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
@@ -495,8 +507,7 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
 template <int MT, int NT, int FMT>
 __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
-               const float* __restrict__ zeros_t, const float* __restrict__ sums, const float* __restrict__ scale,
-               unsigned int offset2,
+               const float* __restrict__ zeros_t, const float* __restrict__ sums, unsigned int offset2,
                long long m_rows, int chunks, int x_tiles, int n_cols, int groups, int steps_per_group,
                int groups_per_split, float* __restrict__ partial) {
     const int lane = threadIdx.x & 31;
@@ -529,9 +540,12 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
             for (int e = 0; e < 4; ++e) acc[i][nt][e] = pg[i][nt][e] = 0.0f;
         }
     }
+    // Evict first: read once per block along N, and blocks along N (N > 8 NT) come one after
+    // another in launch order, long after the weights would have left L2 (choosing the hint
+    // per launch costs registers: ptxas spills at its 168-register budget).
     uint4 cur[MT];
 #pragma unroll
-    for (int i = 0; i < MT; ++i) cur[i] = __ldcs(wp[i]);  // read once: evict first
+    for (int i = 0; i < MT; ++i) cur[i] = __ldcs(wp[i]);
     // X's fragments run one step ahead of the multiplies (they come from L1/L2: every warp of
     // the block and every row block of the split reads the same ones).
     uint4 xb[NT];
@@ -565,7 +579,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                         a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
                     } else {  // sign bits 4r + 3 (and + 19) to 15 (31), bits 4r..4r+2 to 9..11
                         const unsigned int em = (r < 3 ? w << (9 - 4 * r) : w >> 3) & 0x0e000e00u;
-                        a[r] = ((w << (12 - 4 * r)) & 0x80008000u) | em;
+                        a[r] = msgemm_hmul2(((w << (12 - 4 * r)) & 0x80008000u) | em, 0x40004000u);  // x 2.0
                     }
                 }
 #pragma unroll
@@ -584,9 +598,9 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                         for (int h = 0; h < 2; ++h) {
                             const long long row = (tile0 + i) * 16 + gid + 8 * h;
                             const bool live = row < m_rows;
-                            // FMT 1: the decoded values are v 2^-14 (exact powers of two throughout)
+                            // FMT 1: the decoded values are v 2^-13 (exact powers of two throughout)
                             const float sc = live ? __fmul_rn(__ldg(scales_t + static_cast<long long>(g) * m_rows + row),
-                                                              FMT == 1 ? 16384.0f : 1.0f)
+                                                              FMT == 1 ? 8192.0f : 1.0f)
                                                   : 0.0f;
                             const float z =
                                 (live && zeros_t != nullptr) ? __ldg(zeros_t + static_cast<long long>(g) * m_rows + row)
@@ -598,10 +612,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                                     float u = pg[i][nt][2 * h + e];
                                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
                                     if (zeros_t != nullptr && n < n_cols) {  // columns past N are 0
-                                        // S of the scaled column: exact (a power of two)
                                         const float sum = __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g),
-                                                                    __fmul_rn(__ldg(scale + n),
-                                                                              FMT == 1 ? 1.0f / 16384.0f : 1.0f));
+                                                                    FMT == 1 ? 1.0f / 8192.0f : 1.0f);
                                         u = __fsub_rn(u, __fmul_rn(z, sum));
                                     }
                                     acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));

@@ -20,7 +20,7 @@
 //     against a page that cannot be read or written (at most 15 bytes short of it, to keep
 //     16-byte alignment), and a fault there stops the launch with an error naming the argument.
 //   - float16 (as bits, two to a 32-bit word) and the tensor-core instruction mma.m16n8k16
-//     with float32 accumulators: cudasim::hsub2 and cudasim::mma16816 below stand in for the
+//     with float32 accumulators: cudasim::hsub2, hmul2 and mma16816 below stand in for the
 //     kernels' inline PTX (they test CUDASIM); the mma is a warp collective, like a shuffle.
 // What it does not model: the memory model (no races between blocks can happen here), warp
 // divergence timing, shuffles over part of a warp (a mask other than 0xffffffff is refused),
@@ -584,6 +584,12 @@ inline unsigned int float_to_half_bits(float f) {  // round to nearest even, as 
 inline unsigned int hsub2(unsigned int a, unsigned int b) {
     const unsigned int lo = float_to_half_bits(half_bits_to_float(a & 0xffffu) - half_bits_to_float(b & 0xffffu));
     const unsigned int hi = float_to_half_bits(half_bits_to_float(a >> 16) - half_bits_to_float(b >> 16));
+    return lo | (hi << 16);
+}
+// mul.rn.f16x2: as hsub2 (a float16 product is exact in float32).
+inline unsigned int hmul2(unsigned int a, unsigned int b) {
+    const unsigned int lo = float_to_half_bits(half_bits_to_float(a & 0xffffu) * half_bits_to_float(b & 0xffffu));
+    const unsigned int hi = float_to_half_bits(half_bits_to_float(a >> 16) * half_bits_to_float(b >> 16));
     return lo | (hi << 16);
 }
 // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, D = A B + C in place (PTX ISA, "Matrix

@@ -86,7 +86,9 @@ _MMA_WARPS = 4
 #: Codebooks msgemm_mma decodes (its FMT): v[c] = c + b, and fp4 e2m1 (code = sign, exponent, mantissa).
 _MMA_AFFINE, _MMA_E2M1 = 0, 1
 _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
-_MMA_BLOCKS_PER_SM = 4  # default K splits: about this many 4-warp blocks per SM
+#: Default K splits: about this many 4-warp blocks per SM, what fits at 150-160 registers per
+#: thread (ptxas, the <4, 2> and <2, 4> shapes); untimed on a GPU so far.
+_MMA_BLOCKS_PER_SM = 3
 
 
 def _lut_name(n: int, rpt: int, bits: int) -> str:
@@ -442,7 +444,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     sums = cp.zeros(n * groups, cp.float32)
     if pwd.zeros_t is not None:
         _kernel("msgemm_group_sums", count)(
-            (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
+            (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), np.uint64(0), sums)
         )
     sm = _sm_count(cp.cuda.Device().id)
     rpt = _rows_per_thread(n)
@@ -545,8 +547,8 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     sums = np.uint64(0)  # a null pointer: read only with zero points
     if pwd.zeros_t is not None:
         sums = cp.empty(n * groups, cp.float32)
-        _kernel("msgemm_group_sums")((-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g),
-                                                                          sums))
+        _kernel("msgemm_group_sums")((-(-(n * groups) // 256),), (256,),
+                                     (xt, np.int64(k), np.int32(n), np.int32(g), scale, sums))
     steps = g // 16  # k16 steps per group
     unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
     grid_x = -(-row_tiles // (_MMA_WARPS * mt))
@@ -564,7 +566,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     _kernel(_mma_name(mt, nt, fmt))(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
-        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, scale, np.uint32(offset2), np.int64(m), np.int32(chunks),
+        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, np.uint32(offset2), np.int64(m), np.int32(chunks),
          np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
     )
     y = cp.empty((m, n), cp.float32)
