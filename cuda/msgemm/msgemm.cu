@@ -457,10 +457,10 @@ __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned in
 
 // scale[n] = 2^a, inv[n] = 2^-a with a such that the largest |x| of column n of xt (N, K) is in
 // [2^13, 2^14) (a within [-125, 125], so both are normal floats and scaling is exact; an
-// all-zero column gets a = 14). One block of 256 threads per column.
+// all-zero column gets a = 14). One block per column, of up to 1024 threads (a multiple of 32).
 extern "C" __global__ void msgemm_mma_scales(const float* __restrict__ xt, long long k, float* __restrict__ scale,
                                              float* __restrict__ inv) {
-    __shared__ float part[256 / 32];
+    __shared__ float part[1024 / 32];
     const long long n = blockIdx.x;
     float mx = 0.0f;
     for (long long i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(xt[n * k + i]));

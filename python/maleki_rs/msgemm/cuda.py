@@ -540,7 +540,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     n_pad = -(-n // (8 * nt)) * 8 * nt
     scale = cp.empty(n, cp.float32)
     inv = cp.empty(n, cp.float32)
-    _kernel("msgemm_mma_scales")((n,), (256,), (xt, np.int64(k), scale, inv))
+    _kernel("msgemm_mma_scales")((n,), (min(1024, 32 * -(-k // 256)),), (xt, np.int64(k), scale, inv))  # 8+ x a thread
     xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
     _kernel("msgemm_mma_x")((-(-xf.size // 256),), (256,), (xt, scale, np.int64(k), np.int32(n),
                                                            np.int32(n_pad // 8), np.int64(xf.size), xf))
