@@ -393,7 +393,13 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //          other three bits to bits 9-11 make the float16 v[c] 2^-14 (subnormal for 0.5), and a
 //          float16 doubling makes it v 2^-13, normal: the tensor cores never see a subnormal
 //          weight (how they treat them is not documented). Two shifts, two logic operations
-//          and a multiply per register; the scale takes the 2^13.
+//          and a multiply per register; the scale takes the 2^13 (vscale).
+// Any other codebook of at most 16 values (nf4, custom ones) goes through a table:
+//   FMT 2: codebook[c] = hi | lo << 16, the float16 split of v[c] vscale (a power of two putting
+//          the largest |v| in [2^13, 2^14)); the table sits in shared memory (16 words in 16
+//          banks: lanes never conflict), two loads and two byte permutes per register, and a
+//          third mma per step and column tile (A hi X hi + A hi X lo + A lo X hi: the A lo X lo
+//          term is below float32's precision).
 //
 // Layouts (python/maleki_rs/msgemm/cuda.py: to_device(..., mma=True), dequant_mma_cuda):
 //   wq   [ceil(M/16) row tiles][K'/64 chunks][32 lanes] uint4, K' = K rounded up to 64 (codes
@@ -507,9 +513,15 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
 template <int MT, int NT, int FMT>
 __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
-               const float* __restrict__ zeros_t, const float* __restrict__ sums, unsigned int offset2,
-               long long m_rows, int chunks, int x_tiles, int n_cols, int groups, int steps_per_group,
-               int groups_per_split, float* __restrict__ partial) {
+               const float* __restrict__ zeros_t, const float* __restrict__ sums,
+               const unsigned int* __restrict__ codebook, unsigned int offset2, float vscale, long long m_rows,
+               int chunks, int x_tiles, int n_cols, int groups, int steps_per_group, int groups_per_split,
+               float* __restrict__ partial) {
+    __shared__ unsigned cb[16];  // FMT 2's table
+    if (FMT == 2) {
+        if (threadIdx.x < 16) cb[threadIdx.x] = codebook[threadIdx.x];
+        __syncthreads();  // before any warp leaves (warp 0 never does)
+    }
     const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const long long row_tiles = (m_rows + 15) / 16;
@@ -521,6 +533,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     const int s_begin = g_begin * steps_per_group;  // a multiple of 4: a chunk's first step
     const int s_end = g_end == groups ? 4 * chunks : g_end * steps_per_group;  // the last split takes K's padding
     const int nt0 = blockIdx.z * NT;
+    const float inv_vscale = 1.0f / vscale;  // exact: a power of two
     // Row tiles past the last (in the warp's last MT) read the last tile again and store nothing.
     const uint4* wp[MT];
 #pragma unroll
@@ -572,20 +585,25 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
                 const unsigned int w = msgemm_word(cur[i], j);
-                unsigned int a[4];
+                unsigned int a[4], alo[4];
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     if (FMT == 0) {
                         a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
-                    } else {  // sign bits 4r + 3 (and + 19) to 15 (31), bits 4r..4r+2 to 9..11
+                    } else if (FMT == 1) {  // sign bits 4r + 3 (and + 19) to 15 (31), bits 4r..4r+2 to 9..11
                         const unsigned int em = (r < 3 ? w << (9 - 4 * r) : w >> 3) & 0x0e000e00u;
                         a[r] = msgemm_hmul2(((w << (12 - 4 * r)) & 0x80008000u) | em, 0x40004000u);  // x 2.0
+                    } else {
+                        const unsigned int t0 = cb[(w >> (4 * r)) & 15u], t1 = cb[(w >> (16 + 4 * r)) & 15u];
+                        a[r] = __byte_perm(t0, t1, 0x5410);    // hi of both
+                        alo[r] = __byte_perm(t0, t1, 0x7632);  // lo of both
                     }
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     msgemm_mma16816(pg[i][nt], a, xb[nt].x, xb[nt].y);
                     msgemm_mma16816(pg[i][nt], a, xb[nt].z, xb[nt].w);
+                    if (FMT == 2) msgemm_mma16816(pg[i][nt], alo, xb[nt].x, xb[nt].y);
                 }
             }
 #pragma unroll
@@ -598,9 +616,9 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                         for (int h = 0; h < 2; ++h) {
                             const long long row = (tile0 + i) * 16 + gid + 8 * h;
                             const bool live = row < m_rows;
-                            // FMT 1: the decoded values are v 2^-13 (exact powers of two throughout)
+                            // The decoded values are v vscale (a power of two: exact throughout)
                             const float sc = live ? __fmul_rn(__ldg(scales_t + static_cast<long long>(g) * m_rows + row),
-                                                              FMT == 1 ? 8192.0f : 1.0f)
+                                                              inv_vscale)
                                                   : 0.0f;
                             const float z =
                                 (live && zeros_t != nullptr) ? __ldg(zeros_t + static_cast<long long>(g) * m_rows + row)
@@ -613,7 +631,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
                                     if (zeros_t != nullptr && n < n_cols) {  // columns past N are 0
                                         const float sum = __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g),
-                                                                    FMT == 1 ? 1.0f / 8192.0f : 1.0f);
+                                                                    vscale);
                                         u = __fsub_rn(u, __fmul_rn(z, sum));
                                     }
                                     acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));

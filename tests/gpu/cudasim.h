@@ -586,6 +586,18 @@ inline unsigned int hsub2(unsigned int a, unsigned int b) {
     const unsigned int hi = float_to_half_bits(half_bits_to_float(a >> 16) - half_bits_to_float(b >> 16));
     return lo | (hi << 16);
 }
+}  // namespace cudasim
+
+// prmt.b32 in its default mode: byte i of the result is byte (s >> 4i) & 7 of y:x (x the low
+// four bytes).
+inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+    const unsigned long long v = (static_cast<unsigned long long>(y) << 32) | x;
+    unsigned int out = 0;
+    for (int i = 0; i < 4; ++i) out |= static_cast<unsigned int>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return out;
+}
+
+namespace cudasim {
 // mul.rn.f16x2: as hsub2 (a float16 product is exact in float32).
 inline unsigned int hmul2(unsigned int a, unsigned int b) {
     const unsigned int lo = float_to_half_bits(half_bits_to_float(a & 0xffffu) * half_bits_to_float(b & 0xffffu));

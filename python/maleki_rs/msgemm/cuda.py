@@ -83,8 +83,9 @@ INDEX_BITS = (4, 8)
 #: column outlast the weight stream anyway.
 _MMA_SHAPES = {1: (4, 1), 2: (4, 2), 4: (2, 4)}
 _MMA_WARPS = 4
-#: Codebooks msgemm_mma decodes (its FMT): v[c] = c + b, and fp4 e2m1 (code = sign, exponent, mantissa).
-_MMA_AFFINE, _MMA_E2M1 = 0, 1
+#: How msgemm_mma decodes codes (its FMT): v[c] = c + b; fp4 e2m1 (code = sign, exponent,
+#: mantissa); any other codebook of at most 16 values, through a table of float16 hi + lo.
+_MMA_AFFINE, _MMA_E2M1, _MMA_TABLE = 0, 1, 2
 _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 #: Default K splits: about this many 4-warp blocks per SM, what fits at 150-160 registers per
 #: thread (ptxas, the <4, 2> and <2, 4> shapes); untimed on a GPU so far.
@@ -104,7 +105,7 @@ def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
         raise ValueError(f"rpt: the LUT kernel needs at least 2 rows per thread, got {rpt}")
     return _PLAIN + tuple(_lut_name(n, _rows_per_thread(n, rpt), b) for b in INDEX_BITS
                           for n in range(1, MAX_COLUMNS + 1)) + tuple(
-        _mma_name(*s, f) for f in (_MMA_AFFINE, _MMA_E2M1) for s in _MMA_SHAPES.values())
+        _mma_name(*s, f) for f in (_MMA_AFFINE, _MMA_E2M1, _MMA_TABLE) for s in _MMA_SHAPES.values())
 
 
 def _mma_name(mt: int, nt: int, fmt: int) -> str:
@@ -145,8 +146,11 @@ class DeviceWeights:
     mma_words : cupy.ndarray or None
         With ``to_device(..., mma=True)``: the codes as tensor-core A fragments for
         :func:`dequant_mma_cuda`, shape (ceil(M/16), ceil(K/64), 32, 4) uint32 (4 bits a code).
-    mma_format : tuple[int, int]
-        How ``mma_words`` decode: (0, b) for a codebook ``v[c] = c + b``, (1, 0) for fp4 e2m1.
+    mma_format : tuple[int, int, float]
+        How ``mma_words`` decode, ``(kind, b, vscale)``: kind 0 for a codebook ``v[c] = c + b``,
+        1 for fp4 e2m1, 2 through ``mma_codebook``; the kernel's weights are ``v vscale``.
+    mma_codebook : cupy.ndarray (16,) uint32 or None
+        Kind 2's table: the float16 bits of ``hi | lo << 16``, ``hi + lo = v[c] vscale``.
     """
 
     shape: tuple[int, int]
@@ -162,7 +166,8 @@ class DeviceWeights:
     packed: Any
     nbytes: int
     mma_words: Any = None
-    mma_format: tuple[int, int] = (0, 0)
+    mma_format: tuple[int, int, float] = (0, 0, 1.0)
+    mma_codebook: Any = None
 
     @property
     def slot(self) -> int:
@@ -203,9 +208,8 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
         depth (ternary at 5 where the group size allows it); chosen from H200 timings.
     mma : bool
         Also lay the codes out for :func:`dequant_mma_cuda` (batches on tensor cores; another
-        half byte per weight on the device). Needs a codebook ``v[c] = c + b`` with an integer
-        ``b`` (int4, uint4, int3, uint3, int2, uint2, ternary) or fp4's, and a group size that
-        is a multiple of 16.
+        half byte per weight on the device). Needs at most 16 levels (not fp8) and a group
+        size that is a multiple of 16.
     """
     if not isinstance(pw, PackedWeights):
         raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
@@ -249,25 +253,34 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
         packed=packed,
         nbytes=pw.nbytes,
         mma_words=None if mma_format is None else cp.asarray(_mma_words(np.asarray(pw.codes, np.uint8))),
-        mma_format=(0, 0) if mma_format is None else mma_format,
+        mma_format=(0, 0, 1.0) if mma_format is None else mma_format[:3],
+        mma_codebook=None if mma_format is None or mma_format[3] is None else cp.asarray(mma_format[3]),
     )
 
 
-def _mma_format(pw: PackedWeights) -> tuple[int, int]:
-    """How msgemm_mma decodes ``pw``'s codebook: (0, b) for ``v[c] = c + b`` with an integer
-    ``b``, (1, 0) for fp4 e2m1; checks what the tensor-core layout needs."""
+def _mma_format(pw: PackedWeights) -> tuple[int, int, float, np.ndarray | None]:
+    """How msgemm_mma decodes ``pw``'s codes: ``(kind, b, vscale, table)`` (see
+    :class:`DeviceWeights`), checking what the tensor-core layout needs."""
     if pw.group_size % 16:
         raise ValueError(f"mma: the tensor-core kernel needs a group size that is a multiple of 16, got {pw.group_size}")
     values = np.asarray(pw.codebook, np.float64)
+    if values.size > 16:
+        raise ValueError(f"mma: the tensor-core kernel takes codebooks of at most 16 values; format {pw.format!r} "
+                         f"has {values.size}")
     if np.array_equal(values, _E2M1):
-        return (_MMA_E2M1, 0)
-    b = values[0] if values.size else 0.0
-    if values.size <= 16 and np.array_equal(values, np.arange(values.size) + b) and b == np.floor(b) and -1008 <= b <= 0:
-        return (_MMA_AFFINE, int(b))
-    raise ValueError(
-        f"mma: the tensor-core kernel decodes codebooks v[c] = c + b with an integer b (int4, uint4, int3, uint3, "
-        f"int2, uint2, ternary) and fp4's; format {pw.format!r} has {values.tolist()[:16]}"
-    )
+        return (_MMA_E2M1, 0, 2.0**-13, None)  # decoded as v 2^-14, doubled
+    b = values[0]
+    if np.array_equal(values, np.arange(values.size) + b) and b == np.floor(b) and -1008 <= b <= 0:
+        return (_MMA_AFFINE, int(b), 1.0, None)
+    finite = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)  # as the LUT kernels read them
+    vmax = float(np.abs(finite).max())
+    vscale = 2.0 ** float(np.clip(14 - np.frexp(vmax)[1], -100, 100)) if vmax > 0 else 1.0
+    v = np.zeros(16, np.float64)
+    v[:values.size] = finite * vscale
+    hi = v.astype(np.float16)
+    lo = (v - hi.astype(np.float64)).astype(np.float16)
+    table = hi.view(np.uint16).astype(np.uint32) | (lo.view(np.uint16).astype(np.uint32) << 16)
+    return (_MMA_TABLE, 0, vscale, table)
 
 
 def _mma_words(codes: np.ndarray) -> np.ndarray:
@@ -511,8 +524,10 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     Parameters
     ----------
     pwd : DeviceWeights
-        From ``to_device(pw, mma=True)`` (codebooks ``v[c] = c + b``: int4, uint4, int3,
-        uint3, int2, uint2, ternary; and fp4; group sizes that are multiples of 16).
+        From ``to_device(pw, mma=True)`` (codebooks of at most 16 values; group sizes that are
+        multiples of 16). int4, uint4, int3, uint3, int2, uint2, ternary and fp4 decode with a
+        few bit operations; other codebooks (nf4, custom ones) through a table, as float16
+        hi + lo, with a third multiply per weight and column.
     x : array_like (numpy or cupy), shape (K,) or (K, N), any N >= 1, float dtype
     splits : int, optional
         K splits (blocks along K, whole groups each); default: about 4 blocks per SM.
@@ -561,12 +576,13 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
     partial = cp.empty((s, n, m), cp.float32)
-    fmt, b = pwd.mma_format
+    fmt, b, vscale = pwd.mma_format
     offset2 = int(np.array([1024 - b] * 2, np.float16).view(np.uint32)[0])  # FMT 0: float16 1024 - b, twice
+    table = pwd.mma_codebook if pwd.mma_codebook is not None else np.uint64(0)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     _kernel(_mma_name(mt, nt, fmt))(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
-        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, np.uint32(offset2), np.int64(m), np.int32(chunks),
+        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m), np.int32(chunks),
          np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
     )
     y = cp.empty((m, n), cp.float32)
