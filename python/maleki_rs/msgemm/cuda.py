@@ -15,7 +15,7 @@ Usage::
     y = mgc.msgemm_cuda(pwd, x)         # cupy array, ~ pw.dequantize() @ x
     y_dense = mgc.dequant_gemv_cuda(pwd, x)   # dense dequantize+FMA comparator (4-bit formats)
 
-    pwd = mgc.to_device(pw, mma=True)   # also the tensor-core layout (int4, uint4, int3, int2, ternary)
+    pwd = mgc.to_device(pw, mma=True)   # also the tensor-core layout (formats of at most 16 levels)
     y = mgc.dequant_mma_cuda(pwd, xb)   # xb (K, N), any N: codes -> float16 in registers, mma.sync
 
 Arithmetic: float32 tables built exactly as the host scalar build (no FMA contraction),
