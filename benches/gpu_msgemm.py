@@ -205,6 +205,41 @@ def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     return _report.table(["(M, K)", "N", *[f"{b} blocks/SM µs (vs fp16)" for b in per_sm], "cuBLAS fp16 µs"], rows)
 
 
+def mma_formats(cp, mg, mgc, m: int, k: int) -> str:
+    """The tensor-core kernel on each way it decodes codes (integer codebooks, fp4 e2m1, a
+    table for nf4), with and without zero points, at N = 1 and 16, L2-flushed, each result
+    checked against cuBLAS fp32 first; the LUT GEMV at N = 1 beside it."""
+    rng = np.random.default_rng(4)
+    flush_buf = cp.empty(256 << 20, cp.uint8)
+    rows = []
+    for fmt, g in [("int4", 128), ("uint4", 128), ("fp4", 32), ("nf4", 64), ("int2", 64)]:
+        levels = {"int2": 4}.get(fmt, 16)
+        codes = rng.integers(0, levels, size=(m, k), dtype=np.uint8)
+        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+        zeros = rng.integers(0, 16, size=(m, k // g)).astype(np.float32) if fmt == "uint4" else None
+        pw = mg.PackedWeights.from_arrays(codes, scales, zeros, format=fmt)
+        del codes
+        pwd = mgc.to_device(pw, mma=True)
+        w32 = cp.asarray(pw.dequantize(np.float32))
+        cells = []
+        for n in (1, 16):
+            x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
+            ref = cp.matmul(w32, x)
+            y = mgc.dequant_mma_cuda(pwd, x)
+            rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+            assert rel < 1e-5, f"mma {fmt} N={n}: rel. L1 {rel:.2e} against cuBLAS fp32"
+            t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+            cells.append(f"{t * 1e3:.1f} ({pw.nbytes / (t * 1e-3) / 1e12:.2f} TB/s)")
+            if n == 1:
+                t1 = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                cells.append(f"{t1 * 1e3:.1f}")
+        rows.append([f"{fmt} g{g}", f"({m}, {k})", pwd.mma_format[0], *cells])
+        print("mma formats", rows[-1], flush=True)
+        del pwd, w32
+    return _report.table(["format", "(M, K)", "decode (0 bit ops, 1 fp4, 2 table)", "N = 1 tensor cores µs",
+                          "N = 1 LUT µs", "N = 16 tensor cores µs"], rows)
+
+
 def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
     """int2 and ternary at their 4-bit-index depth (d = 2) against their natural depth (byte
     indices), default launch, L2-flushed: which depth the library picks by default."""
@@ -257,6 +292,8 @@ def main() -> None:
     by_format = formats_sweep(cp, mg, mgc, *args.sweep_shapes[0])
     by_split = (mma_sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes) if mma_ok
                 else "not timed: its device oracles failed (oracles.log)")
+    by_mma_format = (mma_formats(cp, mg, mgc, *args.sweep_shapes[0]) if mma_ok
+                     else "not timed: its device oracles failed (oracles.log)")
     shapes = args.shapes[:2] if args.quick else args.shapes
     rng = np.random.default_rng(0)
     flush_buf = cp.empty(256 << 20, cp.uint8)
@@ -370,6 +407,10 @@ def main() -> None:
             f"{mgc._MMA_BLOCKS_PER_SM} blocks per SM), L2-flushed µs:",
             "",
             by_split,
+            "",
+            "Tensor-core kernel by format (default launch), L2-flushed µs (TB/s of packed bytes):",
+            "",
+            by_mma_format,
         ]
     )
     print(body)

@@ -51,7 +51,8 @@ def test_bench_runs_on_the_simulator(bench, monkeypatch, capsys):
     # other formats: int2 and ternary x 2 N; tensor-core splits: 1 shape x 3 N.
     assert rows("(600, 512)") == 4 and rows("(300, 1024)") == 4
     assert rows("(520, 256)") == 12 + 3
-    assert rows("int2 g64") == 2 and rows("ternary g80") == 2
+    assert rows("int2 g64") == 2 + 1 and rows("ternary g80") == 2  # int2: also on tensor cores
+    assert rows("nf4 g64") == 1 and rows("fp4 g32") == 1
     assert "a batch at a time" in out and "d = 2 (8-bit indices)" in out
     assert len(bench.calls) > 100
 
