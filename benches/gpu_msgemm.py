@@ -2,10 +2,12 @@
 against cuBLAS fp16 and fp32 (CuPy ``matmul``) with CUDA events. Writes section "msgemm-gpu"
 of BENCHMARKS.md (spec sections 6 and 11).
 
-Oracles (stop at the first failure, nothing is timed then): the GPU tests of
-``tests/gpu/test_msgemm_gpu.py`` (exact equality with the float64 host reference on integer
-data for every format and depth, the float32 bound on random data, determinism, errors), on
-the device only (CI runs them on the CPU simulator).
+Oracles: the GPU tests of ``tests/gpu/test_msgemm_gpu.py`` (exact equality with the float64
+host reference on integer data for every format and depth, the float32 bound on random data,
+determinism, errors), on the device only (CI runs them on the CPU simulator). If those of the
+LUT kernels fail, nothing is timed. The tensor-core kernel's oracles, and a full-size check of
+it against cuBLAS fp32, run in processes of their own: if they fail, only that kernel goes
+untimed. Each finished table is also appended to ``$OUT/msgemm-gpu.partial.md``.
 
 Then a sweep of the LUT GEMV's variants (int4 at d = 1 with 4-bit indices or d = 2 with 8-bit
 ones; tables staged by chunks or a batch of words at a time) and launch shapes (rows per
@@ -45,15 +47,14 @@ ROOT = Path(__file__).resolve().parent.parent
 HBM_TBS = 4.8
 
 
-def _pytest(select: str) -> tuple[int, str, str]:
-    """Runs the device oracles of tests/gpu/test_msgemm_gpu.py picked by ``-k select``: (return
-    code, last line, whole log)."""
-    r = subprocess.run(
-        # The project's warnings-as-errors setting is for CI; a CuPy warning must not void the run.
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu or not gpu", "-k", select, "-o",
-         "filterwarnings=default", str(ROOT / "tests/gpu/test_msgemm_gpu.py")],
-        capture_output=True, text=True, cwd=ROOT,
-    )
+def _run(args: list[str], timeout: int) -> tuple[int, str, str]:
+    """Runs a child Python process (a kernel that faults or hangs takes down only it): (return
+    code, last line of its output, whole log)."""
+    try:
+        r = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, f"timed out after {timeout} s", out
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
     print(r.stdout[-3000:])
     if r.returncode != 0:
@@ -61,18 +62,57 @@ def _pytest(select: str) -> tuple[int, str, str]:
     return r.returncode, tail, r.stdout + "\n" + r.stderr
 
 
+def _pytest(select: str) -> tuple[int, str, str]:
+    """The device oracles of tests/gpu/test_msgemm_gpu.py picked by ``-k select``."""
+    # The project's warnings-as-errors setting is for CI; a CuPy warning must not void the run.
+    return _run(["-m", "pytest", "-q", "-m", "gpu or not gpu", "-k", select, "-o", "filterwarnings=default",
+                 str(ROOT / "tests/gpu/test_msgemm_gpu.py")], timeout=300)
+
+
+def mma_smoke(m: int = 28672, k: int = 8192) -> None:
+    """The tensor-core kernel at full size (the oracles use K <= 1024), each way it decodes, N = 1,
+    16 and 256, against cuBLAS fp32 on the dequantized weights; raises on a relative L1 error
+    above 1e-5. Run in a child process by :func:`run_oracles` (``--mma-smoke``)."""
+    from maleki_rs import _gpu
+    from maleki_rs import msgemm as mg
+    from maleki_rs.msgemm import cuda as mgc
+
+    cp = _gpu.require()
+    rng = np.random.default_rng(5)
+    for fmt, g, ns in [("int4", 128, (1, 16, 256)), ("uint4", 128, (16,)), ("fp4", 32, (16,)), ("nf4", 64, (16,))]:
+        codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
+        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+        zeros = rng.integers(0, 16, size=(m, k // g)).astype(np.float32) if fmt == "uint4" else None
+        pw = mg.PackedWeights.from_arrays(codes, scales, zeros, format=fmt)
+        del codes
+        pwd = mgc.to_device(pw, mma=True)
+        w32 = cp.asarray(pw.dequantize(np.float32))
+        for n in ns:
+            x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
+            ref = cp.matmul(w32, x)
+            rel = float(cp.abs(mgc.dequant_mma_cuda(pwd, x) - ref).sum() / cp.abs(ref).sum())
+            print(f"mma smoke {fmt} g{g} ({m}, {k}) N={n}: rel. L1 {rel:.2e}", flush=True)
+            assert rel < 1e-5, f"{fmt} N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
+        del pwd, w32
+    print("mma smoke passed")
+
+
 def run_oracles() -> tuple[str, bool]:
     """The device oracles: those of the LUT kernels gate the whole run (nothing is timed if one
-    fails); the tensor-core kernel's run in a second process, and if one fails (or the kernel
-    brings the process down) only that kernel goes untimed. Returns (summary, tensor-core ok)."""
+    fails); the tensor-core kernel's oracles, then a full-size check of it (:func:`mma_smoke`),
+    run in processes of their own, and if one fails (or the kernel brings its process down)
+    only that kernel goes untimed. Returns (summary, tensor-core ok)."""
     t0 = time.time()
     rc, tail, log = _pytest("not sim and not mma")
     rc_mma, tail_mma, log_mma = _pytest("not sim and mma")
+    rc_smoke, tail_smoke, log_smoke = (_run([str(Path(__file__).resolve()), "--mma-smoke"], timeout=240)
+                                       if rc_mma == 0 else (1, "not run", ""))
     if os.environ.get("OUT"):  # the whole log comes back from the lent machine
-        Path(os.environ["OUT"], "oracles.log").write_text(log + "\n" + log_mma)
+        Path(os.environ["OUT"], "oracles.log").write_text("\n".join([log, log_mma, log_smoke]))
     if rc != 0:
         raise SystemExit(f"device oracles failed: {tail}")
-    return f"{tail}; tensor cores: {tail_mma} ({time.time() - t0:.0f} s)", rc_mma == 0
+    return (f"{tail}; tensor cores: {tail_mma}, full size: {tail_smoke} ({time.time() - t0:.0f} s)",
+            rc_mma == 0 and rc_smoke == 0)
 
 
 SPIN = r"""extern "C" __global__ void spin(long long cycles) {
@@ -220,6 +260,8 @@ def mma_formats(cp, mg, mgc, m: int, k: int) -> str:
         pw = mg.PackedWeights.from_arrays(codes, scales, zeros, format=fmt)
         del codes
         pwd = mgc.to_device(pw, mma=True)
+        # what the tensor-core kernel reads: 4-bit codes (also for int2), scales, zero points
+        mma_bytes = pwd.mma_words.nbytes + pwd.scales_t.nbytes + (0 if pwd.zeros_t is None else pwd.zeros_t.nbytes)
         w32 = cp.asarray(pw.dequantize(np.float32))
         cells = []
         for n in (1, 16):
@@ -229,15 +271,15 @@ def mma_formats(cp, mg, mgc, m: int, k: int) -> str:
             rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
             assert rel < 1e-5, f"mma {fmt} N={n}: rel. L1 {rel:.2e} against cuBLAS fp32"
             t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
-            cells.append(f"{t * 1e3:.1f} ({pw.nbytes / (t * 1e-3) / 1e12:.2f} TB/s)")
+            cells.append(f"{t * 1e3:.1f} ({mma_bytes / (t * 1e-3) / 1e12:.2f} TB/s)")
             if n == 1:
                 t1 = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
                 cells.append(f"{t1 * 1e3:.1f}")
         rows.append([f"{fmt} g{g}", f"({m}, {k})", pwd.mma_format[0], *cells])
         print("mma formats", rows[-1], flush=True)
         del pwd, w32
-    return _report.table(["format", "(M, K)", "decode (0 bit ops, 1 fp4, 2 table)", "N = 1 tensor cores µs",
-                          "N = 1 LUT µs", "N = 16 tensor cores µs"], rows)
+    return _report.table(["format", "(M, K)", "decode (0 bit ops, 1 fp4, 2 table)", "N = 1 tensor cores µs (TB/s)",
+                          "N = 1 LUT µs", "N = 16 tensor cores µs (TB/s)"], rows)
 
 
 def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
@@ -271,13 +313,35 @@ def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
     return _report.table(["format", "(M, K)", "N", "4-bit indices µs", "natural depth µs", "default d"], rows)
 
 
+def _partial(name: str, text: str) -> str:
+    """Keeps a finished table: appended to ``$OUT/msgemm-gpu.partial.md`` where ``$OUT`` is set,
+    so that a later failure in the run does not lose it."""
+    if os.environ.get("OUT"):
+        with open(Path(os.environ["OUT"], "msgemm-gpu.partial.md"), "a") as f:
+            f.write(f"\n{name}:\n\n{text}\n")
+    return text
+
+
+def _guarded(table) -> str:
+    """A tensor-core table, or the error that stopped it (the rest of the run goes on)."""
+    try:
+        return table()
+    except Exception as e:  # noqa: BLE001 - reported in the table's place
+        print(f"tensor-core table failed: {e!r}", flush=True)
+        return f"failed: {type(e).__name__}: {e}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two timed shapes, one swept")
     ap.add_argument("--shapes", type=_shapes, default=SHAPES, help="timed (M, K), as MxK,MxK,...")
     ap.add_argument("--sweep-shapes", type=_shapes, default=SWEEP_SHAPES, help="swept (M, K), as MxK,...")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--mma-smoke", action="store_true", help="only the tensor-core kernel's full-size check")
     args = ap.parse_args()
+    if args.mma_smoke:
+        mma_smoke()
+        return
     from maleki_rs import _gpu
     from maleki_rs import msgemm as mg
     from maleki_rs.msgemm import cuda as mgc
@@ -288,12 +352,14 @@ def main() -> None:
     name = name.decode() if isinstance(name, bytes) else str(name)
     oracle, mma_ok = run_oracles()
 
-    tuning = sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes)
-    by_format = formats_sweep(cp, mg, mgc, *args.sweep_shapes[0])
-    by_split = (mma_sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes) if mma_ok
-                else "not timed: its device oracles failed (oracles.log)")
-    by_mma_format = (mma_formats(cp, mg, mgc, *args.sweep_shapes[0]) if mma_ok
-                     else "not timed: its device oracles failed (oracles.log)")
+    tuning = _partial("LUT sweep", sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes))
+    by_format = _partial("LUT formats", formats_sweep(cp, mg, mgc, *args.sweep_shapes[0]))
+    not_timed = "not timed: its device oracles failed (oracles.log)"
+    by_split = _partial("tensor-core sweep", _guarded(
+        lambda: mma_sweep(cp, mg, mgc, args.sweep_shapes[:1] if args.quick else args.sweep_shapes)) if mma_ok
+        else not_timed)
+    by_mma_format = _partial("tensor-core formats", _guarded(
+        lambda: mma_formats(cp, mg, mgc, *args.sweep_shapes[0])) if mma_ok else not_timed)
     shapes = args.shapes[:2] if args.quick else args.shapes
     rng = np.random.default_rng(0)
     flush_buf = cp.empty(256 << 20, cp.uint8)

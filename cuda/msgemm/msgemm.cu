@@ -416,8 +416,9 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // Grid (ceil(ceil(M/16) / (4 MT)), splits, N' / (8 NT)), 128 threads: warp w of block x owns
 // the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
 // (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
-// output: P = sum over the group's k16 steps of A hi + A lo in float32 accumulators from zero
-// (integer data: exact), then y += s * (P - z * S) as in the LUT kernel; partial[split][n][M]
+// output: P = sum over the group's k16 steps of A (X hi + X lo), plus A lo X hi for FMT 2, in
+// float32 accumulators from zero (integer data: exact), then y += s * (P - z * S) as in the LUT
+// kernel (with the weights' vscale undone); partial[split][n][M]
 // for msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two).
 #define MSGEMM_MMA_WARPS 4
 

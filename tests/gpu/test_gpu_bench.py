@@ -73,6 +73,12 @@ def test_bench_times_the_lut_kernels_when_the_tensor_core_oracles_fail(bench, mo
     assert sum(line.startswith("| (200, 256) |") for line in out.splitlines()) == 4
 
 
+def test_the_full_size_tensor_core_check_runs(bench, capsys):
+    bench.mma_smoke(40, 256)  # the device run's shapes scaled down
+    out = capsys.readouterr().out
+    assert out.count("mma smoke ") == 7 and "mma smoke passed" in out
+
+
 def test_bench_rejects_bad_shapes(bench, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gpu_msgemm.py", "--no-write", "--shapes", "600x500"])
     with pytest.raises(SystemExit):

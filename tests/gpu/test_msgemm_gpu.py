@@ -239,7 +239,8 @@ def test_bad_inputs_give_clear_errors(cp):
         mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), splits=0)
 
 
-# The tensor-core kernel (dequant_mma_cuda): affine codebooks v[c] = c + b only.
+# The tensor-core kernel (dequant_mma_cuda): its three decodes (integer codebooks v[c] = c + b, fp4
+# e2m1, a table for any other codebook of at most 16 values).
 MMA_EXACT = [("int4", 128, False), ("uint4", 64, True), ("int3", 32, False), ("uint3", 48, True),
              ("int2", 16, False), ("uint2", 32, True), ("ternary", 80, False), ("fp4", 32, False), ("fp4", 64, True),
              ("codebook", 32, True), ("codebook", 128, False)]
@@ -355,11 +356,21 @@ def test_mma_random_data_is_float32_accurate_and_deterministic(cp):
         assert cp.asnumpy(mgc.dequant_mma_cuda(pwd, x)).tobytes() == y.tobytes()
 
 
+def test_mma_default_splits_fill_the_sms_the_registers_allow():
+    """65536 registers an SM, allocated 8 a thread at a time, 128 threads a block."""
+    blocks = mgc._mma_blocks_per_sm
+    assert [blocks(type("K", (), {"num_regs": r})()) for r in (116, 128, 129, 168, 174, 255)] == [4, 4, 3, 3, 2, 2]
+    assert blocks(object()) == 3  # the simulator's kernels do not say
+
+
 def test_mma_bad_inputs_give_clear_errors(cp):
     rng = np.random.default_rng(23)
     w = rng.standard_normal((32, 256)).astype(np.float32)
     with pytest.raises(ValueError, match="at most 16 values"):
         mgc.to_device(mg.quantize(w, "fp8_e4m3", 64), mma=True)
+    huge = mg.quantize(w, "codebook", 64, codebook=np.array([-1e36, 0.0, 1e36], np.float32))
+    with pytest.raises(ValueError, match="largest \\|v\\|"):
+        mgc.to_device(huge, mma=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         mgc.to_device(mg.quantize(w, "int4", 8), mma=True)
     with pytest.raises(TypeError, match="mma"):

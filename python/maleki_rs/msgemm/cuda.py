@@ -87,9 +87,11 @@ _MMA_WARPS = 4
 #: mantissa); any other codebook of at most 16 values, through a table of float16 hi + lo.
 _MMA_AFFINE, _MMA_E2M1, _MMA_TABLE = 0, 1, 2
 _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
-#: Default K splits: about this many 4-warp blocks per SM, what fits at 150-160 registers per
-#: thread (ptxas, the <4, 2> and <2, 4> shapes); untimed on a GPU so far.
-_MMA_BLOCKS_PER_SM = 3
+#: Default K splits: about this many 4-warp blocks per SM; None: as many as the kernel's
+#: registers let one SM hold (``_mma_blocks_per_sm``; ptxas gives the shapes 116-174 registers
+#: a thread, so 2-4 blocks). Untimed on a GPU so far: the bench sweeps it.
+_MMA_BLOCKS_PER_SM: int | None = None
+_REGISTERS_PER_SM = 65536
 
 
 def _lut_name(n: int, rpt: int, bits: int) -> str:
@@ -274,7 +276,11 @@ def _mma_format(pw: PackedWeights) -> tuple[int, int, float, np.ndarray | None]:
         return (_MMA_AFFINE, int(b), 1.0, None)
     finite = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)  # as the LUT kernels read them
     vmax = float(np.abs(finite).max())
-    vscale = 2.0 ** float(np.clip(14 - np.frexp(vmax)[1], -100, 100)) if vmax > 0 else 1.0
+    shift = 14 - int(np.frexp(vmax)[1]) if vmax > 0 else 0
+    if abs(shift) > 100:  # float16 could not hold them, nor float32 the scaled sums
+        raise ValueError(f"mma: the tensor-core kernel takes codebooks whose largest |v| is in [2^-87, 2^114), "
+                         f"got {vmax:g}")
+    vscale = 2.0**shift
     v = np.zeros(16, np.float64)
     v[:values.size] = finite * vscale
     hi = v.astype(np.float16)
@@ -422,7 +428,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
         From :func:`to_device`.
     x : array_like (numpy or cupy), shape (K,) or (K, N), N <= 8, float dtype
     splits : int, optional
-        Number of K splits (blocks along K); default: about 4 blocks per SM.
+        Number of K splits (blocks along K); default: about 2 blocks per SM (4 from N = 4).
     check : bool
         Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
     count : bool
@@ -511,6 +517,15 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
     return y.reshape(m) if vector else y
 
 
+def _mma_blocks_per_sm(kernel: Any) -> int:
+    """Blocks of msgemm_mma that one SM holds, from the kernel's registers per thread (CuPy's
+    ``num_regs``; allocated 8 at a time); 3 where the kernel does not say (the simulator)."""
+    regs = getattr(kernel, "num_regs", None)
+    if not regs:
+        return 3
+    return max(1, _REGISTERS_PER_SM // (-(-int(regs) // 8) * 8 * 32 * _MMA_WARPS))
+
+
 def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True) -> Any:
     """``Wd @ x`` for batches, on tensor cores: the 4-bit codes are decoded to float16 in
     registers and multiplied with ``mma.m16n8k16`` (float32 accumulators).
@@ -530,7 +545,8 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
         hi + lo, with a third multiply per weight and column.
     x : array_like (numpy or cupy), shape (K,) or (K, N), any N >= 1, float dtype
     splits : int, optional
-        K splits (blocks along K, whole groups each); default: about 4 blocks per SM.
+        K splits (blocks along K, whole groups each); default: as many blocks as the SMs hold
+        at once (from the kernel's registers).
     check : bool
         Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
 
@@ -568,19 +584,21 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
     grid_x = -(-row_tiles // (_MMA_WARPS * mt))
     grid_z = n_pad // (8 * nt)
+    fmt, b, vscale = pwd.mma_format
+    offset2 = int(np.array([1024 - b] * 2, np.float16).view(np.uint32)[0])  # FMT 0: float16 1024 - b, twice
+    table = pwd.mma_codebook if pwd.mma_codebook is not None else np.uint64(0)
+    kernel = _kernel(_mma_name(mt, nt, fmt))
     if splits is None:
-        want = -(-_MMA_BLOCKS_PER_SM * _sm_count(cp.cuda.Device().id) // (grid_x * grid_z))
+        per_sm = _MMA_BLOCKS_PER_SM or _mma_blocks_per_sm(kernel)
+        want = -(-per_sm * _sm_count(cp.cuda.Device().id) // (grid_x * grid_z))
     else:
         want = check_int(splits, "splits", min=1, max=min(groups, 65535))
     per = -(-groups // max(1, want))  # groups per split,
     per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
     partial = cp.empty((s, n, m), cp.float32)
-    fmt, b, vscale = pwd.mma_format
-    offset2 = int(np.array([1024 - b] * 2, np.float16).view(np.uint32)[0])  # FMT 0: float16 1024 - b, twice
-    table = pwd.mma_codebook if pwd.mma_codebook is not None else np.uint64(0)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
-    _kernel(_mma_name(mt, nt, fmt))(
+    kernel(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
         (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m), np.int32(chunks),
          np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
