@@ -470,6 +470,7 @@ extern "C" __global__ void msgemm_mma_scales(const float* __restrict__ xt, long 
     __shared__ float part[1024 / 32];
     const long long n = blockIdx.x;
     float mx = 0.0f;
+#pragma unroll 8  // eight loads in flight a thread: one block per column, so latency is the cost
     for (long long i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(xt[n * k + i]));
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = mx;
