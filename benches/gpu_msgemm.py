@@ -45,6 +45,16 @@ import _report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HBM_TBS = 4.8
+LEVELS = {"int2": 4, "ternary": 3}  # formats with fewer than 16 codes
+
+
+def random_weights(mg, rng, m: int, k: int, fmt: str = "int4", g: int = 128):
+    """Packed weights of random codes, scales in [0.001, 0.021) and, for uint4, integer zero
+    points (the host copies go as soon as the caller has put them on the device)."""
+    codes = rng.integers(0, LEVELS.get(fmt, 16), size=(m, k), dtype=np.uint8)
+    scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    zeros = rng.integers(0, 16, size=(m, k // g)).astype(np.float32) if fmt == "uint4" else None
+    return mg.PackedWeights.from_arrays(codes, scales, zeros, format=fmt)
 
 
 def _run(args: list[str], timeout: int) -> tuple[int, str, str]:
@@ -80,11 +90,7 @@ def mma_smoke(m: int = 28672, k: int = 8192) -> None:
     cp = _gpu.require()
     rng = np.random.default_rng(5)
     for fmt, g, ns in [("int4", 128, (1, 16, 256)), ("uint4", 128, (16,)), ("fp4", 32, (16,)), ("nf4", 64, (16,))]:
-        codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
-        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-        zeros = rng.integers(0, 16, size=(m, k // g)).astype(np.float32) if fmt == "uint4" else None
-        pw = mg.PackedWeights.from_arrays(codes, scales, zeros, format=fmt)
-        del codes
+        pw = random_weights(mg, rng, m, k, fmt, g)
         pwd = mgc.to_device(pw, mma=True)
         w32 = cp.asarray(pw.dequantize(np.float32))
         for n in ns:
@@ -173,12 +179,10 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     rows = []
     try:
         for m, k in shapes:
-            codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
-            scales = (rng.random((m, k // 128), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-            pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
+            pw = random_weights(mg, rng, m, k)
             pwds = {d: mgc.to_device(pw, depth=d) for d in (1, 2)}
             w32 = cp.asarray(pw.dequantize(np.float32))
-            del codes, pw
+            del pw
             for n in (1, 4, 8):
                 x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
                 ref = cp.matmul(w32, x)
@@ -217,13 +221,11 @@ def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     rows = []
     try:
         for m, k in shapes:
-            codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
-            scales = (rng.random((m, k // 128), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-            pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
+            pw = random_weights(mg, rng, m, k)
             pwd = mgc.to_device(pw, mma=True)
             w32 = cp.asarray(pw.dequantize(np.float32))
             w16 = w32.astype(cp.float16)
-            del codes, pw
+            del pw
             for n in (4, 16, 64):
                 x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
                 x16 = x.astype(cp.float16)
@@ -253,12 +255,7 @@ def mma_formats(cp, mg, mgc, m: int, k: int) -> str:
     flush_buf = cp.empty(256 << 20, cp.uint8)
     rows = []
     for fmt, g in [("int4", 128), ("uint4", 128), ("fp4", 32), ("nf4", 64), ("int2", 64)]:
-        levels = {"int2": 4}.get(fmt, 16)
-        codes = rng.integers(0, levels, size=(m, k), dtype=np.uint8)
-        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-        zeros = rng.integers(0, 16, size=(m, k // g)).astype(np.float32) if fmt == "uint4" else None
-        pw = mg.PackedWeights.from_arrays(codes, scales, zeros, format=fmt)
-        del codes
+        pw = random_weights(mg, rng, m, k, fmt, g)
         pwd = mgc.to_device(pw, mma=True)
         # what the tensor-core kernel reads: 4-bit codes (also for int2), scales, zero points
         mma_bytes = pwd.mma_words.nbytes + pwd.scales_t.nbytes + (0 if pwd.zeros_t is None else pwd.zeros_t.nbytes)
@@ -288,12 +285,9 @@ def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
     rng = np.random.default_rng(2)
     flush_buf = cp.empty(256 << 20, cp.uint8)
     rows = []
-    for fmt, levels, g, depths in [("int2", 4, 64, (2, 4)), ("ternary", 3, 80, (2, 5))]:
+    for fmt, g, depths in [("int2", 64, (2, 4)), ("ternary", 80, (2, 5))]:
         k = max(g, k - k % g)
-        codes = rng.integers(0, levels, size=(m, k), dtype=np.uint8)
-        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-        pw = mg.PackedWeights.from_arrays(codes, scales, None, format=fmt)
-        del codes
+        pw = random_weights(mg, rng, m, k, fmt, g)
         w32 = cp.asarray(pw.dequantize(np.float32))
         for n in (1, 4):
             x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
@@ -370,11 +364,7 @@ def main() -> None:
     rows = []
     headline = {}
     for m, k in shapes:
-        g = 128
-        codes = rng.integers(0, 16, size=(m, k), dtype=np.uint8)
-        scales = (rng.random((m, k // g), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-        pw = mg.PackedWeights.from_arrays(codes, scales, None, format="int4")
-        del codes
+        pw = random_weights(mg, rng, m, k)
         pwd = mgc.to_device(pw, mma=mma_ok)
         pwd2 = mgc.to_device(pw, depth=2)  # 8-bit indices, 256-entry tables
         pwd_depth = pwd.depth
