@@ -9,6 +9,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from maleki_rs import _gpu
 from maleki_rs import msgemm as mg
@@ -325,6 +327,23 @@ def test_mma_equals_float64_reference_exactly(cp, fmt, g, zeros):
             y = cp.asnumpy(mgc.dequant_mma_cuda(pwd, x, splits=splits))
             assert y.shape == want.shape
             np.testing.assert_array_equal(y, want, err_msg=f"{fmt} g={g} n={n} splits={splits}")
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])  # sim_cp: a patch
+@given(fmt=st.sampled_from(["int4", "uint4", "int2", "ternary", "fp4", "codebook"]), m=st.integers(1, 70),
+       groups=st.integers(1, 5), g=st.sampled_from([16, 32, 48, 64, 128]), n=st.integers(1, 40),
+       splits=st.integers(1, 5), order=st.sampled_from(["C", "F", "view"]), seed=st.integers(0, 2**16))
+def test_mma_any_shape_equals_float64_reference_exactly(sim_cp, fmt, m, groups, g, n, splits, order, seed):
+    """Ragged shapes on the simulator: M from 1, K = groups x G (not a multiple of 64 for most),
+    any N, any K splits the groups allow, X in C or Fortran order or a strided view."""
+    rng = np.random.default_rng(seed)
+    k = groups * g
+    pw = integer_weights(fmt, rng, m, k, g, zeros=fmt in ("uint4", "codebook"))
+    wd = pw.dequantize()
+    xs = rng.integers(-8, 9, size=(k, 2 * n)).astype(np.float32)
+    x = {"C": np.ascontiguousarray(xs[:, :n]), "F": np.asfortranarray(xs[:, :n]), "view": xs[:, ::2]}[order]
+    y = mgc.dequant_mma_cuda(mgc.to_device(pw, mma=True), x, splits=min(splits, groups))
+    np.testing.assert_array_equal(y, (wd @ x.astype(np.float64)).astype(np.float32))
 
 
 def test_mma_random_data_is_float32_accurate_and_deterministic(cp):
