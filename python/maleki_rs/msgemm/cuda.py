@@ -590,7 +590,8 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     kernel = _kernel(_mma_name(mt, nt, fmt))
     if splits is None:
         per_sm = _MMA_BLOCKS_PER_SM or _mma_blocks_per_sm(kernel)
-        want = -(-per_sm * _sm_count(cp.cuda.Device().id) // (grid_x * grid_z))
+        # At most one wave: one more split than fits would leave a second wave nearly empty.
+        want = max(1, per_sm * _sm_count(cp.cuda.Device().id) // (grid_x * grid_z))
     else:
         want = check_int(splits, "splits", min=1, max=min(groups, 65535))
     per = -(-groups // max(1, want))  # groups per split,
