@@ -16,8 +16,9 @@ the library's defaults come; and of the tensor-core kernel's K splits at N = 4, 
 
 Timings: int4 g128, shapes (M, K) of spec section 6, N in {1, 4, 16, 256}: the LUT kernel
 (N = 16 is two calls of 8 columns: it takes N <= 8; none at 256), the tensor-core kernel
-(``dequant_mma_cuda``, every N in one call) and cuBLAS fp16 and fp32 (one call). 10 warm-ups, median of 50, warm and with a 256 MiB L2 flush before each
-run. GB/s are packed bytes (codes + scales) per second against the 4.8 TB/s of HBM3e.
+(``dequant_mma_cuda``, every N in one call) and cuBLAS fp16 and fp32 (one call). 10 warm-ups,
+median of 50, warm and with a 256 MiB L2 flush before each run. GB/s are packed bytes (codes +
+scales) per second against the 4.8 TB/s of HBM3e.
 
 Each timed call is queued behind a ~1 ms spin kernel, so the events measure the device time
 of the call, not the host's time to launch its kernels (ours launches 3-4 and allocates).

@@ -617,14 +617,11 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const long long row = (tile0 + i) * 16 + gid + 8 * h;
+                            const long long at = static_cast<long long>(g) * m_rows + row;  // in (K/G, M)
                             const bool live = row < m_rows;
                             // The decoded values are v vscale (a power of two: exact throughout)
-                            const float sc = live ? __fmul_rn(__ldg(scales_t + static_cast<long long>(g) * m_rows + row),
-                                                              inv_vscale)
-                                                  : 0.0f;
-                            const float z =
-                                (live && zeros_t != nullptr) ? __ldg(zeros_t + static_cast<long long>(g) * m_rows + row)
-                                                             : 0.0f;
+                            const float sc = live ? __fmul_rn(__ldg(scales_t + at), inv_vscale) : 0.0f;
+                            const float z = (live && zeros_t != nullptr) ? __ldg(zeros_t + at) : 0.0f;
 #pragma unroll
                             for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -632,8 +629,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                                     float u = pg[i][nt][2 * h + e];
                                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
                                     if (zeros_t != nullptr && n < n_cols) {  // columns past N are 0
-                                        const float sum = __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g),
-                                                                    vscale);
+                                        const float sum =
+                                            __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g), vscale);
                                         u = __fsub_rn(u, __fmul_rn(z, sum));
                                     }
                                     acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));
@@ -661,7 +658,9 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
-                    if (n < n_cols) partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] = acc[i][nt][2 * h + e];
+                    if (n < n_cols) {
+                        partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] = acc[i][nt][2 * h + e];
+                    }
                 }
             }
         }

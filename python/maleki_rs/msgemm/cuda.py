@@ -264,7 +264,8 @@ def _mma_format(pw: PackedWeights) -> tuple[int, int, float, np.ndarray | None]:
     """How msgemm_mma decodes ``pw``'s codes: ``(kind, b, vscale, table)`` (see
     :class:`DeviceWeights`), checking what the tensor-core layout needs."""
     if pw.group_size % 16:
-        raise ValueError(f"mma: the tensor-core kernel needs a group size that is a multiple of 16, got {pw.group_size}")
+        raise ValueError(f"mma: the tensor-core kernel needs a group size that is a multiple of 16, "
+                         f"got {pw.group_size}")
     values = np.asarray(pw.codebook, np.float64)
     if values.size > 16:
         raise ValueError(f"mma: the tensor-core kernel takes codebooks of at most 16 values; format {pw.format!r} "
@@ -601,8 +602,9 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     kernel(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
-        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m), np.int32(chunks),
-         np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per), partial),
+        (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m),
+         np.int32(chunks), np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per),
+         partial),
     )
     y = cp.empty((m, n), cp.float32)
     _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,),
