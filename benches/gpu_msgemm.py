@@ -92,7 +92,7 @@ def mma_smoke(m: int = 28672, k: int = 8192) -> None:
     rng = np.random.default_rng(5)
     for fmt, g, ns in [("int4", 128, (1, 16, 256)), ("uint4", 128, (16,)), ("fp4", 32, (16,)), ("nf4", 64, (16,))]:
         pw = random_weights(mg, rng, m, k, fmt, g)
-        pwd = mgc.to_device(pw, mma=True)
+        pwd = mgc.to_device(pw, mma=True, lut=False)
         w32 = cp.asarray(pw.dequantize(np.float32))
         for n in ns:
             x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
@@ -223,7 +223,7 @@ def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     try:
         for m, k in shapes:
             pw = random_weights(mg, rng, m, k)
-            pwd = mgc.to_device(pw, mma=True)
+            pwd = mgc.to_device(pw, mma=True, lut=False)
             w32 = cp.asarray(pw.dequantize(np.float32))
             w16 = w32.astype(cp.float16)
             del pw

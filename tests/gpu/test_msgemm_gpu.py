@@ -398,6 +398,17 @@ def test_mma_bad_inputs_give_clear_errors(cp):
     with pytest.raises(ValueError, match="mma=True"):
         mgc.dequant_mma_cuda(mgc.to_device(pw), np.zeros(256, np.float32))
     pwd = mgc.to_device(pw, mma=True)
+    only = mgc.to_device(pw, mma=True, lut=False)  # the tensor-core layout alone
+    assert only.idx is None and only.packed is None and only.mma_words is not None
+    np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_mma_cuda(only, np.ones(256, np.float32))),
+                                  cp.asnumpy(mgc.dequant_mma_cuda(pwd, np.ones(256, np.float32))))
+    with pytest.raises(ValueError, match="lut=False"):
+        mgc.msgemm_cuda(only, np.zeros(256, np.float32))
+    with pytest.raises(ValueError, match="lut=True"):
+        mgc.dequant_gemv_cuda(only, np.zeros(256, np.float32))
+    with pytest.raises(ValueError, match="needs mma=True"):
+        mgc.to_device(pw, lut=False)
+    mgc.to_device(mg.quantize(w[:, :240], "int4", 48), depth=3, mma=True, lut=False)  # no LUT depth check
     with pytest.raises(ValueError, match="shape"):
         mgc.dequant_mma_cuda(pwd, np.zeros((100, 2), np.float32))
     with pytest.raises(ValueError, match="no columns"):

@@ -312,13 +312,14 @@ class PackedWeights:
         return self._raw.mirror
 
     # -- methods --------------------------------------------------------------------------
-    def to_device(self, depth: int | None = None, *, mma: bool = False) -> Any:
+    def to_device(self, depth: int | None = None, *, mma: bool = False, lut: bool = True) -> Any:
         """These weights on the current CUDA device, for :func:`maleki_rs.msgemm.cuda.msgemm_cuda`
-        (and with ``mma=True`` for :func:`maleki_rs.msgemm.cuda.dequant_mma_cuda`; same as
+        (and with ``mma=True`` for :func:`maleki_rs.msgemm.cuda.dequant_mma_cuda`; ``lut=False``
+        leaves out the LUT layout; same as
         :func:`maleki_rs.msgemm.cuda.to_device`; needs CuPy and a GPU)."""
         from .cuda import to_device
 
-        return to_device(self, depth, mma=mma)
+        return to_device(self, depth, mma=mma, lut=lut)
 
     def dequantize(self, dtype: npt.DTypeLike = np.float64, *, out: np.ndarray | None = None) -> np.ndarray:
         """The dense weight ``Wd``, shape ``(M, K)``, in the original input order.

@@ -130,7 +130,7 @@ class DeviceWeights:
     group_size, depth, levels : int
     bits : int
         Bits per table index: 4 where ``V^d <= 16`` and ``(G/d) % 8 == 0``, else 8.
-    idx : cupy.ndarray, shape ((K/d)/(32/bits), M), uint32
+    idx : cupy.ndarray, shape ((K/d)/(32/bits), M), uint32, or None (``lut=False``)
         Table indices of ``32 / bits`` consecutive tuples per word (tuple ``j`` of a word in
         bits ``[bits j, bits (j+1))``), row = lane.
     values : cupy.ndarray, shape (V,), float32
@@ -194,7 +194,7 @@ class DeviceWeights:
         return None if self.zeros_t is None else self.zeros_t.T
 
 
-def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False) -> DeviceWeights:
+def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False, lut: bool = True) -> DeviceWeights:
     """Copies ``pw`` to the current CUDA device in the kernels' layout.
 
     Parameters
@@ -212,34 +212,33 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
         Also lay the codes out for :func:`dequant_mma_cuda` (batches on tensor cores; another
         half byte per weight on the device). Needs at most 16 levels (not fp8) and a group
         size that is a multiple of 16.
+    lut : bool
+        Lay the codes out for the LUT kernels (:func:`msgemm_cuda`, and
+        :func:`dequant_gemv_cuda` for 4-bit formats). ``lut=False, mma=True`` keeps only the
+        tensor-core layout: half a byte per weight on the device instead of up to one and a half.
     """
     if not isinstance(pw, PackedWeights):
         raise TypeError(f"pw: expected PackedWeights, got {type(pw).__name__}")
     m, k = pw.shape
     g = pw.group_size
     v = pw.levels
+    lut = check_bool(lut, "lut")
+    if not (lut or check_bool(mma, "mma")):
+        raise ValueError("to_device: lut=False needs mma=True (the weights would have no layout)")
     d = _default_depth(pw) if depth is None else check_int(depth, "depth", min=1, max=8)
-    if v**d > 256:
+    if lut and v**d > 256:
         raise ValueError(f"depth: the GPU kernels need V^d <= 256 (byte indices); V={v}, d={d} gives {v**d}")
-    if g % d or (g // d) % 4:
+    if lut and (g % d or (g // d) % 4):
         raise ValueError(f"depth: the GPU kernels need d | G and (G/d) % 4 == 0; G={g}, d={d}")
     if m >= _MAX_ROWS:  # the LUT kernel's word offsets are 32-bit
         raise ValueError(f"pw: the GPU kernels take fewer than {_MAX_ROWS} rows, got M={m}")
     bits = 4 if _nibble_depth_ok(v, g, d) else 8
     mma_format = _mma_format(pw) if check_bool(mma, "mma") else None
     cp = require()
-    codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
-    idx = np.zeros((m, k // d), np.uint16)
-    for j in reversed(range(d)):
-        idx = idx * v + codes[:, :, j]
-    idx8 = idx.astype(np.uint8)
-    if bits == 4:  # tuple 2i in the low nibble of byte i, 2i + 1 in the high one
-        idx8 = idx8[:, 0::2] | (idx8[:, 1::2] << 4)
-    words = np.ascontiguousarray(np.ascontiguousarray(idx8).view("<u4").T)  # ((K/d)/(32/bits), M)
     values = np.nan_to_num(np.asarray(pw.codebook, np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     values = np.concatenate([values, np.zeros(max(0, 16 - v), np.float32)])  # shfl reads 16 lanes
     packed = None
-    if pw.bits_per_weight == 4 and k % 8 == 0 and g % 8 == 0:
+    if lut and pw.bits_per_weight == 4 and k % 8 == 0 and g % 8 == 0:
         packed = cp.asarray(np.ascontiguousarray(pw.packed))
     return DeviceWeights(
         shape=(m, k),
@@ -247,7 +246,7 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
         depth=d,
         levels=v,
         bits=bits,
-        idx=cp.asarray(words),
+        idx=cp.asarray(_lut_words(pw, d, bits)) if lut else None,
         values=cp.asarray(values),
         scales_t=cp.asarray(np.ascontiguousarray(np.asarray(pw.scales, dtype=np.float32).T)),
         zeros_t=None if pw.zeros is None else cp.asarray(np.ascontiguousarray(np.asarray(pw.zeros, np.float32).T)),
@@ -258,6 +257,19 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False)
         mma_format=(0, 0, 1.0) if mma_format is None else mma_format[:3],
         mma_codebook=None if mma_format is None or mma_format[3] is None else cp.asarray(mma_format[3]),
     )
+
+
+def _lut_words(pw: PackedWeights, d: int, bits: int) -> np.ndarray:
+    """The LUT kernels' table indices, ((K/d)/(32/bits), M) uint32 (layout: msgemm.cu)."""
+    m, k = pw.shape
+    codes = np.asarray(pw.codes, dtype=np.uint16).reshape(m, k // d, d)
+    idx = np.zeros((m, k // d), np.uint16)
+    for j in reversed(range(d)):
+        idx = idx * pw.levels + codes[:, :, j]
+    idx8 = idx.astype(np.uint8)
+    if bits == 4:  # tuple 2i in the low nibble of byte i, 2i + 1 in the high one
+        idx8 = idx8[:, 0::2] | (idx8[:, 1::2] << 4)
+    return np.ascontiguousarray(np.ascontiguousarray(idx8).view("<u4").T)
 
 
 def _mma_format(pw: PackedWeights) -> tuple[int, int, float, np.ndarray | None]:
@@ -445,6 +457,8 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     """
     if not isinstance(pwd, DeviceWeights):
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
+    if pwd.idx is None:
+        raise ValueError("msgemm_cuda: the weights were copied without the LUT layout (to_device(..., lut=False))")
     cp = require()
     count = check_bool(count, "count")
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
@@ -503,7 +517,8 @@ def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
     cp = require()
     if pwd.packed is None:
-        raise ValueError("dequant_gemv_cuda: needs 4-bit codes with K and G multiples of 8")
+        raise ValueError("dequant_gemv_cuda: needs 4-bit codes with K and G multiples of 8, copied with "
+                         "to_device(..., lut=True)")
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
