@@ -23,13 +23,15 @@ float32 sums per group, ``y += s * (P - z * S)`` per group; the K dimension is s
 thread blocks and the partial results are added in a fixed order (deterministic). On integer
 data with power-of-two scales the result equals the float64 reference bit for bit.
 
-Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): the kernels are
-for decode-sized N. A GEMV of (28672, 8192) takes 67 µs, 1.80x cuBLAS fp16 on dequantized
+The tensor-core kernel: X scaled per column by a power of two and split into float16 hi + lo,
+so its results are float32-accurate too, and bit for bit exact on the same integer data.
+
+Speed (H200, int4 g128, tables included; BENCHMARKS.md, section msgemm-gpu): the LUT kernels
+are for decode-sized N. A GEMV of (28672, 8192) takes 67 µs, 1.80x cuBLAS fp16 on dequantized
 weights (which take 3.8x the memory); N = 4 about as fast as cuBLAS; N = 16 at 0.2x.
 ``dequant_mma_cuda`` is for those batches: it reads the same 4-bit codes and multiplies on
-tensor cores; its exactness is tested on the CPU simulator, but it has not yet been timed on a
-GPU (the sweep in ``benches/gpu_msgemm.py`` will give its figures and launch default).
-``benches/gpu_msgemm.py`` measures them and sweeps the launch shape and table depth.
+tensor cores. Its exactness is tested on the CPU simulator, but it has not yet been timed on a
+GPU. ``benches/gpu_msgemm.py`` measures both, and sweeps their launch shapes and table depths.
 """
 
 from __future__ import annotations
