@@ -79,6 +79,13 @@ def test_the_full_size_tensor_core_check_runs(bench, capsys):
     assert out.count("mma smoke ") == 7 and "mma smoke passed" in out
 
 
+def test_child_processes_report_their_end_and_are_stopped_when_they_hang(bench):
+    assert bench._run(["-c", "print('first'); print('last')"], timeout=60)[:2] == (0, "last")
+    assert bench._run(["-c", "import sys; sys.exit(3)"], timeout=60)[0] == 3
+    rc, tail, _ = bench._run(["-c", "import time; print('started', flush=True); time.sleep(60)"], timeout=2)
+    assert (rc, tail) == (124, "timed out after 2 s")
+
+
 def test_bench_rejects_bad_shapes(bench, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gpu_msgemm.py", "--no-write", "--shapes", "600x500"])
     with pytest.raises(SystemExit):
