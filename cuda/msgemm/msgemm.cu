@@ -403,7 +403,8 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //
 // Layouts (python/maleki_rs/msgemm/cuda.py: to_device(..., mma=True), dequant_mma_cuda):
 //   wq   [ceil(M/16) row tiles][K'/64 chunks][32 lanes] uint4, K' = K rounded up to 64 (codes
-//        past M or K are 0). Word j of a lane holds the A fragment of the lane for k16 step
+//        past M or K are 0), and one chunk of padding after the last tile (the kernel loads a
+//        chunk ahead). Word j of a lane holds the A fragment of the lane for k16 step
 //        4 chunk + j: with g = lane / 4 and t = lane % 4, register r of the fragment (rows g,
 //        g + 8, g, g + 8 and columns 2t, 2t, 2t + 8, 2t + 8 for r = 0..3, two consecutive
 //        columns each) takes nibbles 4r (first column) and 16 + 4r (second).
@@ -569,13 +570,15 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     int g = g_begin;
     int left = steps_per_group;  // steps of group g still to come
     for (int s = s_begin; s < s_end; s += 4) {
-        // The next chunk's words are in flight while this one is multiplied.
+        // The next chunk's words are in flight while this one is multiplied. Past a split's end
+        // they are the next chunk in memory, or the padding chunk after the last tile: loaded
+        // and not used (a select here cost 16 register moves a chunk).
         uint4 nxt[MT];
         const bool more = s + 4 < s_end;
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
             wp[i] += 32;
-            nxt[i] = more ? __ldcs(wp[i]) : cur[i];
+            nxt[i] = __ldcs(wp[i]);
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {

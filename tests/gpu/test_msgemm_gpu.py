@@ -255,8 +255,10 @@ def test_mma_words_hold_each_lane_s_fragment_as_the_ptx_isa_lays_it_out():
     rng = np.random.default_rng(21)
     m, k = 37, 200  # ragged in both: padded to 48 rows and 256 columns with code 0
     codes = rng.integers(0, 16, size=(m, k)).astype(np.uint8)
-    words = mgc._mma_words(codes)
-    assert words.shape == (3, 4, 32, 4) and words.dtype == np.uint32
+    flat = mgc._mma_words(codes)
+    assert flat.shape == (3 * 4 * 128 + 128,) and flat.dtype == np.uint32
+    assert not flat[-128:].any()  # the chunk the kernel reads ahead into after the last tile
+    words = flat[:-128].reshape(3, 4, 32, 4)
     got = np.full((48, 256), 99, np.int64)
     for tile, chunk, lane, j in np.ndindex(words.shape):
         g, t = divmod(lane, 4)

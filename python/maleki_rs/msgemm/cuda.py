@@ -149,7 +149,8 @@ class DeviceWeights:
         Bytes of the packed weights on the host (codes + scales + zero points).
     mma_words : cupy.ndarray or None
         With ``to_device(..., mma=True)``: the codes as tensor-core A fragments for
-        :func:`dequant_mma_cuda`, shape (ceil(M/16), ceil(K/64), 32, 4) uint32 (4 bits a code).
+        :func:`dequant_mma_cuda`, 4 bits a code: (ceil(M/16), ceil(K/64), 32, 4) uint32,
+        flattened, and 128 words of padding.
     mma_format : tuple[int, int, float]
         How ``mma_words`` decode, ``(kind, b, vscale)``: kind 0 for a codebook ``v[c] = c + b``,
         1 for fp4 e2m1, 2 through ``mma_codebook``; the kernel's weights are ``v vscale``.
@@ -306,7 +307,8 @@ def _mma_format(pw: PackedWeights) -> tuple[int, int, float, np.ndarray | None]:
 
 def _mma_words(codes: np.ndarray) -> np.ndarray:
     """Codes (M, K) below 16 as msgemm_mma's A fragments: (ceil(M/16), ceil(K/64), 32, 4) uint32
-    (layout: msgemm.cu, "Batches on tensor cores")."""
+    (layout: msgemm.cu, "Batches on tensor cores"), flattened, then one chunk (32 x 4 words) of
+    zeros that the kernel reads ahead into after the last tile."""
     m, k = codes.shape
     mt, ch = -(-m // 16), -(-k // 64)
     c = np.zeros((16 * mt, 64 * ch), np.uint8)
@@ -318,7 +320,9 @@ def _mma_words(codes: np.ndarray) -> np.ndarray:
         for r in range(2):
             for e in range(2):
                 words |= c[:, half, :, :, :, r, :, e].astype(np.uint32) << np.uint32(4 * (half + 2 * r) + 16 * e)
-    return np.ascontiguousarray(words.transpose(0, 2, 1, 4, 3)).reshape(mt, ch, 32, 4)
+    out = np.zeros(mt * ch * 128 + 128, np.uint32)
+    out[:-128] = words.transpose(0, 2, 1, 4, 3).reshape(-1)
+    return out
 
 
 def _depth_ok(v: int, g: int, d: int) -> bool:
@@ -583,7 +587,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     m, k = pwd.shape
     g = pwd.group_size
     groups = k // g
-    row_tiles, chunks = pwd.mma_words.shape[:2]
+    row_tiles, chunks = -(-m // 16), -(-k // 64)
     tiles = -(-n // 8)
     mt, nt = _MMA_SHAPES[1 if tiles == 1 else 2 if tiles == 2 else 4]
     n_pad = -(-n // (8 * nt)) * 8 * nt
