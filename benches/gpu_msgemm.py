@@ -49,6 +49,11 @@ HBM_TBS = 4.8
 LEVELS = {"int2": 4, "ternary": 3}  # formats with fewer than 16 codes
 
 
+def rel_l1(cp, y, ref) -> float:
+    """Relative L1 error of ``y`` against ``ref`` (device arrays)."""
+    return float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+
+
 def random_weights(mg, rng, m: int, k: int, fmt: str = "int4", g: int = 128):
     """Packed weights of random codes, scales in [0.001, 0.021) and, for uint4, integer zero
     points (the host copies go as soon as the caller has put them on the device)."""
@@ -97,7 +102,7 @@ def mma_smoke(m: int = 28672, k: int = 8192) -> None:
         for n in ns:
             x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
             ref = cp.matmul(w32, x)
-            rel = float(cp.abs(mgc.dequant_mma_cuda(pwd, x) - ref).sum() / cp.abs(ref).sum())
+            rel = rel_l1(cp, mgc.dequant_mma_cuda(pwd, x), ref)
             print(f"mma smoke {fmt} g{g} ({m}, {k}) N={n}: rel. L1 {rel:.2e}", flush=True)
             assert rel < 1e-5, f"{fmt} N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
         del pwd, w32
@@ -197,7 +202,7 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
                                 continue
                             mgc._RPT, mgc._BLOCKS_PER_SM, mgc._CHUNK_BYTES = rpt, bps, chunk
                             y = mgc.msgemm_cuda(pwd, x)
-                            rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                            rel = rel_l1(cp, y, ref)
                             assert rel < 1e-5, f"sweep ({m}, {k}) N={n} d={d} {rpt} rows chunk={chunk}: rel. L1 {rel:.2e}"
                             t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
                             cells.append(f"{t * 1e3:.1f}")
@@ -236,7 +241,7 @@ def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
                 for b in per_sm:
                     mgc._MMA_BLOCKS_PER_SM = b
                     y = mgc.dequant_mma_cuda(pwd, x)
-                    rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                    rel = rel_l1(cp, y, ref)
                     assert rel < 1e-5, f"mma sweep ({m}, {k}) N={n} {b}/SM: rel. L1 {rel:.2e}"
                     t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
                     cells.append(f"{t * 1e3:.1f} ({t16 / t:.2f}x)")
@@ -266,7 +271,7 @@ def mma_formats(cp, mg, mgc, m: int, k: int) -> str:
             x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
             ref = cp.matmul(w32, x)
             y = mgc.dequant_mma_cuda(pwd, x)
-            rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+            rel = rel_l1(cp, y, ref)
             assert rel < 1e-5, f"mma {fmt} N={n}: rel. L1 {rel:.2e} against cuBLAS fp32"
             t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
             cells.append(f"{t * 1e3:.1f} ({mma_bytes / (t * 1e-3) / 1e12:.2f} TB/s)")
@@ -297,7 +302,7 @@ def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
             for d in depths:
                 pwd = mgc.to_device(pw, depth=d)
                 y = mgc.msgemm_cuda(pwd, x)
-                rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                rel = rel_l1(cp, y, ref)
                 assert rel < 1e-5, f"{fmt} d={d} N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
                 t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
                 cells.append(f"{t * 1e3:.1f} (d = {d}, {pwd.bits}-bit)")
@@ -382,7 +387,7 @@ def main() -> None:
             tm, mma_cell = float("nan"), "—"
             if mma_ok:
                 ym = mgc.dequant_mma_cuda(pwd, x)
-                relm = float(cp.abs(ym - ref).sum() / cp.abs(ref).sum())
+                relm = rel_l1(cp, ym, ref)
                 assert relm < 1e-5, f"({m}, {k}) N={n} tensor cores: rel. L1 error {relm:.2e} against cuBLAS fp32"
                 tm = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=flush)
                 mma_cell = f"{tm * 1e3:.1f} ({t16c / tm:.2f}x)"
@@ -392,11 +397,11 @@ def main() -> None:
                 ours2 = lambda: [mgc.msgemm_cuda(pwd2, p, check=False) for p in parts]  # noqa: E731
                 dense = (lambda: [mgc.dequant_gemv_cuda(pwd, p, check=False) for p in parts]) if n <= 8 else None
                 y = cp.concatenate([mgc.msgemm_cuda(pwd, p) for p in parts], axis=1)
-                rel = float(cp.abs(y - ref).sum() / cp.abs(ref).sum())
+                rel = rel_l1(cp, y, ref)
                 # f32 tables: float32 rounding only (the oracles above test the exact bound).
                 assert rel < 1e-5, f"({m}, {k}) N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
                 y2 = cp.concatenate([mgc.msgemm_cuda(pwd2, p) for p in parts], axis=1)
-                rel2 = float(cp.abs(y2 - ref).sum() / cp.abs(ref).sum())
+                rel2 = rel_l1(cp, y2, ref)
                 assert rel2 < 1e-5, f"({m}, {k}) N={n} d=2: rel. L1 error {rel2:.2e} against cuBLAS fp32"
                 t = timed(cp, ours)
                 tc = timed(cp, ours, flush=flush)

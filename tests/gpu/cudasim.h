@@ -563,6 +563,15 @@ inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = warp
     return cudasim::shuffle(v, own ? lane : src, own);
 }
 
+// prmt.b32 in its default mode: byte i of the result is byte (s >> 4i) & 7 of y:x (x the low
+// four bytes).
+inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+    const unsigned long long v = (static_cast<unsigned long long>(y) << 32) | x;
+    unsigned int out = 0;
+    for (int i = 0; i < 4; ++i) out |= static_cast<unsigned int>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return out;
+}
+
 // Float16 and the tensor-core instruction mma.m16n8k16 (the kernels reach them through inline
 // PTX on a GPU; with CUDASIM defined, through these models). Half values travel as their bits,
 // two to a 32-bit word (element 0 in the low half, as in PTX's .f16x2).
@@ -579,30 +588,19 @@ inline unsigned int float_to_half_bits(float f) {  // round to nearest even, as 
     std::memcpy(&b, &v, 2);
     return b;
 }
-// sub.rn.f16x2: both halves, each rounded once to float16 (a float16 difference is exact in
-// float32, so rounding the float32 difference gives the same bits).
-inline unsigned int hsub2(unsigned int a, unsigned int b) {
-    const unsigned int lo = float_to_half_bits(half_bits_to_float(a & 0xffffu) - half_bits_to_float(b & 0xffffu));
-    const unsigned int hi = float_to_half_bits(half_bits_to_float(a >> 16) - half_bits_to_float(b >> 16));
+// An .rn.f16x2 operation: op on both halves, each result rounded once to float16 (a float16 sum,
+// difference or product is exact in float32, so rounding the float32 result gives its bits).
+template <class Op>
+inline unsigned int f16x2(unsigned int a, unsigned int b, Op op) {
+    const unsigned int lo = float_to_half_bits(op(half_bits_to_float(a & 0xffffu), half_bits_to_float(b & 0xffffu)));
+    const unsigned int hi = float_to_half_bits(op(half_bits_to_float(a >> 16), half_bits_to_float(b >> 16)));
     return lo | (hi << 16);
 }
-}  // namespace cudasim
-
-// prmt.b32 in its default mode: byte i of the result is byte (s >> 4i) & 7 of y:x (x the low
-// four bytes).
-inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
-    const unsigned long long v = (static_cast<unsigned long long>(y) << 32) | x;
-    unsigned int out = 0;
-    for (int i = 0; i < 4; ++i) out |= static_cast<unsigned int>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
-    return out;
+inline unsigned int hsub2(unsigned int a, unsigned int b) {  // sub.rn.f16x2
+    return f16x2(a, b, [](float u, float v) { return u - v; });
 }
-
-namespace cudasim {
-// mul.rn.f16x2: as hsub2 (a float16 product is exact in float32).
-inline unsigned int hmul2(unsigned int a, unsigned int b) {
-    const unsigned int lo = float_to_half_bits(half_bits_to_float(a & 0xffffu) * half_bits_to_float(b & 0xffffu));
-    const unsigned int hi = float_to_half_bits(half_bits_to_float(a >> 16) * half_bits_to_float(b >> 16));
-    return lo | (hi << 16);
+inline unsigned int hmul2(unsigned int a, unsigned int b) {  // mul.rn.f16x2
+    return f16x2(a, b, [](float u, float v) { return u * v; });
 }
 // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, D = A B + C in place (PTX ISA, "Matrix
 // Fragments for mma.m16n8k16 with floating point type"); lane = 4 groupID + threadID_in_group:

@@ -272,7 +272,7 @@ def _properties(device: int) -> dict[str, Any]:
 cupy = types.SimpleNamespace(
     asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=_ascontiguousarray, empty=_empty,
     zeros=np.zeros, isfinite=np.isfinite, ndarray=ndarray, matmul=np.matmul, concatenate=np.concatenate,
-    abs=np.abs, frexp=np.frexp, ldexp=np.ldexp, clip=np.clip, ones=np.ones, stack=np.stack, float16=np.float16, float32=np.float32, float64=np.float64, uint8=np.uint8, int32=np.int32,
+    abs=np.abs, float16=np.float16, float32=np.float32, float64=np.float64, uint8=np.uint8, int32=np.int32,
     int64=np.int64, uint32=np.uint32, uint64=np.uint64, __version__="cudasim",
     cuda=types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(getDeviceProperties=_properties)),
     __name__="cudasim",
