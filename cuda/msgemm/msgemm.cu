@@ -387,8 +387,9 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // codebooks decode without tables (a word of 8 codes becomes 4 registers of float16 pairs,
 // exactly):
 //   FMT 0: v[c] = c + b with an integer b (int4, uint4, int3, uint3, int2, uint2, ternary):
-//          the float16 with bits 0x6400 | c is 1024 + c; a shift, an and-or and one float16
-//          subtraction of 1024 - b per register.
+//          the float16 with bits 0x6400 | c is 1024 + c, and 0x6400 | c << 4 is 1024 + 16 c. Per
+//          word, one shift (by 8), and per register an and-or and one float16 operation: a
+//          subtraction of 1024 - b, or a multiply-add by 1/16 and b - 64 (Marlin's decode).
 //   FMT 1: fp4 e2m1 (c = sign, 2 exponent bits, 1 mantissa bit): the sign to bit 15 and the
 //          other three bits to bits 9-11 make the float16 v[c] 2^-14 (subnormal for 0.5), and a
 //          float16 doubling makes it v 2^-13, normal: the tensor cores never see a subnormal
@@ -413,7 +414,7 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //        into float16 hi + lo (x = hi + lo to about 22 bits); columns past N are 0. N' is N
 //        rounded up to 8 NT.
 //   scales_t, zeros_t  (K/G, M) as above; sums [N][K/G]: group sums of the scaled X
-//        (msgemm_group_sums with msgemm_mma_scales' scale; read with zero points only).
+//        (msgemm_group_sums with msgemm_mma_x's scale; read with zero points only).
 // Grid (ceil(ceil(M/16) / (4 MT)), splits, N' / (8 NT)), 128 threads: warp w of block x owns
 // the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
 // (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
@@ -428,6 +429,9 @@ __device__ __forceinline__ unsigned int msgemm_f2h(float f) { return cudasim::fl
 __device__ __forceinline__ float msgemm_h2f(unsigned int h) { return cudasim::half_bits_to_float(h); }
 __device__ __forceinline__ unsigned int msgemm_hsub2(unsigned int a, unsigned int b) { return cudasim::hsub2(a, b); }
 __device__ __forceinline__ unsigned int msgemm_hmul2(unsigned int a, unsigned int b) { return cudasim::hmul2(a, b); }
+__device__ __forceinline__ unsigned int msgemm_hfma2(unsigned int a, unsigned int b, unsigned int c) {
+    return cudasim::hfma2(a, b, c);
+}
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {
     cudasim::mma16816(d, a, b0, b1);
@@ -453,6 +457,11 @@ __device__ __forceinline__ unsigned int msgemm_hmul2(unsigned int a, unsigned in
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
+__device__ __forceinline__ unsigned int msgemm_hfma2(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {
     asm volatile(
@@ -463,50 +472,51 @@ __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned in
 }
 #endif
 
-// scale[n] = 2^a, inv[n] = 2^-a with a such that the largest |x| of column n of xt (N, K) is in
-// [2^13, 2^14) (a within [-125, 125], so both are normal floats and scaling is exact; an
-// all-zero column gets a = 14). One block per column, of up to 1024 threads (a multiple of 32).
-extern "C" __global__ void msgemm_mma_scales(const float* __restrict__ xt, long long k, float* __restrict__ scale,
-                                             float* __restrict__ inv) {
+// X's B fragments, one block per column n of the padded N' (up to 1024 threads, a multiple of
+// 32): scale[n] = 2^a and inv[n] = 2^-a with a such that the largest |x| of column n of xt (N, K)
+// is in [2^13, 2^14) (a within [-125, 125], so both are normal floats and scaling is exact; an
+// all-zero column gets a = 14); then the column's words of xf [K'/16 steps][N'/8 tiles][32
+// lanes][4] (layout above), each two float16s of hi or of lo of x scale (0 past K; a column past
+// N is all 0 and has no scale). Words 4 t + reg of a step of column n sit at lane 4 (n % 8) + t:
+// 16 consecutive words, so the writes are 64-byte runs and the reads 128-byte ones.
+extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, long long k, int n_cols, int x_tiles,
+                                        int steps, float* __restrict__ scale, float* __restrict__ inv,
+                                        unsigned int* __restrict__ xf) {
     __shared__ float part[1024 / 32];
-    const long long n = blockIdx.x;
+    const int n = blockIdx.x;
+    const bool live = n < n_cols;
     float mx = 0.0f;
-#pragma unroll 8  // eight loads in flight a thread: one block per column, so latency is the cost
-    for (long long i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(xt[n * k + i]));
+    if (live) {
+#pragma unroll 8  // eight loads in flight a thread: few blocks at small N, so latency is the cost
+        for (long long i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(xt[n * k + i]));
+    }
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = mx;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) mx = fmaxf(mx, part[w]);
-        int e = 0;
-        frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1); e = 0 for 0
-        const int a = min(125, max(-125, 14 - e));
-        scale[n] = ldexpf(1.0f, a);
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) mx = fmaxf(mx, part[w]);  // every thread
+    int e = 0;
+    frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1); e = 0 for 0
+    const int a = min(125, max(-125, 14 - e));
+    const float sc = ldexpf(1.0f, a);
+    if (live && threadIdx.x == 0) {
+        scale[n] = sc;
         inv[n] = ldexpf(1.0f, -a);
     }
-}
-
-// The B fragments xf [K'/16 steps][N'/8 tiles][32 lanes][4] (layout above) of xt (N, K) scaled
-// by scale[n]: one thread per 32-bit word (two float16s of hi or of lo; 0 past K or N).
-extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, const float* __restrict__ scale, long long k,
-                                        int n_cols, int x_tiles, long long words, unsigned int* __restrict__ xf) {
-    const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= words) return;
-    const int reg = static_cast<int>(i & 3);
-    const int lane = static_cast<int>((i >> 2) & 31);
-    const long long tile_step = i >> 7;
-    const int tile = static_cast<int>(tile_step % x_tiles);
-    const long long step = tile_step / x_tiles;
-    const int n = tile * 8 + lane / 4;
-    const long long k0 = step * 16 + 8 * (reg & 1) + 2 * (lane & 3);
-    unsigned int out = 0;
-    for (int e = 0; e < 2; ++e) {
-        const float v = (n < n_cols && k0 + e < k) ? __fmul_rn(xt[n * k + k0 + e], scale[n]) : 0.0f;
-        const unsigned int hi = msgemm_f2h(v);
-        const unsigned int h = reg < 2 ? hi : msgemm_f2h(__fsub_rn(v, msgemm_h2f(hi)));  // hi, or lo = v - hi
-        out |= h << (16 * e);
+    const long long words = 16LL * steps;
+    unsigned int* const out = xf + (static_cast<long long>(n / 8) * 32 + 4 * (n % 8)) * 4;
+    for (long long i = threadIdx.x; i < words; i += blockDim.x) {
+        const int reg = static_cast<int>(i & 3), t = static_cast<int>((i >> 2) & 3);
+        const long long step = i >> 4;
+        const long long k0 = step * 16 + 8 * (reg & 1) + 2 * t;
+        unsigned int word = 0;
+        for (int h = 0; h < 2; ++h) {
+            const float v = (live && k0 + h < k) ? __fmul_rn(xt[n * k + k0 + h], sc) : 0.0f;
+            const unsigned int hi = msgemm_f2h(v);
+            const unsigned int bits = reg < 2 ? hi : msgemm_f2h(__fsub_rn(v, msgemm_h2f(hi)));  // hi, or lo = v - hi
+            word |= bits << (16 * h);
+        }
+        out[step * x_tiles * 128 + 4 * t + reg] = word;
     }
-    xf[i] = out;
 }
 
 __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
@@ -537,6 +547,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     const int s_end = g_end == groups ? 4 * chunks : g_end * steps_per_group;  // the last split takes K's padding
     const int nt0 = blockIdx.z * NT;
     const float inv_vscale = 1.0f / vscale;  // exact: a power of two
+    // FMT 0: 1024 + 16 c, times 1/16 (0x2c00) and minus 64 - b, is c + b (one rounding, exact)
+    const unsigned int offset16 = msgemm_hsub2(0x63806380u, offset2);  // 960 - (1024 - b) = b - 64
     // Row tiles past the last (in the warp's last MT) read the last tile again and store nothing.
     const uint4* wp[MT];
 #pragma unroll
@@ -593,8 +605,10 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                 unsigned int a[4], alo[4];
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
-                    if (FMT == 0) {
-                        a[r] = msgemm_hsub2(((w >> (4 * r)) & 0x000f000fu) | 0x64006400u, offset2);
+                    if (FMT == 0) {  // nibbles 0, 16 and 8, 24 at their place; 4, 20 and 12, 28 times 16
+                        const unsigned int mask = r % 2 ? 0x00f000f0u : 0x000f000fu;
+                        const unsigned int q = ((r < 2 ? w : w >> 8) & mask) | 0x64006400u;
+                        a[r] = r % 2 ? msgemm_hfma2(q, 0x2c002c00u, offset16) : msgemm_hsub2(q, offset2);
                     } else if (FMT == 1) {  // sign bits 4r + 3 (and + 19) to 15 (31), bits 4r..4r+2 to 9..11
                         const unsigned int em = (r < 3 ? w << (9 - 4 * r) : w >> 3) & 0x0e000e00u;
                         a[r] = msgemm_hmul2(((w << (12 - 4 * r)) & 0x80008000u) | em, 0x40004000u);  // x 2.0

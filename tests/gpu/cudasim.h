@@ -602,6 +602,22 @@ inline unsigned int hsub2(unsigned int a, unsigned int b) {  // sub.rn.f16x2
 inline unsigned int hmul2(unsigned int a, unsigned int b) {  // mul.rn.f16x2
     return f16x2(a, b, [](float u, float v) { return u * v; });
 }
+// fma.rn.f16x2, d = a b + c rounded once: the product of two float16s is exact in double, and so
+// is its sum with a float16 unless their exponents lie more than 53 bits apart (never in the
+// kernels' uses, which are exact); the double goes to float16 in one rounding.
+inline unsigned int hfma2(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int out = 0;
+    for (int h = 0; h < 2; ++h) {
+        const auto part = [h](unsigned int v) {
+            return static_cast<double>(half_bits_to_float((v >> (16 * h)) & 0xffffu));
+        };
+        const auto r = static_cast<_Float16>(part(a) * part(b) + part(c));
+        std::uint16_t bits;
+        std::memcpy(&bits, &r, 2);
+        out |= static_cast<unsigned int>(bits) << (16 * h);
+    }
+    return out;
+}
 // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, D = A B + C in place (PTX ISA, "Matrix
 // Fragments for mma.m16n8k16 with floating point type"); lane = 4 groupID + threadID_in_group:
 //   a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]

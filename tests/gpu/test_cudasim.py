@@ -99,10 +99,12 @@ extern "C" __global__ void block_sum(const double* __restrict__ in, double* __re
 
 // One mma.m16n8k16 (cudasim::mma16816): each lane builds its fragments from A (16 x 16) and B
 // (16 x 8, [k][n]) as float16 bits, by the PTX ISA's formulas, and writes its part of D = A B + C
-// (16 x 8 floats, in place in c); hsub[lane] = the float16 pairs a[lane] - b[lane].
+// (16 x 8 floats, in place in c); hsub[lane] = the float16 pairs ha[lane] - hb[lane], and
+// hfma[lane] = ha[lane] hb[lane] + hc[lane].
 extern "C" __global__ void mma_tile(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b,
                                     float* __restrict__ c, const unsigned int* __restrict__ ha,
-                                    const unsigned int* __restrict__ hb, unsigned int* __restrict__ hsub) {
+                                    const unsigned int* __restrict__ hb, unsigned int* __restrict__ hsub,
+                                    const unsigned int* __restrict__ hc, unsigned int* __restrict__ hfma) {
     const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
     unsigned int af[4];
     for (int r = 0; r < 4; ++r) {
@@ -119,6 +121,7 @@ extern "C" __global__ void mma_tile(const unsigned short* __restrict__ a, const 
     cudasim::mma16816(d, af, bf[0], bf[1]);
     for (int i = 0; i < 4; ++i) c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
     hsub[lane] = cudasim::hsub2(ha[lane], hb[lane]);
+    hfma[lane] = cudasim::hfma2(ha[lane], hb[lane], hc[lane]);
 }
 """
 NAMES = ("shuffles", "reverse<true>", "reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
@@ -197,9 +200,10 @@ def test_launches_from_two_threads_run_one_at_a_time(mod):
         np.testing.assert_array_equal(o, x.reshape(blocks, threads).sum(axis=1))
 
 
-def test_tensor_core_mma_and_float16_subtraction_follow_their_definitions(mod):
+def test_tensor_core_mma_and_float16_arithmetic_follow_their_definitions(mod):
     """The model of mma.m16n8k16 (float16 A, B; float32 C, D) against numpy's float64 product of
-    the same float16 values, rounded once; sub.rn.f16x2 against numpy's float16 subtraction."""
+    the same float16 values, rounded once; sub.rn.f16x2 against numpy's float16 subtraction, and
+    fma.rn.f16x2 against the float64 a b + c rounded once to float16."""
     rng = np.random.default_rng(3)
     a = rng.standard_normal((16, 16)).astype(np.float16)
     b = (rng.standard_normal((16, 8)) * 100).astype(np.float16)
@@ -207,11 +211,15 @@ def test_tensor_core_mma_and_float16_subtraction_follow_their_definitions(mod):
     want = (a.astype(np.float64) @ b.astype(np.float64) + c).astype(np.float32)
     ha = rng.standard_normal(64).astype(np.float16)
     hb = (rng.standard_normal(64) * 1e3).astype(np.float16)
-    hsub = np.zeros(32, np.uint32)
+    hc = (rng.standard_normal(64) * 1e2).astype(np.float16)
+    hsub, hfma = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
     mod.get_function("mma_tile")((1,), (32,), (a.view(np.uint16), b.view(np.uint16), c, ha.view(np.uint32),
-                                               hb.view(np.uint32), hsub))
+                                               hb.view(np.uint32), hsub, hc.view(np.uint32), hfma))
     np.testing.assert_array_equal(c, want)
     np.testing.assert_array_equal(hsub.view(np.float16), ha - hb)
+    fma = ha.astype(np.float64) * hb.astype(np.float64) + hc.astype(np.float64)
+    np.testing.assert_array_equal(hfma.view(np.float16), fma.astype(np.float16))
+    assert not np.array_equal(fma.astype(np.float16), (ha * hb + hc))  # one rounding, not two: the test can tell
 
 
 def test_wrong_kernels_stop_with_an_error(mod):

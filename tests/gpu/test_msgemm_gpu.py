@@ -273,10 +273,10 @@ def test_mma_words_hold_each_lane_s_fragment_as_the_ptx_isa_lays_it_out():
 
 
 def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
-    """msgemm_mma_scales and msgemm_mma_x against numpy: per column a power of two putting the
-    largest |x| in [2^13, 2^14) (clamped to 2^+-125), hi = float16(x s), lo = float16(x s - hi),
-    in the B-fragment order of the PTX ISA (register 2 part + r of lane 4 g + t: rows 2 t + 8 r,
-    2 t + 8 r + 1 of column 8 tile + g); zeros past K and N."""
+    """msgemm_mma_x against numpy: per column a power of two putting the largest |x| in
+    [2^13, 2^14) (clamped to 2^+-125), hi = float16(x s), lo = float16(x s - hi), in the
+    B-fragment order of the PTX ISA (register 2 part + r of lane 4 g + t: rows 2 t + 8 r,
+    2 t + 8 r + 1 of column 8 tile + g); zeros past K and N (the padding columns' blocks)."""
     rng = np.random.default_rng(24)
     n, k, chunks, tiles = 11, 150, 3, 2
     xt = rng.standard_normal((n, k)).astype(np.float32)
@@ -285,7 +285,9 @@ def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
     xt[3] = 0.0
     xt[4, 7] = -65504.0 * 4
     scale, inv = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
-    mgc._kernel("msgemm_mma_scales")((n,), (64,), (xt, np.int64(k), scale, inv))  # two warps, 3 loads a thread
+    xf = cp.empty((4 * chunks, tiles, 32, 4), cp.uint32)  # the simulator's is 0xff bytes: all must be written
+    mgc._kernel("msgemm_mma_x")((8 * tiles,), (64,),  # two warps: 3 loads and 3 words a thread
+                                (xt, np.int64(k), np.int32(n), np.int32(tiles), np.int32(4 * chunks), scale, inv, xf))
     scale, inv = cp.asnumpy(scale), cp.asnumpy(inv)
     mx = np.abs(xt).max(axis=1)
     a = np.clip(14 - np.frexp(mx)[1], -125, 125)
@@ -293,9 +295,6 @@ def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
     np.testing.assert_array_equal(inv, np.ldexp(np.float32(1), -a))
     ok = mx > 1e-30
     assert np.all((mx * scale)[ok] >= 2.0**13) and np.all((mx * scale)[ok] < 2.0**14)
-    xf = cp.empty((4 * chunks, tiles, 32, 4), cp.uint32)
-    mgc._kernel("msgemm_mma_x")((-(-xf.size // 256),), (256,), (xt, cp.asarray(scale), np.int64(k), np.int32(n),
-                                                               np.int32(tiles), np.int64(xf.size), xf))
     full = np.zeros((8 * tiles, 64 * chunks), np.float32)
     full[:n, :k] = xt * scale[:, None]
     hi = full.astype(np.float16)

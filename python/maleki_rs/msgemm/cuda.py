@@ -67,8 +67,7 @@ _BLOCKS_PER_SM = 2  # default K splits: about this many blocks per SM
 #: Shared memory for one chunk of staged tables (no opt-in to large shared memory needed); 0
 #: stages one batch of words' tables at a time (a barrier pair per batch).
 _CHUNK_BYTES = 48 << 10
-_PLAIN = ("msgemm_tables", "msgemm_group_sums", "msgemm_reduce_splits", "dequant_gemv_shfl", "msgemm_mma_scales",
-          "msgemm_mma_x")
+_PLAIN = ("msgemm_tables", "msgemm_group_sums", "msgemm_reduce_splits", "dequant_gemv_shfl", "msgemm_mma_x")
 #: Operation kinds of the counting build (``msgemm_cuda(..., count=True)``), in the order of
 #: ``msgemm_counts`` in msgemm.cu.
 COUNT_KINDS = ("table_mul", "table_add", "sum_add", "words", "staged", "lookups", "scale_mul", "zero_mul",
@@ -593,10 +592,9 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     n_pad = -(-n // (8 * nt)) * 8 * nt
     scale = cp.empty(n, cp.float32)
     inv = cp.empty(n, cp.float32)
-    _kernel("msgemm_mma_scales")((n,), (min(1024, 32 * -(-k // 256)),), (xt, np.int64(k), scale, inv))  # 8+ x a thread
     xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
-    _kernel("msgemm_mma_x")((-(-xf.size // 256),), (256,), (xt, scale, np.int64(k), np.int32(n),
-                                                           np.int32(n_pad // 8), np.int64(xf.size), xf))
+    _kernel("msgemm_mma_x")((n_pad,), (min(1024, 32 * -(-k // 256)),),  # 8+ loads a thread
+                            (xt, np.int64(k), np.int32(n), np.int32(n_pad // 8), np.int32(4 * chunks), scale, inv, xf))
     sums = np.uint64(0)  # a null pointer: read only with zero points
     if pwd.zeros_t is not None:
         sums = cp.empty(n * groups, cp.float32)
