@@ -419,9 +419,13 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
 // (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
 // output: P = sum over the group's k16 steps of A (X hi + X lo), plus A lo X hi for FMT 2, in
-// float32 accumulators from zero (integer data: exact), then y += s * (P - z * S) as in the LUT
-// kernel (with the weights' vscale undone); partial[split][n][M]
-// for msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two).
+// float32 accumulators from zero (integer data: exact), then y = fma(s, fma(-z, S, P), y) (with
+// the weights' vscale undone; fused multiply-adds: one rounding each, where the LUT kernel's
+// separate roundings keep it bit-equal to the host's f32 tables); partial[split][n][M] for
+// msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two).
+// ZP: zero points read (zeros_t, sums) or not. A template parameter, not a null test: their
+// registers (a group's zero points are loaded a group ahead, as its scales) would cost the
+// (4, 2) shape a block per SM (172 registers a thread, not 167).
 #define MSGEMM_MMA_WARPS 4
 
 #ifdef CUDASIM
@@ -523,7 +527,7 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
     return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
 }
 
-template <int MT, int NT, int FMT>
+template <int MT, int NT, int FMT, bool ZP>
 __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
                const float* __restrict__ zeros_t, const float* __restrict__ sums,
@@ -558,6 +562,46 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     }
     const uint4* xp = xf + (static_cast<long long>(s_begin) * x_tiles + nt0) * 32 + lane;
     const long long x_step = static_cast<long long>(x_tiles) * 32;
+    // The group's scales (and zero points, and the zero-point sums of the lane's columns) of the
+    // lane's rows 16 i + 8 h from row0, loaded a group ahead of their use, from one pointer with
+    // the rows at immediate offsets; only the warp that holds the last row tests rows against M.
+    const long long row0 = tile0 * 16 + gid;
+    const bool all_rows = (tile0 + MT) * 16 <= m_rows;  // uniform over the warp
+    const int rows_left = static_cast<int>(min(m_rows - row0, 16LL * MT));
+    auto load_rows = [&](float(&dst)[MT][2], const float* p) {
+        if (all_rows) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) dst[i][h] = __ldg(p + 16 * i + 8 * h);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) dst[i][h] = 16 * i + 8 * h < rows_left ? __ldg(p + 16 * i + 8 * h) : 0.0f;
+            }
+        }
+    };
+    const float* sp = scales_t + static_cast<long long>(g_begin) * m_rows + row0;
+    const float* zp = !ZP ? nullptr : zeros_t + static_cast<long long>(g_begin) * m_rows + row0;
+    float sc[MT][2], zc[MT][2], zs[NT][2];
+    auto load_group = [&](int grp) {  // group grp's, into sc, zc and zs
+        load_rows(sc, sp);
+        if (ZP) {
+            load_rows(zc, zp);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {  // columns past N are 0
+                    const int n = (nt0 + nt) * 8 + 2 * tig + e;
+                    zs[nt][e] = n < n_cols ? __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + grp), vscale)
+                                           : 0.0f;
+                }
+            }
+        }
+    };
+    load_group(g_begin);
 
     float acc[MT][NT][4], pg[MT][NT][4];
 #pragma unroll
@@ -633,28 +677,24 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                     for (int i = 0; i < MT; ++i) {
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            const long long row = (tile0 + i) * 16 + gid + 8 * h;
-                            const long long at = static_cast<long long>(g) * m_rows + row;  // in (K/G, M)
-                            const bool live = row < m_rows;
                             // The decoded values are v vscale (a power of two: exact throughout)
-                            const float sc = live ? __fmul_rn(__ldg(scales_t + at), inv_vscale) : 0.0f;
-                            const float z = (live && zeros_t != nullptr) ? __ldg(zeros_t + at) : 0.0f;
+                            const float s_ih = FMT == 0 ? sc[i][h] : __fmul_rn(sc[i][h], inv_vscale);
 #pragma unroll
                             for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
                                 for (int e = 0; e < 2; ++e) {
                                     float u = pg[i][nt][2 * h + e];
-                                    const int n = (nt0 + nt) * 8 + 2 * tig + e;
-                                    if (zeros_t != nullptr && n < n_cols) {  // columns past N are 0
-                                        const float sum =
-                                            __fmul_rn(__ldg(sums + static_cast<long long>(n) * groups + g), vscale);
-                                        u = __fsub_rn(u, __fmul_rn(z, sum));
-                                    }
-                                    acc[i][nt][2 * h + e] = __fadd_rn(acc[i][nt][2 * h + e], __fmul_rn(sc, u));
+                                    if (ZP) u = __fmaf_rn(-zc[i][h], zs[nt][e], u);
+                                    acc[i][nt][2 * h + e] = __fmaf_rn(s_ih, u, acc[i][nt][2 * h + e]);
                                     pg[i][nt][2 * h + e] = 0.0f;
                                 }
                             }
                         }
+                    }
+                    if (g + 1 < g_end) {  // the next group's, in flight over its steps
+                        sp += m_rows;
+                        if (ZP) zp += m_rows;
+                        load_group(g + 1);
                     }
                 }
                 ++g;

@@ -108,11 +108,12 @@ def kernel_names(rpt: int = _RPT) -> tuple[str, ...]:
         raise ValueError(f"rpt: the LUT kernel needs at least 2 rows per thread, got {rpt}")
     return _PLAIN + tuple(_lut_name(n, _rows_per_thread(n, rpt), b) for b in INDEX_BITS
                           for n in range(1, MAX_COLUMNS + 1)) + tuple(
-        _mma_name(*s, f) for f in (_MMA_AFFINE, _MMA_E2M1, _MMA_TABLE) for s in _MMA_SHAPES.values())
+        _mma_name(*s, f, zp) for f in (_MMA_AFFINE, _MMA_E2M1, _MMA_TABLE) for zp in (False, True)
+        for s in _MMA_SHAPES.values())
 
 
-def _mma_name(mt: int, nt: int, fmt: int) -> str:
-    return f"msgemm_mma<{mt}, {nt}, {fmt}>"
+def _mma_name(mt: int, nt: int, fmt: int, zero_points: bool) -> str:
+    return f"msgemm_mma<{mt}, {nt}, {fmt}, {'true' if zero_points else 'false'}>"
 
 
 def _rows_per_thread(n: int, rpt: int | None = None) -> int:
@@ -607,7 +608,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     fmt, b, vscale = pwd.mma_format
     offset2 = int(np.array([1024 - b] * 2, np.float16).view(np.uint32)[0])  # FMT 0: float16 1024 - b, twice
     table = pwd.mma_codebook if pwd.mma_codebook is not None else np.uint64(0)
-    kernel = _kernel(_mma_name(mt, nt, fmt))
+    kernel = _kernel(_mma_name(mt, nt, fmt, pwd.zeros_t is not None))
     if splits is None:
         per_sm = _MMA_BLOCKS_PER_SM or _mma_blocks_per_sm(kernel)
         # At most one wave: one more split than fits would leave a second wave nearly empty.
