@@ -686,7 +686,6 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                                     float u = pg[i][nt][2 * h + e];
                                     if (ZP) u = __fmaf_rn(-zc[i][h], zs[nt][e], u);
                                     acc[i][nt][2 * h + e] = __fmaf_rn(s_ih, u, acc[i][nt][2 * h + e]);
-                                    pg[i][nt][2 * h + e] = 0.0f;
                                 }
                             }
                         }
@@ -695,6 +694,14 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                         sp += m_rows;
                         if (ZP) zp += m_rows;
                         load_group(g + 1);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) pg[i][nt][e] = 0.0f;
                     }
                 }
                 ++g;
