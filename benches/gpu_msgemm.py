@@ -218,12 +218,13 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
 
 def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
     """L2-flushed times of the tensor-core kernel (``dequant_mma_cuda``, int4 g128) over the K
-    splits (blocks per SM) at N = 4, 16 and 64, each result checked against cuBLAS fp32 first;
-    cuBLAS fp16 on the dequantized weights alongside. The library's default comes from this."""
+    splits (blocks per SM) at N = 1, 4, 16 and 64, with the weights' L2 prefetch on and off,
+    each result checked against cuBLAS fp32 first; cuBLAS fp16 on the dequantized weights
+    alongside. The library's defaults come from this."""
     rng = np.random.default_rng(3)
     flush_buf = cp.empty(256 << 20, cp.uint8)
     per_sm = [1, 2, 3, 4, 6, 8]
-    saved = mgc._MMA_BLOCKS_PER_SM
+    saved = mgc._MMA_BLOCKS_PER_SM, mgc._MMA_PREFETCH
     rows = []
     try:
         for m, k in shapes:
@@ -232,25 +233,29 @@ def mma_sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
             w32 = cp.asarray(pw.dequantize(np.float32))
             w16 = w32.astype(cp.float16)
             del pw
-            for n in (4, 16, 64):
+            for n in (1, 4, 16, 64):
                 x = cp.asarray(rng.standard_normal((k, n)).astype(np.float32))
                 x16 = x.astype(cp.float16)
                 ref = cp.matmul(w32, x)
                 t16 = timed(cp, lambda: cp.matmul(w16, x16), flush=lambda: flush_buf.fill(1))
-                cells = []
-                for b in per_sm:
-                    mgc._MMA_BLOCKS_PER_SM = b
-                    y = mgc.dequant_mma_cuda(pwd, x)
-                    rel = rel_l1(cp, y, ref)
-                    assert rel < 1e-5, f"mma sweep ({m}, {k}) N={n} {b}/SM: rel. L1 {rel:.2e}"
-                    t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
-                    cells.append(f"{t * 1e3:.1f} ({t16 / t:.2f}x)")
-                rows.append([f"({m}, {k})", n, *cells, f"{t16 * 1e3:.1f}"])
-                print("mma sweep", rows[-1], flush=True)
+                for prefetch in (True, False):
+                    mgc._MMA_PREFETCH = prefetch
+                    cells = []
+                    for b in per_sm:
+                        mgc._MMA_BLOCKS_PER_SM = b
+                        y = mgc.dequant_mma_cuda(pwd, x)
+                        rel = rel_l1(cp, y, ref)
+                        assert rel < 1e-5, f"mma sweep ({m}, {k}) N={n} {b}/SM: rel. L1 {rel:.2e}"
+                        t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False),
+                                  flush=lambda: flush_buf.fill(1))
+                        cells.append(f"{t * 1e3:.1f} ({t16 / t:.2f}x)")
+                    rows.append([f"({m}, {k})", n, "on" if prefetch else "off", *cells, f"{t16 * 1e3:.1f}"])
+                    print("mma sweep", rows[-1], flush=True)
             del pwd, w32, w16
     finally:
-        mgc._MMA_BLOCKS_PER_SM = saved
-    return _report.table(["(M, K)", "N", *[f"{b} blocks/SM µs (vs fp16)" for b in per_sm], "cuBLAS fp16 µs"], rows)
+        mgc._MMA_BLOCKS_PER_SM, mgc._MMA_PREFETCH = saved
+    return _report.table(["(M, K)", "N", "L2 prefetch", *[f"{b} blocks/SM µs (vs fp16)" for b in per_sm],
+                          "cuBLAS fp16 µs"], rows)
 
 
 def mma_formats(cp, mg, mgc, m: int, k: int) -> str:

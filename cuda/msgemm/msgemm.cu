@@ -427,6 +427,8 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // registers (a group's zero points are loaded a group ahead, as its scales) would cost the
 // (4, 2) shape a block per SM (172 registers a thread, not 167).
 #define MSGEMM_MMA_WARPS 4
+// With `prefetch` on, a warp asks for the weights this many chunks beyond the next into L2.
+#define MSGEMM_MMA_PREFETCH 2
 
 #ifdef CUDASIM
 __device__ __forceinline__ unsigned int msgemm_f2h(float f) { return cudasim::float_to_half_bits(f); }
@@ -436,6 +438,7 @@ __device__ __forceinline__ unsigned int msgemm_hmul2(unsigned int a, unsigned in
 __device__ __forceinline__ unsigned int msgemm_hfma2(unsigned int a, unsigned int b, unsigned int c) {
     return cudasim::hfma2(a, b, c);
 }
+__device__ __forceinline__ void msgemm_prefetch_l2(const void* p) { cudasim::prefetch(p); }
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {
     cudasim::mma16816(d, a, b0, b1);
@@ -465,6 +468,9 @@ __device__ __forceinline__ unsigned int msgemm_hfma2(unsigned int a, unsigned in
     unsigned int d;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+}
+__device__ __forceinline__ void msgemm_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {
@@ -533,7 +539,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                const float* __restrict__ zeros_t, const float* __restrict__ sums,
                const unsigned int* __restrict__ codebook, unsigned int offset2, float vscale, long long m_rows,
                int chunks, int x_tiles, int n_cols, int groups, int steps_per_group, int groups_per_split,
-               float* __restrict__ partial) {
+               int prefetch, float* __restrict__ partial) {
     __shared__ unsigned cb[16];  // FMT 2's table
     if (FMT == 2) {
         if (threadIdx.x < 16) cb[threadIdx.x] = codebook[threadIdx.x];
@@ -635,6 +641,13 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
         for (int i = 0; i < MT; ++i) {
             wp[i] += 32;
             nxt[i] = __ldcs(wp[i]);
+        }
+        // And the chunk MSGEMM_MMA_PREFETCH beyond that one into L2 (no registers), so that more
+        // bytes are in flight than the registers hold; not past the split's end (another block
+        // reads those, long before).
+        if (prefetch && s + 4 * (1 + MSGEMM_MMA_PREFETCH) < s_end) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i) msgemm_prefetch_l2(wp[i] + 32 * MSGEMM_MMA_PREFETCH);
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {

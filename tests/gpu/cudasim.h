@@ -603,6 +603,11 @@ inline unsigned int hsub2(unsigned int a, unsigned int b) {  // sub.rn.f16x2
 inline unsigned int hmul2(unsigned int a, unsigned int b) {  // mul.rn.f16x2
     return f16x2(a, b, [](float u, float v) { return u * v; });
 }
+// prefetch.global.L2: no effect but a read of the byte, so that a prefetch outside the arrays
+// faults here as a load would (PTX leaves the behaviour open; the kernels never rely on it).
+inline void prefetch(const void* p) {
+    (void)*static_cast<const volatile unsigned char*>(p);
+}
 // fma.rn.f16x2, d = a b + c rounded once: the product of two float16s is exact in double, and so
 // is its sum with a float16 unless their exponents lie more than 53 bits apart (never in the
 // kernels' uses, which are exact); the double goes to float16 in one rounding.

@@ -48,9 +48,9 @@ def test_bench_runs_on_the_simulator(bench, monkeypatch, capsys):
         return sum(line.startswith(f"| {first} |") for line in lines)
 
     # Every table row: 2 timed shapes x 4 N; sweep: 1 shape x 3 N x 2 depths x 2 stagings;
-    # other formats: int2 and ternary x 2 N; tensor-core splits: 1 shape x 3 N.
+    # other formats: int2 and ternary x 2 N; tensor-core splits: 1 shape x 4 N x prefetch on, off.
     assert rows("(600, 512)") == 4 and rows("(300, 1024)") == 4
-    assert rows("(520, 256)") == 12 + 3
+    assert rows("(520, 256)") == 12 + 8
     assert rows("int2 g64") == 2 + 1 and rows("ternary g80") == 2  # int2: also on tensor cores
     assert rows("nf4 g64") == 1 and rows("fp4 g32") == 1
     assert "a batch at a time" in out and "d = 2 (8-bit indices)" in out

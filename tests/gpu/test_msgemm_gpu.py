@@ -376,6 +376,26 @@ def test_mma_random_data_is_float32_accurate_and_deterministic(cp):
         assert cp.asnumpy(mgc.dequant_mma_cuda(pwd, x)).tobytes() == y.tobytes()
 
 
+def test_mma_l2_prefetch_changes_no_bit_and_stays_in_the_split(cp, monkeypatch):
+    """The weights' L2 prefetch (MSGEMM_MMA_PREFETCH chunks beyond the next) is a hint: the
+    same bits with it on and off. On the simulator a prefetch reads its byte, so one past the
+    weights' end (the last split's last tile) would fault: it stops at the split's end."""
+    rng = np.random.default_rng(25)
+    m, k, g = 75, 1024, 64  # 16 chunks: prefetches from the first chunk of a split on
+    pw = integer_weights("int4", rng, m, k, g, zeros=False, perm=False)
+    pwd = mgc.to_device(pw, mma=True, lut=False)
+    for n in (None, 12):
+        x = rng.integers(-8, 9, size=(k,) if n is None else (k, n)).astype(np.float32)
+        want = (pw.dequantize() @ x.astype(np.float64)).astype(np.float32)
+        for splits in (1, 3):
+            got = []
+            for on in (False, True):
+                monkeypatch.setattr(mgc, "_MMA_PREFETCH", on)
+                got.append(cp.asnumpy(mgc.dequant_mma_cuda(pwd, x, splits=splits)))
+            np.testing.assert_array_equal(got[0], want)
+            np.testing.assert_array_equal(got[1], want)
+
+
 def test_mma_default_splits_fill_the_sms_the_registers_allow():
     """65536 registers an SM, allocated 8 a thread at a time, 128 threads a block."""
     blocks = mgc._mma_blocks_per_sm

@@ -92,6 +92,10 @@ _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, 
 #: registers let one SM hold (``_mma_blocks_per_sm``; ptxas gives the shapes 116-174 registers
 #: a thread, so 2-4 blocks). Untimed on a GPU so far: the bench sweeps it.
 _MMA_BLOCKS_PER_SM: int | None = None
+#: Whether msgemm_mma also asks for the weights MSGEMM_MMA_PREFETCH chunks beyond the next into
+#: L2 (more bytes in flight than its registers hold). Untimed on a GPU so far: the bench
+#: sweeps it.
+_MMA_PREFETCH = True
 _REGISTERS_PER_SM = 65536
 
 
@@ -624,7 +628,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
         (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m),
          np.int32(chunks), np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per),
-         partial),
+         np.int32(bool(_MMA_PREFETCH)), partial),
     )
     y = cp.empty((m, n), cp.float32)
     _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,),
