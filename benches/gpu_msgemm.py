@@ -201,10 +201,11 @@ def sweep(cp, mg, mgc, shapes: list[tuple[int, int]]) -> str:
                                 cells.append("—")
                                 continue
                             mgc._RPT, mgc._BLOCKS_PER_SM, mgc._CHUNK_BYTES = rpt, bps, chunk
-                            y = mgc.msgemm_cuda(pwd, x)
+                            y = mgc.msgemm_cuda(pwd, x, kernel="lut")
                             rel = rel_l1(cp, y, ref)
                             assert rel < 1e-5, f"sweep ({m}, {k}) N={n} d={d} {rpt} rows chunk={chunk}: rel. L1 {rel:.2e}"
-                            t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                            t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, kernel="lut", check=False),
+                                      flush=lambda: flush_buf.fill(1))
                             cells.append(f"{t * 1e3:.1f}")
                         rows.append([f"({m}, {k})", n, f"d = {d} ({pwd.bits}-bit indices)",
                                      f"{chunk >> 10} KiB chunks" if chunk else "a batch at a time", *cells])
@@ -281,7 +282,8 @@ def mma_formats(cp, mg, mgc, m: int, k: int) -> str:
             t = timed(cp, lambda: mgc.dequant_mma_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
             cells.append(f"{t * 1e3:.1f} ({mma_bytes / (t * 1e-3) / 1e12:.2f} TB/s)")
             if n == 1:
-                t1 = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                t1 = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, kernel="lut", check=False),
+                           flush=lambda: flush_buf.fill(1))
                 cells.append(f"{t1 * 1e3:.1f}")
         rows.append([f"{fmt} g{g}", f"({m}, {k})", pwd.mma_format[0], *cells])
         print("mma formats", rows[-1], flush=True)
@@ -306,10 +308,11 @@ def formats_sweep(cp, mg, mgc, m: int, k: int) -> str:
             cells = []
             for d in depths:
                 pwd = mgc.to_device(pw, depth=d)
-                y = mgc.msgemm_cuda(pwd, x)
+                y = mgc.msgemm_cuda(pwd, x, kernel="lut")
                 rel = rel_l1(cp, y, ref)
                 assert rel < 1e-5, f"{fmt} d={d} N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
-                t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, check=False), flush=lambda: flush_buf.fill(1))
+                t = timed(cp, lambda: mgc.msgemm_cuda(pwd, x, kernel="lut", check=False),
+                          flush=lambda: flush_buf.fill(1))
                 cells.append(f"{t * 1e3:.1f} (d = {d}, {pwd.bits}-bit)")
                 del pwd
             rows.append([f"{fmt} g{g}", f"({m}, {k})", n, *cells, mgc.to_device(pw).depth])
@@ -398,14 +401,14 @@ def main() -> None:
                 mma_cell = f"{tm * 1e3:.1f} ({t16c / tm:.2f}x)"
             if n <= 16:
                 parts = [cp.ascontiguousarray(x[:, i:i + 8]) for i in range(0, n, 8)]
-                ours = lambda: [mgc.msgemm_cuda(pwd, p, check=False) for p in parts]  # noqa: E731
-                ours2 = lambda: [mgc.msgemm_cuda(pwd2, p, check=False) for p in parts]  # noqa: E731
+                ours = lambda: [mgc.msgemm_cuda(pwd, p, kernel="lut", check=False) for p in parts]  # noqa: E731
+                ours2 = lambda: [mgc.msgemm_cuda(pwd2, p, kernel="lut", check=False) for p in parts]  # noqa: E731
                 dense = (lambda: [mgc.dequant_gemv_cuda(pwd, p, check=False) for p in parts]) if n <= 8 else None
-                y = cp.concatenate([mgc.msgemm_cuda(pwd, p) for p in parts], axis=1)
+                y = cp.concatenate([mgc.msgemm_cuda(pwd, p, kernel="lut") for p in parts], axis=1)
                 rel = rel_l1(cp, y, ref)
                 # f32 tables: float32 rounding only (the oracles above test the exact bound).
                 assert rel < 1e-5, f"({m}, {k}) N={n}: rel. L1 error {rel:.2e} against cuBLAS fp32"
-                y2 = cp.concatenate([mgc.msgemm_cuda(pwd2, p) for p in parts], axis=1)
+                y2 = cp.concatenate([mgc.msgemm_cuda(pwd2, p, kernel="lut") for p in parts], axis=1)
                 rel2 = rel_l1(cp, y2, ref)
                 assert rel2 < 1e-5, f"({m}, {k}) N={n} d=2: rel. L1 error {rel2:.2e} against cuBLAS fp32"
                 t = timed(cp, ours)

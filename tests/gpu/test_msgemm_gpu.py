@@ -424,7 +424,7 @@ def test_mma_bad_inputs_give_clear_errors(cp):
     np.testing.assert_array_equal(cp.asnumpy(mgc.dequant_mma_cuda(only, np.ones(256, np.float32))),
                                   cp.asnumpy(mgc.dequant_mma_cuda(pwd, np.ones(256, np.float32))))
     with pytest.raises(ValueError, match="lut=False"):
-        mgc.msgemm_cuda(only, np.zeros(256, np.float32))
+        mgc.msgemm_cuda(only, np.zeros(256, np.float32), kernel="lut")
     with pytest.raises(ValueError, match="lut=True"):
         mgc.dequant_gemv_cuda(only, np.zeros(256, np.float32))
     with pytest.raises(ValueError, match="needs mma=True"):
@@ -440,5 +440,63 @@ def test_mma_bad_inputs_give_clear_errors(cp):
         mgc.dequant_mma_cuda(pwd, np.zeros(256, np.float32), splits=5)  # 4 groups
     with pytest.raises(TypeError, match="DeviceWeights"):
         mgc.dequant_mma_cuda(pw, np.zeros(256, np.float32))
-    with pytest.raises(ValueError, match="dequant_mma_cuda"):  # the LUT kernels point to it for batches
-        mgc.msgemm_cuda(pwd, np.zeros((256, 9), np.float32))
+    with pytest.raises(ValueError, match="kernel='mma'"):  # the LUT kernels point to it for batches
+        mgc.msgemm_cuda(pwd, np.zeros((256, 9), np.float32), kernel="lut")
+    with pytest.raises(ValueError, match="count"):
+        mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), kernel="mma", count=True)
+    for bad in ("tensor", None, 1):
+        with pytest.raises(ValueError, match="kernel"):
+            mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), kernel=bad)
+
+
+def test_msgemm_cuda_chooses_by_columns_and_layouts(cp, monkeypatch):
+    """kernel="auto": the LUT kernels up to 8 columns where the weights have their layout, the
+    tensor-core kernel beyond or where it alone is there; "lut" and "mma" as asked. Each choice
+    is seen through which driver ran, and its result is the float64 reference's (integer data)."""
+    rng = np.random.default_rng(26)
+    pw = integer_weights("int4", rng, 40, 256, 64)
+    both, lut_only, mma_only = (mgc.to_device(pw, mma=True), mgc.to_device(pw),
+                                mgc.to_device(pw, mma=True, lut=False))
+    ran = []
+    real_mma = mgc.dequant_mma_cuda
+    monkeypatch.setattr(mgc, "dequant_mma_cuda", lambda *a, **k: ran.append("mma") or real_mma(*a, **k))
+    for pwd, n, kernel, want_kernel in [(both, None, "auto", "lut"), (both, 8, "auto", "lut"),
+                                        (both, 9, "auto", "mma"), (both, 1, "mma", "mma"),
+                                        (both, 3, "lut", "lut"), (lut_only, 8, "auto", "lut"),
+                                        (mma_only, 2, "auto", "mma"), (mma_only, 40, "auto", "mma")]:
+        ran.clear()
+        x = rng.integers(-8, 9, size=(256,) if n is None else (256, n)).astype(np.float32)
+        y = cp.asnumpy(mgc.msgemm_cuda(pwd, x, kernel=kernel))
+        np.testing.assert_array_equal(y, (pw.dequantize() @ x.astype(np.float64)).astype(np.float32))
+        assert ran == ([] if want_kernel == "lut" else ["mma"]), (n, kernel)
+    with pytest.raises(ValueError, match="lut=False"):
+        mgc.msgemm_cuda(mma_only, np.zeros(256, np.float32), kernel="lut")
+    with pytest.raises(ValueError, match="columns"):  # no tensor-core layout: the LUT kernels' limit
+        mgc.msgemm_cuda(lut_only, np.zeros((256, 9), np.float32))
+
+
+def test_linear_cuda_is_a_linear_layer(cp):
+    """x (..., K) -> x @ Wd.T (..., M), C-contiguous float32, for any leading shape and memory
+    order, through either kernel; bad inputs give clear errors."""
+    rng = np.random.default_rng(27)
+    pw = integer_weights("uint4", rng, 36, 128, 32, zeros=True)
+    pwd = mgc.to_device(pw, mma=True)
+    wd = pw.dequantize()
+    for shape in [(128,), (3, 128), (2, 5, 128), (12, 128)]:
+        x = rng.integers(-4, 5, size=shape).astype(np.float32)
+        want = (x.astype(np.float64) @ wd.T).astype(np.float32)
+        for xin in (x, np.asfortranarray(x)):
+            for kernel in ("auto", "lut", "mma"):
+                if kernel == "lut" and x.size // 128 > 8:
+                    continue
+                y = cp.asnumpy(mgc.linear_cuda(xin, pwd, kernel=kernel))
+                assert y.shape == shape[:-1] + (36,) and y.dtype == np.float32 and y.flags.c_contiguous
+                np.testing.assert_array_equal(y, want, err_msg=f"{shape} {kernel}")
+    with pytest.raises(ValueError, match="last dimension"):
+        mgc.linear_cuda(np.zeros((2, 100), np.float32), pwd)
+    with pytest.raises(ValueError, match="non-empty"):
+        mgc.linear_cuda(np.zeros((0, 128), np.float32), pwd)
+    with pytest.raises(TypeError, match="DeviceWeights"):
+        mgc.linear_cuda(np.zeros(128, np.float32), pw)
+    with pytest.raises(ValueError, match="NaN"):
+        mgc.linear_cuda(np.full((2, 128), np.nan, np.float32), pwd)

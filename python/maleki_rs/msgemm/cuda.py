@@ -16,7 +16,9 @@ Usage::
     y_dense = mgc.dequant_gemv_cuda(pwd, x)   # dense dequantize+FMA comparator (4-bit formats)
 
     pwd = mgc.to_device(pw, mma=True)   # also the tensor-core layout (formats of at most 16 levels)
-    y = mgc.dequant_mma_cuda(pwd, xb)   # xb (K, N), any N: codes -> float16 in registers, mma.sync
+    y = mgc.msgemm_cuda(pwd, xb)        # xb (K, N), any N: N <= 8 through tables, beyond on
+                                        # tensor cores (kernel="mma" or dequant_mma_cuda: always)
+    h = mgc.linear_cuda(acts, pwd)      # acts (..., K) -> (..., M), as nn.Linear
 
 Arithmetic: float32 tables built exactly as the host scalar build (no FMA contraction),
 float32 sums per group, ``y += s * (P - z * S)`` per group; the K dimension is split across
@@ -47,12 +49,20 @@ from .._gpu.loader import get_module
 from .._util.validate import check_bool, check_int
 from ._api import PackedWeights
 
-__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "dequant_gemv_cuda", "dequant_mma_cuda", "kernel_names",
-           "MAX_COLUMNS", "COUNT_KINDS"]
+__all__ = ["DeviceWeights", "to_device", "msgemm_cuda", "linear_cuda", "dequant_gemv_cuda", "dequant_mma_cuda",
+           "kernel_names", "MAX_COLUMNS", "KERNELS", "COUNT_KINDS"]
 
 _SRC = "msgemm/msgemm.cu"
-#: Most columns of X one call takes (decode and small batches).
+#: Most columns of X one call of the LUT kernels takes (decode and small batches).
 MAX_COLUMNS = 8
+#: The kernels ``msgemm_cuda`` chooses from: ``"auto"``, the LUT kernels (``"lut"``) or the
+#: tensor-core kernel (``"mma"``, :func:`dequant_mma_cuda`).
+KERNELS = ("auto", "lut", "mma")
+#: ``kernel="auto"`` takes the LUT kernels up to this many columns where the weights have their
+#: layout, and the tensor-core kernel beyond (or where only its layout is there). MAX_COLUMNS is
+#: the LUT kernels' limit, not a measured crossover: the tensor-core kernel has not been timed on
+#: a GPU yet (``benches/gpu_msgemm.py`` times both at N = 1, 4, 16, 256).
+_AUTO_LUT_MAX_N = MAX_COLUMNS
 _ROWS = 256
 # Launch shape of msgemm_gemv_lut, from the H200 sweep (BENCHMARKS.md, msgemm-gpu): 4 rows per
 # thread and about 2 blocks per SM were fastest at N = 1 for int4 (28672, 8192) and
@@ -401,7 +411,8 @@ def _xt(pwd: DeviceWeights, x: Any, check: bool = True, max_columns: int | None 
     if max_columns is not None and xt.shape[0] > max_columns:
         raise ValueError(
             f"x: the LUT kernels take 1 to {max_columns} columns, got {xt.shape[0]} (each column is a pass of "
-            "lookups: for batches use dequant_mma_cuda, on tensor cores)"
+            "lookups: for batches, copy the weights with to_device(pw, mma=True) and use kernel='mma' or "
+            "dequant_mma_cuda, on tensor cores)"
         )
     if pwd.k_perm is not None:
         xt = xt[:, pwd.k_perm]
@@ -441,25 +452,30 @@ def _batches_per_chunk(batch_bytes: int, batches_per_split: int) -> int:
     return -(-batches_per_split // chunks)
 
 
-def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check: bool = True,
-                count: bool = False) -> Any:
-    """``Wd @ x`` through look-up tables on the device.
+def msgemm_cuda(pwd: DeviceWeights, x: Any, *, kernel: str = "auto", splits: int | None = None,
+                check: bool = True, count: bool = False) -> Any:
+    """``Wd @ x`` on the device: through look-up tables, or on tensor cores for batches.
 
     Parameters
     ----------
     pwd : DeviceWeights
-        From :func:`to_device`.
-    x : array_like (numpy or cupy), shape (K,) or (K, N), N <= 8, float dtype
+        From :func:`to_device` (``mma=True`` adds the tensor-core layout).
+    x : array_like (numpy or cupy), shape (K,) or (K, N), float dtype
+    kernel : {"auto", "lut", "mma"}
+        ``"lut"``: the look-up-table kernels (table build, LUT GEMV, split reduction), N <= 8.
+        ``"mma"``: :func:`dequant_mma_cuda`, any N. ``"auto"``: the LUT kernels up to 8 columns
+        where the weights have their layout, else the tensor-core kernel.
     splits : int, optional
-        Number of K splits (blocks along K); default: about 2 blocks per SM (4 from N = 4).
+        Number of K splits (blocks along K); default: about 2 blocks per SM (4 from N = 4) for
+        the LUT kernels, one wave of blocks for the tensor-core kernel.
     check : bool
         Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
     count : bool
-        Run the counting build of the kernels (slower; compiled with ``-DMSGEMM_COUNT``) and
-        return ``(y, counts)``: ``counts`` maps each of :data:`COUNT_KINDS` to the operations
-        the device ran (rows past M not counted): table multiplies and adds, group-sum adds,
-        weight words loaded, table floats staged in shared memory, lookups (each with its add),
-        scale and zero-point multiplies, and split-reduction adds.
+        LUT kernels only. Run their counting build (slower; compiled with ``-DMSGEMM_COUNT``)
+        and return ``(y, counts)``: ``counts`` maps each of :data:`COUNT_KINDS` to the
+        operations the device ran (rows past M not counted): table multiplies and adds,
+        group-sum adds, weight words loaded, table floats staged in shared memory, lookups
+        (each with its add), scale and zero-point multiplies, and split-reduction adds.
 
     Returns
     -------
@@ -467,10 +483,22 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     """
     if not isinstance(pwd, DeviceWeights):
         raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
-    if pwd.idx is None:
-        raise ValueError("msgemm_cuda: the weights were copied without the LUT layout (to_device(..., lut=False))")
-    cp = require()
+    if not isinstance(kernel, str) or kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     count = check_bool(count, "count")
+    if kernel == "auto":
+        shape = x.shape if hasattr(x, "shape") else np.shape(x)
+        n = shape[1] if len(shape) == 2 else 1  # the shape itself is checked below
+        lut_fits = pwd.idx is not None and n <= _AUTO_LUT_MAX_N
+        kernel = "lut" if count or lut_fits or pwd.mma_words is None else "mma"
+    if kernel == "mma":
+        if count:
+            raise ValueError("count: only the LUT kernels count their operations (kernel='lut')")
+        return dequant_mma_cuda(pwd, x, splits=splits, check=check)
+    if pwd.idx is None:
+        raise ValueError("msgemm_cuda: the weights were copied without the LUT layout (to_device(..., lut=False)); "
+                         "kernel='mma' takes them")
+    cp = require()
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
     m, k = pwd.shape
@@ -516,6 +544,37 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, check:
     if count:
         return y, dict(zip(COUNT_KINDS, (int(c) for c in cp.asnumpy(counts)), strict=True))
     return y
+
+
+def linear_cuda(x: Any, pwd: DeviceWeights, *, kernel: str = "auto", check: bool = True) -> Any:
+    """A linear layer ``x @ Wd.T`` on the device, for activations of shape ``(..., K)``.
+
+    Parameters
+    ----------
+    x : array_like (numpy or cupy), shape (..., K), float dtype, not empty
+    pwd : DeviceWeights
+        Weights ``(M, K)`` (``nn.Linear.weight`` convention), from :func:`to_device`.
+    kernel, check
+        As in :func:`msgemm_cuda` (the rows of ``x`` are its columns: ``"auto"`` takes the
+        tensor-core kernel beyond 8 rows where the weights have its layout).
+
+    Returns
+    -------
+    cupy.ndarray, float32, shape (..., M), C-contiguous.
+    """
+    if not isinstance(pwd, DeviceWeights):
+        raise TypeError(f"pwd: expected DeviceWeights (from to_device), got {type(pwd).__name__}")
+    cp = require()
+    xa = cp.asarray(x)
+    m, k = pwd.shape
+    if xa.ndim == 0 or xa.shape[-1] != k:
+        raise ValueError(f"x: expected last dimension K = {k}, got shape {xa.shape}")
+    if xa.size == 0:
+        raise ValueError(f"x: expected a non-empty array, got shape {xa.shape}")
+    lead = xa.shape[:-1]
+    xb = xa.reshape(-1, k)  # (B, K): X transposed, as the kernels read it (a view where it can be)
+    y = msgemm_cuda(pwd, xb.T, kernel=kernel, check=check)  # (M, B)
+    return cp.ascontiguousarray(y.T).reshape(*lead, m)
 
 
 def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
