@@ -95,21 +95,17 @@ extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const flo
     MSGEMM_COUNTERS_FLUSH
 }
 
-// S[n][g] = ((x_0 + x_1) + ...) + x_{G-1} over the group (the zero-point term), one thread each;
-// with `scale` (the tensor-core kernel's column scales, powers of two), of the x_j scale[n]: the
-// same sum scaled exactly, short of float32's range.
+// S[n][g] = ((x_0 + x_1) + ...) + x_{G-1} over the group (the zero-point term), one thread each.
 extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long long k, int n_cols,
-                                             int group_size, const float* __restrict__ scale,
-                                             float* __restrict__ sums) {
+                                             int group_size, float* __restrict__ sums) {
     const long long groups = k / group_size;
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= groups * n_cols) return;
     const long long n = i / groups;
     const long long g = i % groups;
     const float* xs = xt + n * k + g * group_size;
-    const float c = scale != nullptr ? scale[n] : 1.0f;
-    float s = __fmul_rn(xs[0], c);
-    for (int j = 1; j < group_size; ++j) s = __fadd_rn(s, __fmul_rn(xs[j], c));
+    float s = xs[0];
+    for (int j = 1; j < group_size; ++j) s = __fadd_rn(s, xs[j]);
     sums[i] = s;
     MSGEMM_COUNTERS_DECLARE
     MSGEMM_COUNT_ADD(sum_add, group_size - 1);
@@ -413,8 +409,8 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 //        lo b1} of X scaled per column by a power of two (largest |x| in [2^13, 2^14)) and split
 //        into float16 hi + lo (x = hi + lo to about 22 bits); columns past N are 0. N' is N
 //        rounded up to 8 NT.
-//   scales_t, zeros_t  (K/G, M) as above; sums [N][K/G]: group sums of the scaled X
-//        (msgemm_group_sums with msgemm_mma_x's scale; read with zero points only).
+//   scales_t, zeros_t  (K/G, M) as above; sums [N][K/G]: group sums of the scaled X (from
+//        msgemm_mma_x; read with zero points only).
 // Grid (ceil(ceil(M/16) / (4 MT)), splits, N' / (8 NT)), 128 threads: warp w of block x owns
 // the MT row tiles from (4 x + w) MT, and NT column tiles. Each split is a range of whole groups
 // (`groups_per_split`, chosen by the host so that a split starts on a chunk). Per group and
@@ -490,8 +486,9 @@ __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned in
 // N is all 0 and has no scale). Words 4 t + reg of a step of column n sit at lane 4 (n % 8) + t:
 // 16 consecutive words, so the writes are 64-byte runs and the reads 128-byte ones.
 extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, long long k, int n_cols, int x_tiles,
-                                        int steps, float* __restrict__ scale, float* __restrict__ inv,
-                                        unsigned int* __restrict__ xf) {
+                                        int steps, int group_size, float* __restrict__ scale,
+                                        float* __restrict__ inv, unsigned int* __restrict__ xf,
+                                        float* __restrict__ sums) {
     __shared__ float part[1024 / 32];
     const int n = blockIdx.x;
     const bool live = n < n_cols;
@@ -526,6 +523,20 @@ extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, long long 
             word |= bits << (16 * h);
         }
         out[step * x_tiles * 128 + 4 * t + reg] = word;
+    }
+    // With zero points (sums not null): sums[n][g], the group sums of the scaled column (exact
+    // scaling: a power of two), a warp per group (any order of float32 additions; exact on
+    // integer data).
+    if (sums != nullptr && live) {
+        const int groups = static_cast<int>(k / group_size);
+        const int lane = threadIdx.x & 31;
+        for (int g = threadIdx.x / 32; g < groups; g += blockDim.x / 32) {
+            const float* xs = xt + n * k + static_cast<long long>(g) * group_size;
+            float acc = 0.0f;
+            for (int j = lane; j < group_size; j += 32) acc = __fadd_rn(acc, __fmul_rn(xs[j], sc));
+            for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+            if (lane == 0) sums[static_cast<long long>(n) * groups + g] = acc;
+        }
     }
 }
 

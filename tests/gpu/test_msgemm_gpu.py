@@ -276,7 +276,8 @@ def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
     """msgemm_mma_x against numpy: per column a power of two putting the largest |x| in
     [2^13, 2^14) (clamped to 2^+-125), hi = float16(x s), lo = float16(x s - hi), in the
     B-fragment order of the PTX ISA (register 2 part + r of lane 4 g + t: rows 2 t + 8 r,
-    2 t + 8 r + 1 of column 8 tile + g); zeros past K and N (the padding columns' blocks)."""
+    2 t + 8 r + 1 of column 8 tile + g); zeros past K and N (the padding columns' blocks);
+    with zero points, the group sums of x s (float32 sums: within their bound)."""
     rng = np.random.default_rng(24)
     n, k, chunks, tiles = 11, 150, 3, 2
     xt = rng.standard_normal((n, k)).astype(np.float32)
@@ -284,11 +285,23 @@ def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
     xt[2] *= np.float32(1e-40)  # subnormal
     xt[3] = 0.0
     xt[4, 7] = -65504.0 * 4
-    scale, inv = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
-    xf = cp.empty((4 * chunks, tiles, 32, 4), cp.uint32)  # the simulator's is 0xff bytes: all must be written
-    mgc._kernel("msgemm_mma_x")((8 * tiles,), (64,),  # two warps: 3 loads and 3 words a thread
-                                (xt, np.int64(k), np.int32(n), np.int32(tiles), np.int32(4 * chunks), scale, inv, xf))
+    g = 50  # 3 groups, of more than a warp's 32 and not a multiple of it
+    xfs = []
+    for with_sums in (False, True):
+        scale, inv = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+        xf = cp.empty((4 * chunks, tiles, 32, 4), cp.uint32)  # the simulator's is 0xff bytes: all must be written
+        sums = cp.empty(n * (k // g), cp.float32) if with_sums else np.uint64(0)
+        mgc._kernel("msgemm_mma_x")((8 * tiles,), (64,),  # two warps: 3 loads and 3 words a thread
+                                    (xt, np.int64(k), np.int32(n), np.int32(tiles), np.int32(4 * chunks),
+                                     np.int32(g), scale, inv, xf, sums))
+        xfs.append(cp.asnumpy(xf))
+    np.testing.assert_array_equal(xfs[0], xfs[1])
     scale, inv = cp.asnumpy(scale), cp.asnumpy(inv)
+    xs = xt.astype(np.float64) * scale[:, None]
+    want_sums = xs.reshape(n, k // g, g).sum(axis=2)
+    bound = g * 2.0**-24 * np.abs(xs).reshape(n, k // g, g).sum(axis=2)
+    got_sums = cp.asnumpy(sums).reshape(n, k // g)
+    assert np.all(np.abs(got_sums - want_sums) <= bound)
     mx = np.abs(xt).max(axis=1)
     a = np.clip(14 - np.frexp(mx)[1], -125, 125)
     np.testing.assert_array_equal(scale, np.ldexp(np.float32(1), a))

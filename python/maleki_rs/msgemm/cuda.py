@@ -516,7 +516,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, kernel: str = "auto", splits: int
     sums = cp.zeros(n * groups, cp.float32)
     if pwd.zeros_t is not None:
         _kernel("msgemm_group_sums", count)(
-            (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), np.uint64(0), sums)
+            (-(-(n * groups) // 256),), (256,), (xt, np.int64(k), np.int32(n), np.int32(g), sums)
         )
     sm = _sm_count(cp.cuda.Device().id)
     rpt = _rows_per_thread(n)
@@ -657,13 +657,11 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     scale = cp.empty(n, cp.float32)
     inv = cp.empty(n, cp.float32)
     xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
+    # Zero points need the group sums of the scaled X: the same kernel adds them up.
+    sums = cp.empty(n * groups, cp.float32) if pwd.zeros_t is not None else np.uint64(0)  # or a null pointer
     _kernel("msgemm_mma_x")((n_pad,), (min(1024, 32 * -(-k // 256)),),  # 8+ loads a thread
-                            (xt, np.int64(k), np.int32(n), np.int32(n_pad // 8), np.int32(4 * chunks), scale, inv, xf))
-    sums = np.uint64(0)  # a null pointer: read only with zero points
-    if pwd.zeros_t is not None:
-        sums = cp.empty(n * groups, cp.float32)
-        _kernel("msgemm_group_sums")((-(-(n * groups) // 256),), (256,),
-                                     (xt, np.int64(k), np.int32(n), np.int32(g), scale, sums))
+                            (xt, np.int64(k), np.int32(n), np.int32(n_pad // 8), np.int32(4 * chunks), np.int32(g),
+                             scale, inv, xf, sums))
     steps = g // 16  # k16 steps per group
     unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
     grid_x = -(-row_tiles // (_MMA_WARPS * mt))
