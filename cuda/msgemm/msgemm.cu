@@ -465,8 +465,8 @@ __device__ __forceinline__ unsigned int msgemm_hfma2(unsigned int a, unsigned in
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-__device__ __forceinline__ void msgemm_prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+__device__ __forceinline__ void msgemm_prefetch_l2(const void* p) {  // p: global memory, as a global address
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
 }
 __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                                                 unsigned int b1) {

@@ -5,6 +5,7 @@ device. The device tests run on a GPU (skipped without CuPy or one) and on the C
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -457,6 +458,10 @@ def test_mma_bad_inputs_give_clear_errors(cp):
         mgc.msgemm_cuda(pwd, np.zeros((256, 9), np.float32), kernel="lut")
     with pytest.raises(ValueError, match="count"):
         mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), kernel="mma", count=True)
+    with pytest.raises(ValueError, match="count needs the LUT layout"):
+        mgc.msgemm_cuda(only, np.zeros(256, np.float32), count=True)
+    with pytest.raises(ValueError, match="vscale"):  # a hand-made format the kernel would misread
+        mgc.dequant_mma_cuda(dataclasses.replace(pwd, mma_format=(0, -8, 2.0)), np.zeros(256, np.float32))
     for bad in ("tensor", None, 1):
         with pytest.raises(ValueError, match="kernel"):
             mgc.msgemm_cuda(pwd, np.zeros(256, np.float32), kernel=bad)

@@ -466,8 +466,9 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, kernel: str = "auto", splits: int
         ``"mma"``: :func:`dequant_mma_cuda`, any N. ``"auto"``: the LUT kernels up to 8 columns
         where the weights have their layout, else the tensor-core kernel.
     splits : int, optional
-        Number of K splits (blocks along K); default: about 2 blocks per SM (4 from N = 4) for
-        the LUT kernels, one wave of blocks for the tensor-core kernel.
+        Number of K splits (blocks along K) of the kernel that runs; default: about 2 blocks per
+        SM (4 from N = 4) for the LUT kernels, one wave of blocks for the tensor-core kernel
+        (whose splits are whole groups: at most K / group_size).
     check : bool
         Check ``x`` for NaN/inf (one device reduction and a host sync; off for timing loops).
     count : bool
@@ -496,8 +497,9 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, kernel: str = "auto", splits: int
             raise ValueError("count: only the LUT kernels count their operations (kernel='lut')")
         return dequant_mma_cuda(pwd, x, splits=splits, check=check)
     if pwd.idx is None:
-        raise ValueError("msgemm_cuda: the weights were copied without the LUT layout (to_device(..., lut=False)); "
-                         "kernel='mma' takes them")
+        hint = "count needs the LUT layout" if count else "kernel='mma' takes them"
+        raise ValueError(f"msgemm_cuda: the weights were copied without the LUT layout (to_device(..., lut=False)); "
+                         f"{hint}")
     cp = require()
     xt, vector = _xt(pwd, x, check_bool(check, "check"))
     n = xt.shape[0]
@@ -667,6 +669,8 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     grid_x = -(-row_tiles // (_MMA_WARPS * mt))
     grid_z = n_pad // (8 * nt)
     fmt, b, vscale = pwd.mma_format
+    if fmt == _MMA_AFFINE and vscale != 1.0:  # the kernel leaves FMT 0's scales as they are
+        raise ValueError(f"pwd.mma_format: integer codebooks decode unscaled (vscale 1), got {vscale}")
     offset2 = int(np.array([1024 - b] * 2, np.float16).view(np.uint32)[0])  # FMT 0: float16 1024 - b, twice
     table = pwd.mma_codebook if pwd.mma_codebook is not None else np.uint64(0)
     kernel = _kernel(_mma_name(mt, nt, fmt, pwd.zeros_t is not None))
