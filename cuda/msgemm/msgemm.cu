@@ -418,7 +418,9 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // float32 accumulators from zero (integer data: exact), then y = fma(s, fma(-z, S, P), y) (with
 // the weights' vscale undone; fused multiply-adds: one rounding each, where the LUT kernel's
 // separate roundings keep it bit-equal to the host's f32 tables); partial[split][n][M] for
-// msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two).
+// msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two). With
+// one split (y not null), the kernel writes y (M, N) itself, times col_inv: no partial results
+// and no second launch (from about N = 64 the default is one split).
 // ZP: zero points read (zeros_t, sums) or not. A template parameter, not a null test: their
 // registers (a group's zero points are loaded a group ahead, as its scales) would cost the
 // (4, 2) shape a block per SM (172 registers a thread, not 167).
@@ -550,7 +552,8 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                const float* __restrict__ zeros_t, const float* __restrict__ sums,
                const unsigned int* __restrict__ codebook, unsigned int offset2, float vscale, long long m_rows,
                int chunks, int x_tiles, int n_cols, int groups, int steps_per_group, int groups_per_split,
-               int prefetch, float* __restrict__ partial) {
+               int prefetch, float* __restrict__ partial, const float* __restrict__ col_inv,
+               float* __restrict__ y) {
     __shared__ unsigned cb[16];  // FMT 2's table
     if (FMT == 2) {
         if (threadIdx.x < 16) cb[threadIdx.x] = codebook[threadIdx.x];
@@ -747,7 +750,12 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                 for (int e = 0; e < 2; ++e) {
                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
                     if (n < n_cols) {
-                        partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] = acc[i][nt][2 * h + e];
+                        if (y != nullptr) {  // one split: the result itself, as msgemm_reduce_splits would give it
+                            y[row * n_cols + n] = __fmul_rn(acc[i][nt][2 * h + e], col_inv[n]);
+                        } else {
+                            partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] =
+                                acc[i][nt][2 * h + e];
+                        }
                     }
                 }
             }

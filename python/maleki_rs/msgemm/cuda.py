@@ -683,15 +683,17 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     per = -(-groups // max(1, want))  # groups per split,
     per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
-    partial = cp.empty((s, n, m), cp.float32)
+    y = cp.empty((m, n), cp.float32)
+    # One split: the kernel writes y itself; more: partial results, added in split order.
+    partial = cp.empty((s, n, m), cp.float32) if s > 1 else np.uint64(0)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     kernel(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
         (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m),
          np.int32(chunks), np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per),
-         np.int32(bool(_MMA_PREFETCH)), partial),
+         np.int32(bool(_MMA_PREFETCH)), partial, inv, y if s == 1 else np.uint64(0)),
     )
-    y = cp.empty((m, n), cp.float32)
-    _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,),
-                                    (partial, np.int64(m), np.int32(n), np.int32(s), inv, y))
+    if s > 1:
+        _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,),
+                                        (partial, np.int64(m), np.int32(n), np.int32(s), inv, y))
     return y.reshape(m) if vector else y
