@@ -309,18 +309,16 @@ __global__ void __launch_bounds__(MSGEMM_ROWS, 2)
     MSGEMM_COUNTERS_FLUSH
 }
 
-// y (M, N) row-major = sum over splits, in split order, of partial[split][n][m], times
-// col_scale[n] where given (the tensor-core kernel's inverse column scales: powers of two).
+// y (M, N) row-major = sum over splits, in split order, of partial[split][n][m].
 extern "C" __global__ void msgemm_reduce_splits(const float* __restrict__ partial, long long m_rows, int n_cols,
-                                                int splits, const float* __restrict__ col_scale,
-                                                float* __restrict__ y) {
+                                                int splits, float* __restrict__ y) {
     const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= m_rows * n_cols) return;
     const long long m = i / n_cols;
     const long long n = i % n_cols;
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s) acc = __fadd_rn(acc, partial[(static_cast<long long>(s) * n_cols + n) * m_rows + m]);
-    y[i] = col_scale != nullptr ? __fmul_rn(acc, col_scale[n]) : acc;
+    y[i] = acc;
     MSGEMM_COUNTERS_DECLARE
     MSGEMM_COUNT_ADD(reduce_add, splits);
     MSGEMM_COUNTERS_FLUSH
@@ -418,9 +416,10 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // float32 accumulators from zero (integer data: exact), then y = fma(s, fma(-z, S, P), y) (with
 // the weights' vscale undone; fused multiply-adds: one rounding each, where the LUT kernel's
 // separate roundings keep it bit-equal to the host's f32 tables); partial[split][n][M] for
-// msgemm_reduce_splits, which multiplies by the column's inverse scale (a power of two). With
-// one split (y not null), the kernel writes y (M, N) itself, times col_inv: no partial results
-// and no second launch (from about N = 64 the default is one split).
+// the split reduction: y (M, N) = col_inv (the column's inverse scale, a power of two) times the
+// sum of the splits' partial results in split order, which the last warp to finish a warp's
+// tiles computes (arrivals: a counter per warp tile and block along N, zeroed by msgemm_mma_x).
+// With one split the kernel writes y directly: no partial results.
 // ZP: zero points read (zeros_t, sums) or not. A template parameter, not a null test: their
 // registers (a group's zero points are loaded a group ahead, as its scales) would cost the
 // (4, 2) shape a block per SM (172 registers a thread, not 167).
@@ -486,12 +485,17 @@ __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned in
 // all-zero column gets a = 14); then the column's words of xf [K'/16 steps][N'/8 tiles][32
 // lanes][4] (layout above), each two float16s of hi or of lo of x scale (0 past K; a column past
 // N is all 0 and has no scale). Words 4 t + reg of a step of column n sit at lane 4 (n % 8) + t:
-// 16 consecutive words, so the writes are 64-byte runs and the reads 128-byte ones.
+// 16 consecutive words, so the writes are 64-byte runs and the reads 128-byte ones. Block 0
+// also zeroes msgemm_mma's n_arrivals split counters (none with one split).
 extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, long long k, int n_cols, int x_tiles,
                                         int steps, int group_size, float* __restrict__ scale,
                                         float* __restrict__ inv, unsigned int* __restrict__ xf,
-                                        float* __restrict__ sums) {
+                                        float* __restrict__ sums, unsigned int* __restrict__ arrivals,
+                                        int n_arrivals) {
     __shared__ float part[1024 / 32];
+    if (blockIdx.x == 0) {  // msgemm_mma's split counters, for the launch that follows
+        for (int i = threadIdx.x; i < n_arrivals; i += blockDim.x) arrivals[i] = 0;
+    }
     const int n = blockIdx.x;
     const bool live = n < n_cols;
     float mx = 0.0f;
@@ -553,7 +557,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                const unsigned int* __restrict__ codebook, unsigned int offset2, float vscale, long long m_rows,
                int chunks, int x_tiles, int n_cols, int groups, int steps_per_group, int groups_per_split,
                int prefetch, float* __restrict__ partial, const float* __restrict__ col_inv,
-               float* __restrict__ y) {
+               unsigned int* __restrict__ arrivals, float* __restrict__ y) {
     __shared__ unsigned cb[16];  // FMT 2's table
     if (FMT == 2) {
         if (threadIdx.x < 16) cb[threadIdx.x] = codebook[threadIdx.x];
@@ -750,7 +754,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                 for (int e = 0; e < 2; ++e) {
                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
                     if (n < n_cols) {
-                        if (y != nullptr) {  // one split: the result itself, as msgemm_reduce_splits would give it
+                        if (gridDim.y == 1) {  // one split: the result itself, as msgemm_reduce_splits gives it
                             y[row * n_cols + n] = __fmul_rn(acc[i][nt][2 * h + e], col_inv[n]);
                         } else {
                             partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] =
@@ -760,5 +764,29 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                 }
             }
         }
+    }
+    if (gridDim.y == 1) return;
+    // The last of the splits' warps to finish this warp's tiles adds their partial results in
+    // split order (as msgemm_reduce_splits does for the LUT kernel: deterministic, whichever warp
+    // is last) and writes y, so no second launch is needed. Each warp's stores are fenced before
+    // its count; the last one fences again before reading them from L2.
+    __threadfence();
+    __syncwarp();
+    const long long slot = (tile0 / MT) * gridDim.z + blockIdx.z;
+    unsigned int arrived = 0;
+    if (lane == 0) arrived = atomicAdd(arrivals + slot, 1u);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != gridDim.y - 1) return;
+    __threadfence();
+    const int rows = 16 * MT;
+    for (int e = lane; e < rows * 8 * NT; e += 32) {
+        const long long row = tile0 * 16 + e % rows;
+        const int n = nt0 * 8 + e / rows;
+        if (row >= m_rows || n >= n_cols) continue;
+        float sum = 0.0f;
+        for (int q = 0; q < static_cast<int>(gridDim.y); ++q) {
+            sum = __fadd_rn(sum, __ldcg(partial + (static_cast<long long>(q) * n_cols + n) * m_rows + row));
+        }
+        y[row * n_cols + n] = __fmul_rn(sum, col_inv[n]);
     }
 }

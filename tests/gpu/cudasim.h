@@ -117,6 +117,12 @@ inline T atomicAdd(T* p, T v) {
     *p = old + v;
     return old;
 }
+// and every write is seen at once: a fence has nothing to order, and an L2 load is a load.
+inline void __threadfence() {}
+template <class T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
 
 namespace cudasim {
 
@@ -532,6 +538,11 @@ inline void full_mask(unsigned int mask) {
 }
 }  // namespace cudasim
 
+// __syncwarp: the warp's lanes wait for each other (memory is shared at once here anyway).
+inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+    cudasim::full_mask(mask);
+    cudasim::wait(cudasim::AtWarpBarrier);
+}
 template <class T>
 inline T __shfl_sync(unsigned int mask, T v, int src, int width = warpSize) {
     cudasim::full_mask(mask);

@@ -540,7 +540,7 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, kernel: str = "auto", splits: int
     )
     y = cp.empty((m, n), cp.float32)
     _kernel("msgemm_reduce_splits", count)(
-        (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), np.uint64(0), y)
+        (-(-(m * n) // 256),), (256,), (partial, np.int64(m), np.int32(n), np.int32(s), y)
     )
     y = y.reshape(m) if vector else y
     if count:
@@ -656,14 +656,6 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     tiles = -(-n // 8)
     mt, nt = _MMA_SHAPES[1 if tiles == 1 else 2 if tiles == 2 else 4]
     n_pad = -(-n // (8 * nt)) * 8 * nt
-    scale = cp.empty(n, cp.float32)
-    inv = cp.empty(n, cp.float32)
-    xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
-    # Zero points need the group sums of the scaled X: the same kernel adds them up.
-    sums = cp.empty(n * groups, cp.float32) if pwd.zeros_t is not None else np.uint64(0)  # or a null pointer
-    _kernel("msgemm_mma_x")((n_pad,), (min(1024, 32 * -(-k // 256)),),  # 8+ loads a thread
-                            (xt, np.int64(k), np.int32(n), np.int32(n_pad // 8), np.int32(4 * chunks), np.int32(g),
-                             scale, inv, xf, sums))
     steps = g // 16  # k16 steps per group
     unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
     grid_x = -(-row_tiles // (_MMA_WARPS * mt))
@@ -683,17 +675,25 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     per = -(-groups // max(1, want))  # groups per split,
     per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
-    y = cp.empty((m, n), cp.float32)
-    # One split: the kernel writes y itself; more: partial results, added in split order.
+    scale = cp.empty(n, cp.float32)
+    inv = cp.empty(n, cp.float32)
+    xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
+    # Zero points need the group sums of the scaled X: the same kernel adds them up.
+    sums = cp.empty(n * groups, cp.float32) if pwd.zeros_t is not None else np.uint64(0)  # or a null pointer
+    # More than one split: partial results, and a counter per warp tile and block along N, which
+    # msgemm_mma_x zeroes: the last warp of a tile's splits adds them up (one split: y directly).
+    n_arrivals = grid_x * _MMA_WARPS * grid_z if s > 1 else 0
     partial = cp.empty((s, n, m), cp.float32) if s > 1 else np.uint64(0)
+    arrivals = cp.empty(n_arrivals, cp.uint32) if s > 1 else np.uint64(0)
+    _kernel("msgemm_mma_x")((n_pad,), (min(1024, 32 * -(-k // 256)),),  # 8+ loads a thread
+                            (xt, np.int64(k), np.int32(n), np.int32(n_pad // 8), np.int32(4 * chunks), np.int32(g),
+                             scale, inv, xf, sums, arrivals, np.int32(n_arrivals)))
+    y = cp.empty((m, n), cp.float32)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     kernel(
         (grid_x, s, grid_z), (32 * _MMA_WARPS,),
         (pwd.mma_words, xf, pwd.scales_t, zeros, sums, table, np.uint32(offset2), np.float32(vscale), np.int64(m),
          np.int32(chunks), np.int32(n_pad // 8), np.int32(n), np.int32(groups), np.int32(steps), np.int32(per),
-         np.int32(bool(_MMA_PREFETCH)), partial, inv, y if s == 1 else np.uint64(0)),
+         np.int32(bool(_MMA_PREFETCH)), partial, inv, arrivals, y),
     )
-    if s > 1:
-        _kernel("msgemm_reduce_splits")((-(-(m * n) // 256),), (256,),
-                                        (partial, np.int64(m), np.int32(n), np.int32(s), inv, y))
     return y.reshape(m) if vector else y
