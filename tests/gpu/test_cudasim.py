@@ -38,6 +38,16 @@ __global__ void reverse(const float* __restrict__ in, float* __restrict__ out) {
     out[base + t] = buf[blockDim.x - 1 - t];
 }
 
+// Reverses each warp's values through shared memory (SYNC: with __syncwarp between).
+template <bool SYNC>
+__global__ void warp_reverse(const float* __restrict__ in, float* __restrict__ out) {
+    __shared__ float buf[64];
+    const int t = threadIdx.x;
+    buf[t] = in[t];
+    if (SYNC) __syncwarp();
+    out[t] = buf[(t & ~31) + 31 - (t & 31)];
+}
+
 // Even threads wait at a block barrier while odd ones wait at a shuffle: a deadlock. (A
 // barrier that returned threads skip is not one: they count as arrived, as on a device.)
 extern "C" __global__ void divergent_barrier(float* out) {
@@ -124,7 +134,7 @@ extern "C" __global__ void mma_tile(const unsigned short* __restrict__ a, const 
     hfma[lane] = cudasim::hfma2(ha[lane], hb[lane], hc[lane]);
 }
 """
-NAMES = ("shuffles", "reverse<true>", "reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
+NAMES = ("shuffles", "reverse<true>", "reverse<false>", "warp_reverse<true>", "warp_reverse<false>", "divergent_barrier", "shuffle_from_a_returned_lane",
          "block_sum", "static_shared", "smem_overrun", "partial_mask", "read_at", "write_at",
          "mma_tile")
 
@@ -167,6 +177,16 @@ def test_shared_memory_needs_its_barrier(mod):
     out[:] = 0
     mod.get_function("reverse<false>")((blocks,), (threads,), (x, out), shared_mem=4 * threads)
     assert np.isnan(out).any() and not np.array_equal(out, want)
+
+
+def test_warp_exchange_needs_its_syncwarp(mod):
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros_like(x)
+    mod.get_function("warp_reverse<true>")((1,), (64,), (x, out))
+    np.testing.assert_array_equal(out, x.reshape(2, 32)[:, ::-1].ravel())
+    out[:] = 0
+    mod.get_function("warp_reverse<false>")((1,), (64,), (x, out))
+    assert np.isnan(out).any()
 
 
 def test_block_sum_is_exact_on_integers(mod):
