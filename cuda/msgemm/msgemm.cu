@@ -550,6 +550,42 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
     return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
 }
 
+// The split reduction of msgemm_mma, by the last of the splits' warps to finish a warp's tiles:
+// their partial results added in split order (as msgemm_reduce_splits does for the LUT kernel:
+// deterministic, whichever warp is last), times col_inv, into y; no second launch. Each warp's
+// stores are fenced before its count; the last one fences again before reading them from L2.
+// Not inlined, with its indices from blockIdx again: its registers do not add to the kernel's
+// step loop (inlined, they cost the (4, 1) shape with zero points a block per SM).
+template <int MT, int NT>
+__device__ __noinline__ void msgemm_mma_add_splits(const float* __restrict__ partial,
+                                                   const float* __restrict__ col_inv,
+                                                   unsigned int* __restrict__ arrivals, float* __restrict__ y,
+                                                   long long m_rows, int n_cols) {
+    const int lane = threadIdx.x & 31;
+    const long long warp_tile = static_cast<long long>(blockIdx.x) * MSGEMM_MMA_WARPS + threadIdx.x / 32;
+    const long long tile0 = warp_tile * MT;
+    const int nt0 = blockIdx.z * NT;
+    __threadfence();
+    __syncwarp();
+    unsigned int arrived = 0;
+    if (lane == 0) arrived = atomicAdd(arrivals + warp_tile * gridDim.z + blockIdx.z, 1u);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != gridDim.y - 1) return;
+    __threadfence();
+    __syncwarp();
+    const int rows = 16 * MT;
+    for (int e = lane; e < rows * 8 * NT; e += 32) {
+        const long long row = tile0 * 16 + e % rows;
+        const int n = nt0 * 8 + e / rows;
+        if (row >= m_rows || n >= n_cols) continue;
+        float sum = 0.0f;
+        for (int q = 0; q < static_cast<int>(gridDim.y); ++q) {
+            sum = __fadd_rn(sum, __ldcg(partial + (static_cast<long long>(q) * n_cols + n) * m_rows + row));
+        }
+        y[row * n_cols + n] = __fmul_rn(sum, col_inv[n]);
+    }
+}
+
 template <int MT, int NT, int FMT, bool ZP>
 __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     msgemm_mma(const uint4* __restrict__ wq, const uint4* __restrict__ xf, const float* __restrict__ scales_t,
@@ -765,28 +801,5 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
             }
         }
     }
-    if (gridDim.y == 1) return;
-    // The last of the splits' warps to finish this warp's tiles adds their partial results in
-    // split order (as msgemm_reduce_splits does for the LUT kernel: deterministic, whichever warp
-    // is last) and writes y, so no second launch is needed. Each warp's stores are fenced before
-    // its count; the last one fences again before reading them from L2.
-    __threadfence();
-    __syncwarp();
-    const long long slot = (tile0 / MT) * gridDim.z + blockIdx.z;
-    unsigned int arrived = 0;
-    if (lane == 0) arrived = atomicAdd(arrivals + slot, 1u);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != gridDim.y - 1) return;
-    __threadfence();
-    const int rows = 16 * MT;
-    for (int e = lane; e < rows * 8 * NT; e += 32) {
-        const long long row = tile0 * 16 + e % rows;
-        const int n = nt0 * 8 + e / rows;
-        if (row >= m_rows || n >= n_cols) continue;
-        float sum = 0.0f;
-        for (int q = 0; q < static_cast<int>(gridDim.y); ++q) {
-            sum = __fadd_rn(sum, __ldcg(partial + (static_cast<long long>(q) * n_cols + n) * m_rows + row));
-        }
-        y[row * n_cols + n] = __fmul_rn(sum, col_inv[n]);
-    }
+    if (gridDim.y > 1) msgemm_mma_add_splits<MT, NT>(partial, col_inv, arrivals, y, m_rows, n_cols);
 }

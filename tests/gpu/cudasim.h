@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <deque>
 #include <string>
 #include <type_traits>
@@ -56,6 +57,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 // One copy per kernel instantiation; blocks run one at a time, so that is one per block.
 // (cudasim.py also rewrites each `__shared__` declaration to be refilled per block.)
@@ -425,37 +427,50 @@ inline int launch(KernelBase* k, const unsigned int grid[3], const unsigned int 
     b.exchange.assign(2 * static_cast<std::size_t>(nthreads) * kSlot, 0);
     g_block = &b;
     int rc = 0;
-    for (unsigned int z = 0; z < grid[2] && rc == 0; ++z) {
-        for (unsigned int y = 0; y < grid[1] && rc == 0; ++y) {
-            for (unsigned int x = 0; x < grid[0] && rc == 0; ++x) {
-                blockIdx = {x, y, z};
-                ++g_block_serial;
-                std::memset(g_dynamic_smem.data(), 0xff, g_dynamic_smem.size());
-                b.next_pending = 0;
-                b.state.assign(b.nthreads, Pending);
-                b.fiber_of.assign(b.nthreads, -1);
-                b.shuffles.assign(b.nthreads, 0);
-                b.idle.clear();
-                b.ready.clear();
-                b.ready_next = 0;
-                for (int f = 0; f < static_cast<int>(b.fibers.size()); ++f) {
-                    b.fibers[f].thread = -1;
-                    b.idle.push_back(f);
-                }
-                if (!run_block(b)) {
-                    std::snprintf(err, errlen, "%s (block %u,%u,%u)", b.error.c_str(), x, y, z);
+    // Blocks run one after another, in an order that changes from launch to launch (i step + the
+    // launch's number, mod the block count, with a step prime to it): a kernel that assumes an
+    // order of blocks (which split finishes last, say) fails here as it may on a device.
+    static unsigned long long launches = 0;
+    const unsigned long long total = static_cast<unsigned long long>(grid[0]) * grid[1] * grid[2];
+    const unsigned long long start = launches++;
+    unsigned long long step = 1;
+    for (unsigned long long p : {7919ULL, 7927ULL, 7933ULL}) {
+        if (std::gcd(p, total) == 1) {
+            step = p;
+            break;
+        }
+    }
+    for (unsigned long long i = 0; i < total && rc == 0; ++i) {
+        const unsigned long long lin = (i * step + start) % total;
+        const auto x = static_cast<unsigned int>(lin % grid[0]);
+        const auto y = static_cast<unsigned int>(lin / grid[0] % grid[1]);
+        const auto z = static_cast<unsigned int>(lin / (static_cast<unsigned long long>(grid[0]) * grid[1]));
+        blockIdx = {x, y, z};
+        ++g_block_serial;
+        std::memset(g_dynamic_smem.data(), 0xff, g_dynamic_smem.size());
+        b.next_pending = 0;
+        b.state.assign(b.nthreads, Pending);
+        b.fiber_of.assign(b.nthreads, -1);
+        b.shuffles.assign(b.nthreads, 0);
+        b.idle.clear();
+        b.ready.clear();
+        b.ready_next = 0;
+        for (int f = 0; f < static_cast<int>(b.fibers.size()); ++f) {
+            b.fibers[f].thread = -1;
+            b.idle.push_back(f);
+        }
+        if (!run_block(b)) {
+            std::snprintf(err, errlen, "%s (block %u,%u,%u)", b.error.c_str(), x, y, z);
+            rc = 1;
+        } else {
+            const unsigned char* past = static_cast<unsigned char*>(dynamic_smem()) + smem;
+            for (std::size_t c = 0; c < kCanary && rc == 0; ++c) {
+                if (past[c] != 0xff) {
+                    std::snprintf(err, errlen,
+                                  "cudasim: a write %zu bytes past the %zu bytes of dynamic shared memory "
+                                  "(block %u,%u,%u)",
+                                  c, smem, x, y, z);
                     rc = 1;
-                } else {
-                    const unsigned char* past = static_cast<unsigned char*>(dynamic_smem()) + smem;
-                    for (std::size_t i = 0; i < kCanary && rc == 0; ++i) {
-                        if (past[i] != 0xff) {
-                            std::snprintf(err, errlen,
-                                          "cudasim: a write %zu bytes past the %zu bytes of dynamic shared memory "
-                                          "(block %u,%u,%u)",
-                                          i, smem, x, y, z);
-                            rc = 1;
-                        }
-                    }
                 }
             }
         }
