@@ -790,7 +790,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
                 for (int e = 0; e < 2; ++e) {
                     const int n = (nt0 + nt) * 8 + 2 * tig + e;
                     if (n < n_cols) {
-                        if (gridDim.y == 1) {  // one split: the result itself, as msgemm_reduce_splits gives it
+                        if (gridDim.y == 1) {  // one split: the result itself, times the inverse column scale
                             y[row * n_cols + n] = __fmul_rn(acc[i][nt][2 * h + e], col_inv[n]);
                         } else {
                             partial[(static_cast<long long>(split) * n_cols + n) * m_rows + row] =
