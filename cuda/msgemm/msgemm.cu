@@ -480,16 +480,16 @@ __device__ __forceinline__ void msgemm_mma16816(float (&d)[4], const unsigned in
 #endif
 
 // X's B fragments, one block per column n of the padded N' (up to 1024 threads, a multiple of
-// 32): scale[n] = 2^a and inv[n] = 2^-a with a such that the largest |x| of column n of xt (N, K)
-// is in [2^13, 2^14) (a within [-125, 125], so both are normal floats and scaling is exact; an
-// all-zero column gets a = 14); then the column's words of xf [K'/16 steps][N'/8 tiles][32
-// lanes][4] (layout above), each two float16s of hi or of lo of x scale (0 past K; a column past
-// N is all 0 and has no scale). Words 4 t + reg of a step of column n sit at lane 4 (n % 8) + t:
+// 32): the column's scale 2^a, with a such that the largest |x| of column n of xt (N, K) is in
+// [2^13, 2^14) (a within [-125, 125], so that 2^a and inv[n] = 2^-a are normal floats and
+// scaling is exact; an all-zero column gets a = 14); then the column's words of xf [K'/16
+// steps][N'/8 tiles][32 lanes][4] (layout above), each two float16s of hi or of lo of x 2^a (0
+// past K; a column past N is all 0 and has no inv). Words 4 t + reg of a step of column n sit at lane 4 (n % 8) + t:
 // 16 consecutive words, so the writes are 64-byte runs and the reads 128-byte ones. Block 0
 // also zeroes msgemm_mma's n_arrivals split counters (none with one split).
 extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, long long k, int n_cols, int x_tiles,
-                                        int steps, int group_size, float* __restrict__ scale,
-                                        float* __restrict__ inv, unsigned int* __restrict__ xf,
+                                        int steps, int group_size, float* __restrict__ inv,
+                                        unsigned int* __restrict__ xf,
                                         float* __restrict__ sums, unsigned int* __restrict__ arrivals,
                                         int n_arrivals) {
     __shared__ float part[1024 / 32];
@@ -511,10 +511,7 @@ extern "C" __global__ void msgemm_mma_x(const float* __restrict__ xt, long long 
     frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1); e = 0 for 0
     const int a = min(125, max(-125, 14 - e));
     const float sc = ldexpf(1.0f, a);
-    if (live && threadIdx.x == 0) {
-        scale[n] = sc;
-        inv[n] = ldexpf(1.0f, -a);
-    }
+    if (live && threadIdx.x == 0) inv[n] = ldexpf(1.0f, -a);
     const long long words = 16LL * steps;
     unsigned int* const out = xf + (static_cast<long long>(n / 8) * 32 + 4 * (n % 8)) * 4;
     for (long long i = threadIdx.x; i < words; i += blockDim.x) {

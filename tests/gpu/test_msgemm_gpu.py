@@ -289,17 +289,18 @@ def test_mma_x_fragments_are_the_scaled_float16_split_of_x(cp):
     g = 50  # 3 groups, of more than a warp's 32 and not a multiple of it
     xfs = []
     for with_sums in (False, True):
-        scale, inv = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+        inv = cp.empty(n, cp.float32)
         xf = cp.empty((4 * chunks, tiles, 32, 4), cp.uint32)  # the simulator's is 0xff bytes: all must be written
         sums = cp.empty(n * (k // g), cp.float32) if with_sums else np.uint64(0)
         arrivals = cp.empty(100, cp.uint32) if with_sums else np.uint64(0)  # the split counters, zeroed
         mgc._kernel("msgemm_mma_x")((8 * tiles,), (64,),  # two warps: 3 loads and 3 words a thread
                                     (xt, np.int64(k), np.int32(n), np.int32(tiles), np.int32(4 * chunks),
-                                     np.int32(g), scale, inv, xf, sums, arrivals, np.int32(100 if with_sums else 0)))
+                                     np.int32(g), inv, xf, sums, arrivals, np.int32(100 if with_sums else 0)))
         xfs.append(cp.asnumpy(xf))
     assert not cp.asnumpy(arrivals).any()
     np.testing.assert_array_equal(xfs[0], xfs[1])
-    scale, inv = cp.asnumpy(scale), cp.asnumpy(inv)
+    inv = cp.asnumpy(inv)
+    scale = np.float32(1) / inv  # exact: powers of two
     xs = xt.astype(np.float64) * scale[:, None]
     want_sums = xs.reshape(n, k // g, g).sum(axis=2)
     bound = g * 2.0**-24 * np.abs(xs).reshape(n, k // g, g).sum(axis=2)

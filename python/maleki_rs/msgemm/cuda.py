@@ -675,8 +675,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     per = -(-groups // max(1, want))  # groups per split,
     per = -(-per // unit) * unit  # in whole units
     s = -(-groups // per)
-    scale = cp.empty(n, cp.float32)
-    inv = cp.empty(n, cp.float32)
+    inv = cp.empty(n, cp.float32)  # the columns' inverse scales
     xf = cp.empty((4 * chunks, n_pad // 8, 32, 4), cp.uint32)
     # Zero points need the group sums of the scaled X: the same kernel adds them up.
     sums = cp.empty(n * groups, cp.float32) if pwd.zeros_t is not None else np.uint64(0)  # or a null pointer
@@ -687,7 +686,7 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     arrivals = cp.empty(n_arrivals, cp.uint32) if s > 1 else np.uint64(0)
     _kernel("msgemm_mma_x")((n_pad,), (min(1024, 32 * -(-k // 256)),),  # 8+ loads a thread
                             (xt, np.int64(k), np.int32(n), np.int32(n_pad // 8), np.int32(4 * chunks), np.int32(g),
-                             scale, inv, xf, sums, arrivals, np.int32(n_arrivals)))
+                             inv, xf, sums, arrivals, np.int32(n_arrivals)))
     y = cp.empty((m, n), cp.float32)
     zeros = pwd.zeros_t if pwd.zeros_t is not None else np.uint64(0)
     kernel(
