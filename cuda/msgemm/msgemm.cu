@@ -337,7 +337,6 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
     const long long m = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (m >= m_rows) return;  // whole warps leave together
     const float cb = values[lane & 15];
-    const long long groups = k / group_size;
     const long long words = k / 8;
     const unsigned int* row = reinterpret_cast<const unsigned int*>(packed + m * (k / 2));
     float acc[MSGEMM_MAX_N];
