@@ -376,7 +376,9 @@ def main() -> None:
     has_avx2 = "avx2" in mg.available_backends()
     info16 = mg.plan_info(pw, n=16, table="i16")
     dense = info16["dense_int8"]
-    dense_name = {"avx512": "AVX-512 VNNI", "avx2": "AVX2", "neon": "Arm64 sdot"}.get(info16["backend"], info16["backend"])
+    dense_name = {"avx512": "AVX-512 VNNI", "amx": "AMX", "avx2": "AVX2", "neon": "Arm64 sdot"}.get(
+        info16["backend"], info16["backend"])
+    has_amx = "amx" in mg.available_backends()
     batch_err: dict[str, float] = {}
     for n in [1, 4, 16, 64] if not args.quick else [4, 16]:
         xb = rng.standard_normal((k, n), dtype=np.float32)
@@ -388,6 +390,8 @@ def main() -> None:
             "a0": lambda: wd @ xb,
             "a1": lambda: pw.dequantize(np.float32) @ xb,
         }
+        if has_amx:  # the same sums on AVX-512 VNNI, which `auto` takes below 6 columns
+            fns["i16 vnni"] = lambda: mg.msgemm(pw, xb, table="i16", backend="avx512")
         if has_avx2:  # what an AVX2-only CPU runs (dense int8 on AVX2)
             fns["i16 avx2"] = lambda: mg.msgemm(pw, xb, table="i16", backend="avx2")
             fns["i8 avx2"] = lambda: mg.msgemm(pw, xb, table="i8", backend="avx2")
@@ -414,14 +418,17 @@ def main() -> None:
             cells.append(f"{fmt_ms(t)} ({t['min'] / t_ours['min']:.2f}x / {t['min'] / t_16['min']:.2f}x)")
         tab16 = (f"{fmt_ms(tt['i16 avx2'])} ({tt['i8 avx2']['min'] / tt['i16 avx2']['min']:.2f}x)"
                  if has_avx2 else "—")
-        brows.append([n, fmt_ms(t_ours), fmt_ms(t_16), tab16, fmt_ms(t_a0),
+        vnni = ([f"{fmt_ms(tt['i16 vnni'])} ({tt['i16 vnni']['min'] / t_16['min']:.2f}x)"] if has_amx else [])
+        brows.append([n, fmt_ms(t_ours), fmt_ms(t_16), *vnni, tab16, fmt_ms(t_a0),
                       f"{t_a0['min'] / t_ours['min']:.2f}x / {t_a0['min'] / t_16['min']:.2f}x", fmt_ms(t_a1),
                       f"{t_a1['min'] / t_ours['min']:.2f}x / {t_a1['min'] / t_16['min']:.2f}x", *cells])
         print("batch", brows[-1], flush=True)
     lines.append(f"\n### Batches: int4 g128 {m}x{k}, {th} threads, warm\n")
     lines.append(
         _report.table(
-            ["N", "ours i8 ms", "ours i16 ms" + (" (dense int8)" if dense else ""), "i16 on AVX2 ms (faster than i8 on AVX2 by)",
+            ["N", "ours i8 ms", "ours i16 ms" + (" (dense int8)" if dense else ""),
+             *(["i16 on AVX-512 VNNI ms (the default faster by)"] if has_amx else []),
+             "i16 on AVX2 ms (faster than i8 on AVX2 by)",
              "A0 numpy ms", "ours vs A0 (i8 / i16)", "A1 dequant+GEMM ms", "ours vs A1 (i8 / i16)",
              "ORT level 0 ms (ours faster by, i8 / i16)", "ORT level 4 ms (ours faster by, i8 / i16)"],
             brows,

@@ -262,13 +262,32 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
         assert yl.view(np.uint32).tolist() == want.T.view(np.uint32).tolist(), n
         cols = np.stack([mg.msgemm(pw, x[:, c].copy(), table="i16") for c in range(n)], axis=1)
         assert cols.view(np.uint32).tolist() == want.view(np.uint32).tolist(), n
-        if "avx2" in BACKENDS:  # what a CPU without AVX-512 VNNI runs
-            y2 = mg.msgemm(pw, x, table="i16", backend="avx2")
-            assert y2.view(np.uint32).tolist() == want.view(np.uint32).tolist(), n
+        # Each dense kernel by name: AVX-512 VNNI, AMX tiles, and what a CPU without
+        # AVX-512 VNNI runs (AVX2).
+        for b in ("avx512", "amx", "avx2"):
+            # `amx` has no tables for the calls the dense path does not take (2-bit GEMVs).
+            if b in BACKENDS and mg.backend_supports(pw, b, n=n, table="i16"):
+                y2 = mg.msgemm(pw, x, table="i16", backend=b)
+                assert y2.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (b, n)
     info = mg.plan_info(pw, n=16, table="i16")
     assert isinstance(info["dense_int8"], bool)
     if info["dense_int8"]:
-        assert info["backend"] in ("avx512", "avx2", "neon")
+        assert info["backend"] in ("avx512", "amx", "avx2", "neon")
+    if "amx" in BACKENDS:  # `auto` takes the tiles from 6 columns on, VNNI below
+        assert info["backend"] == "amx"
+        assert mg.plan_info(pw, n=5, table="i16")["backend"] == "avx512"
+        # No tables on `amx`: its GEMVs are dense, except those of 2-bit codes (ternary too),
+        # which it refuses.
+        if mg.backend_supports(pw, "amx", n=1):
+            gemv = mg.plan_info(pw, n=1, backend="amx")
+            assert gemv["dense_int8"] and gemv["table"] == "i16" and gemv["backend"] == "amx"
+            y1 = mg.msgemm(pw, x[:, 0], backend="amx")
+            want1 = _i16_replica(pw, x[:, :1], False)[:, 0]
+            assert y1.view(np.uint32).tolist() == want1.view(np.uint32).tolist()
+        else:
+            assert fmt in ("int2", "ternary")  # codebooks of at most 4 levels
+            with pytest.raises(ValueError, match="backend 'amx' runs the dense int8 path only"):
+                mg.msgemm(pw, x[:, 0], backend="amx")
     if "avx2" in BACKENDS:  # AVX2 CPUs sum densely too (vpmaddubsw + vpmaddwd)
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["dense_int8"]
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["backend"] == "avx2"

@@ -34,7 +34,7 @@ FORMATS: tuple[str, ...] = tuple(_m.FORMATS)
 #: Table precisions: ``"i8"`` (fast), ``"i16"`` (exact integer), ``"f32"`` (float32).
 TABLES: tuple[str, ...] = ("i8", "i16", "f32")
 #: Kernel choices.
-BACKENDS: tuple[str, ...] = ("auto", "avx512", "avx2", "neon", "scalar", "reference")
+BACKENDS: tuple[str, ...] = ("auto", "avx512", "amx", "avx2", "neon", "scalar", "reference")
 
 
 def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
@@ -761,9 +761,14 @@ def msgemm(
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Relative L1 errors measured on Gaussian int4 g128 GEMV
         (4096 x 4096, depth 2): ``i8`` 9.2e-3, ``i16`` 6.6e-3, ``f32`` 2.2e-7 (uint4 with zero
         points: ``i8`` 8.5e-3; int2 g64: 6.9e-3).
-    backend : {"auto", "avx512", "avx2", "neon", "scalar", "reference"}
+    backend : {"auto", "avx512", "amx", "avx2", "neon", "scalar", "reference"}
         Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
         CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
+        ``"amx"`` (Intel AMX tiles, Sapphire Rapids and later Xeons, on Linux) runs only the
+        dense ``"i16"`` sums (``tdpbsud``: 16 columns x 16 rows x 64 inputs per instruction),
+        bitwise the same as every other backend; ``"auto"`` takes it for dense batches of 6
+        columns or more (int4 4096 x 4096 on 2 threads, N = 16: about 1.7x the AVX-512 VNNI
+        sums, which ``"avx512"`` names), and its GEMVs use ``"i16"`` by default.
     threads : int, optional
         Run on a pool of this many threads (default: the library pool, see
         :func:`maleki_rs.set_num_threads`). Results are identical for any thread count.

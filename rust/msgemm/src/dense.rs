@@ -46,6 +46,9 @@ use crate::packed::PackedWeights;
 use crate::plan::{Plan, TablePrecision};
 use crate::table;
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx;
+
 /// Inputs per 4-byte weight word: two 4-bit codes per byte.
 pub const CHUNK: usize = 8;
 /// Rows per vector of int32 sums.
@@ -219,6 +222,9 @@ fn affine(code_ints: &[Option<i32>]) -> Option<(i32, i32)> {
 pub enum Kind {
     /// AVX-512 VNNI `vpdpbusd`: 16 rows per instruction.
     Vnni512,
+    /// Intel AMX tiles (`tdpbsud`, Linux): 16 rows by 16 columns per instruction (the
+    /// module [`amx`] docs).
+    Amx,
     /// AVX2 `vpmaddubsw` + `vpmaddwd`: 8 rows per pair (CPUs without AVX-512 VNNI).
     Avx2,
     /// Arm64 `sdot` (the dot-product extension, FEAT_DotProd: optional from Armv8.2, required
@@ -232,6 +238,7 @@ impl Kind {
     pub fn backend_name(self) -> &'static str {
         match self {
             Kind::Vnni512 => "avx512",
+            Kind::Amx => "amx",
             Kind::Avx2 => "avx2",
             Kind::Sdot => "neon",
         }
@@ -255,6 +262,7 @@ pub fn kind_for(backend: Backend) -> Option<Kind> {
             Backend::Auto if vnni() => Some(Kind::Vnni512),
             Backend::Auto | Backend::Avx2 if avx2() => Some(Kind::Avx2),
             Backend::Avx512 if vnni() => Some(Kind::Vnni512),
+            Backend::Amx if amx_ready() => Some(Kind::Amx),
             _ => None,
         }
     }
@@ -271,6 +279,37 @@ pub fn kind_for(backend: Backend) -> Option<Kind> {
     {
         let _ = backend;
         None
+    }
+}
+
+/// Whether this CPU and OS run the AMX kernel (Linux on x86-64 only; see [`amx::ready`]).
+pub fn amx_ready() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        amx::ready()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// Columns from which `auto` runs a dense call on AMX tiles rather than on AVX-512 VNNI,
+/// where both exist. Below, an activation tile is mostly empty rows and unpacking the codes
+/// costs as much as the VNNI sums. Measured (`examples/prof`, int4 g128 4096 x 4096, 2
+/// threads of a Xeon with AMX, minima, three alternations, ms, VNNI / AMX): N = 4 0.34-0.36 /
+/// 0.34-0.35, N = 6 0.54-0.75 / 0.33-0.42, N = 16 0.88-0.97 / 0.52-0.55, N = 32 1.70-1.75 /
+/// 0.89-0.93.
+pub const AMX_MIN_COLUMNS: usize = 6;
+
+/// The dense kernel that runs a call of `n` columns on `backend`: [`kind_for`], except that
+/// `auto` takes AMX tiles from [`AMX_MIN_COLUMNS`] columns on where the CPU has them.
+pub fn kind_for_call(backend: Backend, n: usize) -> Option<Kind> {
+    match kind_for(backend)? {
+        Kind::Vnni512 if backend == Backend::Auto && n >= AMX_MIN_COLUMNS && amx_ready() => {
+            Some(Kind::Amx)
+        }
+        kind => Some(kind),
     }
 }
 
@@ -317,8 +356,9 @@ type ColumnOut<'a> = (
 /// The int8 activations of a call and the per-(column, group) constants of the epilogue.
 struct Acts {
     /// `[n][K]` int8, each chunk of 8 inputs stored as inputs `0, 2, 4, 6, 1, 3, 5, 7` (the
-    /// low then the high nibbles of a weight word), then [`CHUNK`] bytes of padding (the Arm64
-    /// kernel loads 16 bytes per chunk).
+    /// low then the high nibbles of a weight word), then [`CHUNK`] bytes of padding (the
+    /// Arm64 kernel loads 16 bytes per chunk). For the AMX kernel, the same bytes in tiles
+    /// instead (`amx::tile_activations`).
     xq: Vec<i8>,
     /// `[n][g]`: `tscale` (`a / 2^int_exp`) as [`table::build_block`] computes it.
     tsc: Vec<f32>,
@@ -329,9 +369,9 @@ struct Acts {
 }
 
 impl Acts {
-    /// From X transposed and permuted (`(N, K)` row-major): on the current pool when
-    /// `parallel`, else on the calling thread without rayon.
-    fn new(plan: &Plan, xt: &[f32], c0: i32, parallel: bool) -> Acts {
+    /// From X transposed and permuted (`(N, K)` row-major), for the kernel `kind`: on the
+    /// current pool when `parallel`, else on the calling thread without rayon.
+    fn new(plan: &Plan, xt: &[f32], c0: i32, kind: Kind, parallel: bool) -> Acts {
         let (k, g_size, groups, n) = (plan.k, plan.group_size, plan.groups, plan.n);
         let mut xq = vec![0i8; n * k + CHUNK];
         let mut tsc = vec![0f32; n * groups];
@@ -375,6 +415,12 @@ impl Acts {
                 .zip(corr.chunks_mut(groups))
                 .for_each(column);
         }
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if kind == Kind::Amx {
+            xq = amx::tile_activations(&xq, n, k, plan.group_size / CHUNK);
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        let _ = kind;
         Acts {
             xq,
             tsc,
@@ -395,8 +441,11 @@ fn setup<'a>(
     xt: &[f32],
     y: &[f32],
 ) -> Result<(Ints, Kind, &'a DenseLayout)> {
-    let (Some(ints), Some(kind), true) = (ints(plan), kind_for(backend), applies(plan, backend))
-    else {
+    let (Some(ints), Some(kind), true) = (
+        ints(plan),
+        kind_for_call(backend, plan.n),
+        applies(plan, backend),
+    ) else {
         return Err(Error::Unsupported(
             "the dense i16 path does not apply to this plan on this backend and CPU".into(),
         ));
@@ -420,7 +469,7 @@ pub fn run(
     y_layout: YLayout,
 ) -> Result<()> {
     let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
-    let acts = Acts::new(plan, xt, ints.c0, true);
+    let acts = Acts::new(plan, xt, ints.c0, kind, true);
     let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
     match y_layout {
@@ -459,7 +508,7 @@ pub fn run_here(
     two: bool,
 ) -> Result<()> {
     let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
-    let acts = Acts::new(plan, xt, ints.c0, false);
+    let acts = Acts::new(plan, xt, ints.c0, kind, false);
     let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
     let half = if two {
@@ -606,6 +655,10 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
         // SAFETY: `kind_for` checked the CPU features; `ys` holds `n * 64` floats.
         match b.kind {
             Kind::Vnni512 => unsafe { vnni::block_sums(&b.job, rb, groups, ys) },
+            #[cfg(target_os = "linux")]
+            Kind::Amx => unsafe { amx::block_sums(&b.job, rb, groups, ys) },
+            #[cfg(not(target_os = "linux"))]
+            Kind::Amx => unreachable!("AMX runs on Linux only"),
             Kind::Avx2 => unsafe { avx2::block_sums(&b.job, rb, groups, ys) },
             Kind::Sdot => unreachable!("no Arm64 kernel on x86-64"),
         }
@@ -615,7 +668,7 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
         // SAFETY: `kind_for` checked the dot-product extension; `ys` holds `n * 64` floats.
         match b.kind {
             Kind::Sdot => unsafe { sdot::block_sums(&b.job, rb, groups, ys) },
-            Kind::Vnni512 | Kind::Avx2 => unreachable!("no x86-64 kernel on Arm64"),
+            Kind::Vnni512 | Kind::Amx | Kind::Avx2 => unreachable!("no x86-64 kernel on Arm64"),
         }
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -686,7 +739,7 @@ mod vnni {
         ys: &mut [f32],
     ) {
         let (plan, lay, acts) = (job.plan, job.lay, job.acts);
-        let (k, groups) = (plan.k, plan.groups);
+        let k = plan.k;
         let w = lay.data[lay.part(g, rb, s)..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
         // SAFETY: offsets inside the layout and the activations (see `part_sums`).
@@ -699,6 +752,25 @@ mod vnni {
                 }
             }
         };
+        // SAFETY: as `part_epilogue`.
+        unsafe { part_epilogue(job, rb, g, s, c0, &q, ys) };
+    }
+
+    /// The epilogue of one 16-row part `s` of row block `rb`, group `g`, for the columns
+    /// `c0 .. c0 + q.len()` from their sums `Q` (one vector of 16 rows per column), into `ys`
+    /// (`[n][64]`): `P = a Q + c0 S`, then the `i16` epilogue.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn part_epilogue(
+        job: &Job<'_>,
+        rb: usize,
+        g: usize,
+        s: usize,
+        c0: usize,
+        q: &[__m512i],
+        ys: &mut [f32],
+    ) {
+        let (plan, acts, groups) = (job.plan, job.acts, job.plan.groups);
         let rows = plan.m - rb * ROW_BLOCK;
         let lanes = rows.saturating_sub(s * SUB).min(SUB);
         let a = _mm512_set1_epi32(job.a);
@@ -713,7 +785,8 @@ mod vnni {
             };
             (load16(job.scales, sz + s * SUB), z)
         };
-        for (c, q) in q.into_iter().enumerate() {
+        assert!(ys.len() >= (c0 + q.len()) * ROW_BLOCK);
+        for (c, &q) in q.iter().enumerate() {
             let gn = (c0 + c) * groups + g;
             let p = if job.a == 1 {
                 q
@@ -731,7 +804,7 @@ mod vnni {
                 dst: ys[(c0 + c) * ROW_BLOCK..].as_mut_ptr(),
                 rows,
             };
-            // SAFETY: 64 floats of `ys` per column.
+            // SAFETY: 64 floats of `ys` per column (asserted above).
             unsafe { epilogue16_with(&e, _mm512_cvtepi32_ps(p), s * SUB, lanes, sc, z) };
         }
     }

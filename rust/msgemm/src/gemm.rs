@@ -255,7 +255,9 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// gives the same bits whenever it runs. Off every pool it runs on the library pool (the
 /// plan of fresh weights first finds the codes they use, in parallel).
 pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmOptions {
-    if n < 2 || opts.depth != Depth::Auto || opts.precision != TablePrecision::I8 {
+    // Backend `amx` has no tables: its GEMVs are dense calls too.
+    let min_n = if opts.backend == Backend::Amx { 1 } else { 2 };
+    if n < min_n || opts.depth != Depth::Auto || opts.precision != TablePrecision::I8 {
         return *opts;
     }
     let dense_opts = GemmOptions {
@@ -270,13 +272,19 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
     // backend and mirror (a plan costs microseconds: a large part of a small call).
     let decide =
         || matches!(plan(pw, n, &dense_opts), Ok(p) if dense::applies(&p, dense_opts.backend));
-    let dense = pw.batch_dense(opts.backend, opts.mirror, || {
+    let decide_here = || {
         if pool::on_a_pool() || pw.used_codes_ready() {
             decide()
         } else {
             pool::install(decide)
         }
-    });
+    };
+    // The cache holds the batches' decision; an `amx` GEMV (2-bit codes differ) decides anew.
+    let dense = if n >= 2 {
+        pw.batch_dense(opts.backend, opts.mirror, decide_here)
+    } else {
+        decide_here()
+    };
     if dense {
         dense_opts
     } else {

@@ -285,7 +285,20 @@ pub fn round_small(x: f32) -> f32 {
 /// `maxabs = max|x|`, `rcp = 127 / maxabs`, `xq = clamp(round_ties_even(x * rcp), -127, 127)`,
 /// `a = maxabs / 127` (all float32; `maxabs = 0` gives `a = 0`, `xq = 0`). Returns `a`.
 pub fn quantize_activations(xs: &[f32], xq: &mut [i32]) -> f32 {
-    let maxabs = xs.iter().fold(0f32, |m, &x| m.max(x.abs()));
+    // The largest magnitude, in 16 lanes (a fold through one register is a chain of
+    // dependent `max`es; `max` is exact and ignores NaN, so any order gives the same value).
+    let mut lanes = [0f32; 16];
+    let mut blocks = xs.chunks_exact(16);
+    for b in &mut blocks {
+        for (m, &x) in lanes.iter_mut().zip(b) {
+            *m = m.max(x.abs());
+        }
+    }
+    let maxabs = blocks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(0f32, |m, &x| m.max(x.abs()));
     if maxabs == 0.0 {
         xq.fill(0);
         return 0.0;

@@ -77,12 +77,36 @@ fn has_dense() -> bool {
     ok
 }
 
-/// The backends that run dense kernels here: `auto` and each named one the CPU has.
+/// The backends that run dense kernels here: `auto` and each named one the CPU has (`amx`
+/// too on a CPU with AMX tiles, where `auto` takes them from `AMX_MIN_COLUMNS` on).
 fn dense_backends() -> Vec<Backend> {
-    [Backend::Auto, Backend::Avx512, Backend::Avx2, Backend::Neon]
-        .into_iter()
-        .filter(|&b| dense::kind_for(b).is_some())
-        .collect()
+    [
+        Backend::Auto,
+        Backend::Avx512,
+        Backend::Amx,
+        Backend::Avx2,
+        Backend::Neon,
+    ]
+    .into_iter()
+    .filter(|&b| dense::kind_for(b).is_some())
+    .collect()
+}
+
+/// Whether backend `b` runs an `i16` call of `n` columns: `amx` has no table kernel to take
+/// the calls the dense path does not (and says so).
+fn runs(pw: &PackedWeights, n: usize, b: Backend) -> bool {
+    let opts = i16_opts(b);
+    // The dense path runs any depth: `auto`'s plan tells.
+    let dense = dense::applies(&make_plan(pw, n, &i16_opts(Backend::Auto)).unwrap(), b);
+    if b == Backend::Amx && !dense {
+        let x = vec![0f32; pw.k() * n];
+        let err = gemm(pw, &x, n, &opts).unwrap_err().to_string();
+        assert!(
+            err.contains("backend 'amx' runs the dense int8 path only"),
+            "{err}"
+        );
+    }
+    b != Backend::Amx || dense
 }
 
 fn first_mismatch(a: &[f32], b: &[f32]) -> Option<usize> {
@@ -103,7 +127,7 @@ fn check(pw: &PackedWeights, n: usize, what: &str) {
     let want = gemm(pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
     // The first call builds the dense layout on the pool and runs there, the next ones run
     // on the caller and one worker (`gemm::dense_here`).
-    for b in dense_backends() {
+    for b in dense_backends().into_iter().filter(|&b| runs(pw, n, b)) {
         for call in 0..2 {
             let got = gemm(pw, &x, n, &i16_opts(b)).unwrap();
             if let Some(i) = first_mismatch(&got, &want) {
@@ -120,7 +144,7 @@ fn check(pw: &PackedWeights, n: usize, what: &str) {
         .map(|i| x[(i % pw.k()) * n + i / pw.k()])
         .collect();
     let want_t: Vec<f32> = (0..m * n).map(|i| want[(i % m) * n + i / m]).collect();
-    for b in dense_backends() {
+    for b in dense_backends().into_iter().filter(|&b| runs(pw, n, b)) {
         let mut yt = vec![0f32; m * n];
         let opts = i16_opts(b);
         gemm_into_layout(pw, &xt, n, XLayout::NbyK, YLayout::NbyM, &opts, &mut yt).unwrap();
@@ -349,6 +373,7 @@ fn plans_the_dense_path_does_not_take() {
     // no other backend's: AVX-512 VNNI / AVX2 on x86-64, `sdot` on Arm64.
     for (b, kind) in [
         (Backend::Avx512, dense::Kind::Vnni512),
+        (Backend::Amx, dense::Kind::Amx),
         (Backend::Avx2, dense::Kind::Avx2),
         (Backend::Neon, dense::Kind::Sdot),
     ] {
@@ -615,7 +640,7 @@ fn looked_up_codes_at_the_largest_span() {
             "{:?}",
             &want[..4]
         );
-        for b in dense_backends() {
+        for b in dense_backends().into_iter().filter(|&b| runs(&pw, n, b)) {
             let got = gemm(&pw, &x, n, &i16_opts(b)).unwrap();
             assert_eq!(first_mismatch(&got, &want), None, "n={n} {b:?}");
         }

@@ -32,6 +32,8 @@ pub enum Backend {
     Auto,
     /// AVX-512 BW + VBMI byte-table kernels (Ice Lake, Sapphire Rapids, Zen 4+).
     Avx512,
+    /// Intel AMX tiles: the dense `i16` path only (`table="i16"`; see [`crate::dense`]).
+    Amx,
     /// AVX2 `vpshufb` kernels.
     Avx2,
     /// Arm64 NEON `tbl` kernels.
@@ -43,9 +45,10 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 6] = [
+    pub const ALL: [Backend; 7] = [
         Backend::Auto,
         Backend::Avx512,
+        Backend::Amx,
         Backend::Avx2,
         Backend::Neon,
         Backend::Scalar,
@@ -56,6 +59,7 @@ impl Backend {
         match self {
             Backend::Auto => "auto",
             Backend::Avx512 => "avx512",
+            Backend::Amx => "amx",
             Backend::Avx2 => "avx2",
             Backend::Neon => "neon",
             Backend::Scalar => "scalar",
@@ -67,7 +71,7 @@ impl Backend {
         Backend::ALL.into_iter().find(|b| b.name() == name).ok_or_else(|| {
             Error::invalid(
                 "backend",
-                format!("must be one of 'auto', 'avx512', 'avx2', 'neon', 'scalar', 'reference'; got {name:?}"),
+                format!("must be one of 'auto', 'avx512', 'amx', 'avx2', 'neon', 'scalar', 'reference'; got {name:?}"),
             )
         })
     }
@@ -555,6 +559,16 @@ pub fn select(backend: Backend, plan: &Plan) -> Result<&'static dyn LutKernel> {
             .into_iter()
             .find(|k| k.available() && k.supports(plan))
             .unwrap_or(&scalar::SCALAR)),
+        // No table kernel: the dense path takes the calls it applies to before this.
+        Backend::Amx if !crate::dense::amx_ready() => Err(Error::Unsupported(
+            "backend 'amx' needs Intel AMX tiles (AMX-INT8, Linux), which this machine lacks or does not enable".into(),
+        )),
+        Backend::Amx => Err(Error::Unsupported(format!(
+            "backend 'amx' runs the dense int8 path only: table='i16', codebooks of at most 16 integer levels, group sizes that are multiples of 8 (and 2-bit codes in batches only); this call has V={} table='{}' g={} (use backend='auto' or 'avx512')",
+            plan.levels,
+            plan.precision.name(),
+            plan.group_size
+        ))),
         b => {
             let k = kernels
                 .into_iter()
@@ -594,6 +608,9 @@ pub fn available_backends() -> Vec<Backend> {
         .filter(|k| k.available())
         .map(|k| k.backend())
         .collect();
+    if crate::dense::amx_ready() {
+        out.insert(1, Backend::Amx);
+    }
     out.push(Backend::Reference);
     out
 }
