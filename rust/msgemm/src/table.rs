@@ -305,7 +305,14 @@ pub fn quantize_activations(xs: &[f32], xq: &mut [i32]) -> f32 {
     }
     let rcp = 127.0f32 / maxabs;
     for (q, &x) in xq.iter_mut().zip(xs) {
-        *q = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0) as i32;
+        let v = round_small((x * rcp).clamp(-127.5, 127.5)).clamp(-127.0, 127.0);
+        // What `v as i32` gives (NaN: 0), in a form that vectorizes (no saturation checks).
+        // SAFETY: a value that is not NaN lies in [-127, 127].
+        *q = if v.is_nan() {
+            0
+        } else {
+            unsafe { v.to_int_unchecked::<i32>() }
+        };
     }
     maxabs / 127.0
 }
