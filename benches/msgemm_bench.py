@@ -147,10 +147,13 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     both. A pause before each block lets the previous pool park (OpenBLAS's threads busy-wait
     for about 2^28 cycles, some 70-100 ms, after each call: with a 50 ms pause our GEMV right
     after numpy's measured 0.31 ms instead of 0.22 ms). After the pause each function runs
-    untimed for at least 30 ms: on this VM the first dozen calls after an idle pause are slow
+    untimed for at least 100 ms: on this VM the first dozen calls after an idle pause are slow
     for any code (a 4096 x 4096 int4 GEMV on one thread, no pool involved: 0.7-1.1 ms, then
     0.2-0.45 ms, against 0.12-0.23 ms in a steady loop), which spinning thread pools (ONNX
-    Runtime's) hide and sleeping ones (ours) do not.
+    Runtime's) hide and sleeping ones (ours) do not. AMX tiles take longer to come up to speed
+    than that: int4 4096 x 4096, N = 16, minima of 5 calls after the pause, run for 30 ms:
+    0.63-1.05 ms; for 100-300 ms: 0.61-0.75 ms; a steady loop: 0.57-0.62 ms (VNNI 0.89-1.34,
+    0.92-1.03 and 0.87-0.91 ms). Hence 100 ms.
     """
     import statistics
     import time
@@ -161,7 +164,7 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
             time.sleep(0.25)
             t_warm = time.perf_counter()
             f()
-            while time.perf_counter() - t_warm < 0.03:
+            while time.perf_counter() - t_warm < 0.1:
                 f()
             for _ in range(repeat):
                 t0 = time.perf_counter()

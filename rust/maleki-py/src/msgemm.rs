@@ -709,7 +709,7 @@ fn plan_info<'py>(
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
         // The dense `i16` path runs at any depth, with no table kernel.
-        let dense = maleki_msgemm::dense::kind_for_call(opts.backend, n)
+        let dense = maleki_msgemm::dense::kind_for_call(opts.backend, &plan)
             .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
         Ok(match (opts.backend, dense) {
             (Backend::Reference, _) => (plan, "reference", None, false),

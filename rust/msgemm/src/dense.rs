@@ -302,15 +302,27 @@ pub fn amx_ready() -> bool {
 /// 0.89-0.93.
 pub const AMX_MIN_COLUMNS: usize = 6;
 
-/// The dense kernel that runs a call of `n` columns on `backend`: [`kind_for`], except that
-/// `auto` takes AMX tiles from [`AMX_MIN_COLUMNS`] columns on where the CPU has them.
-pub fn kind_for_call(backend: Backend, n: usize) -> Option<Kind> {
-    match kind_for(backend)? {
-        Kind::Vnni512 if backend == Backend::Auto && n >= AMX_MIN_COLUMNS && amx_ready() => {
-            Some(Kind::Amx)
+/// Columns from which `auto` takes AMX tiles for groups of a prime number of chunks above 8
+/// (e.g. g = 136), whose steps are one chunk: 8 inputs, an eighth of a full tile. Measured as
+/// above at K = 4352, g = 136, ms, VNNI / AMX: N = 8 0.52 / 0.72, N = 16 1.09 / 0.86; at
+/// g = 16 (steps of two chunks) AMX was faster from N = 8 (1.79 / 1.33).
+pub const AMX_MIN_COLUMNS_SHORT_STEPS: usize = 16;
+
+/// The dense kernel that runs `plan` on `backend`: [`kind_for`], except that `auto` takes
+/// AMX tiles where the CPU has them from [`AMX_MIN_COLUMNS`] columns on
+/// ([`AMX_MIN_COLUMNS_SHORT_STEPS`] when the group's steps are one chunk).
+pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
+    let kind = kind_for(backend)?;
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if kind == Kind::Vnni512 && backend == Backend::Auto && plan.n >= AMX_MIN_COLUMNS {
+        let short = amx::step_chunks(plan.group_size / CHUNK) == 1;
+        if (!short || plan.n >= AMX_MIN_COLUMNS_SHORT_STEPS) && amx_ready() {
+            return Some(Kind::Amx);
         }
-        kind => Some(kind),
     }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    let _ = plan;
+    Some(kind)
 }
 
 /// Whether a call with `opts` may take the dense path, before its plan is made (the driver
@@ -443,7 +455,7 @@ fn setup<'a>(
 ) -> Result<(Ints, Kind, &'a DenseLayout)> {
     let (Some(ints), Some(kind), true) = (
         ints(plan),
-        kind_for_call(backend, plan.n),
+        kind_for_call(backend, plan),
         applies(plan, backend),
     ) else {
         return Err(Error::Unsupported(

@@ -109,6 +109,43 @@ fn runs(pw: &PackedWeights, n: usize, b: Backend) -> bool {
     b != Backend::Amx || dense
 }
 
+#[test]
+fn auto_takes_amx_tiles_for_batches_where_the_cpu_has_them() {
+    // From 6 columns on (16 for groups whose steps are one chunk), VNNI below; `avx512`
+    // always names VNNI.
+    let pw = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 272, 136),
+        false,
+        true,
+        5,
+    );
+    let g128 = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 256, 128),
+        false,
+        true,
+        6,
+    );
+    let kind = |pw: &PackedWeights, n: usize, b: Backend| {
+        dense::kind_for_call(b, &make_plan(pw, n, &i16_opts(Backend::Auto)).unwrap())
+    };
+    if dense::kind_for(Backend::Auto) != Some(dense::Kind::Vnni512) {
+        return;
+    }
+    let tiles = if dense::amx_ready() {
+        dense::Kind::Amx
+    } else {
+        eprintln!("no AMX tiles on this CPU or OS: auto stays on VNNI");
+        dense::Kind::Vnni512
+    };
+    assert_eq!(kind(&g128, 5, Backend::Auto), Some(dense::Kind::Vnni512));
+    assert_eq!(kind(&g128, 6, Backend::Auto), Some(tiles));
+    assert_eq!(kind(&g128, 64, Backend::Avx512), Some(dense::Kind::Vnni512));
+    assert_eq!(kind(&pw, 15, Backend::Auto), Some(dense::Kind::Vnni512));
+    assert_eq!(kind(&pw, 16, Backend::Auto), Some(tiles));
+}
+
 fn first_mismatch(a: &[f32], b: &[f32]) -> Option<usize> {
     assert_eq!(a.len(), b.len());
     a.iter()

@@ -71,7 +71,7 @@ pub fn ready() -> bool {
 }
 
 /// Chunks per step: the largest divisor of `chunks` up to 8 (64 activation bytes a row).
-fn step_chunks(chunks: usize) -> usize {
+pub(super) fn step_chunks(chunks: usize) -> usize {
     (1..=8.min(chunks))
         .rev()
         .find(|s| chunks.is_multiple_of(*s))
@@ -120,32 +120,86 @@ impl Config {
     }
 }
 
-/// One step of the four parts' sums: the activations of 16 columns at `x` (`k` bytes
-/// between them) times the step's unpacked codes of part `p` at `w[p]` (64-byte rows).
+/// The four parts' sums of one group for 16 columns, into `out` (per part, a 64-byte row of
+/// 16 int32 per column): `steps` steps, each the activation tile at `x` (rows `row_a` bytes
+/// apart) times the codes of part `p` at `w + p part_bytes` (rows 64 bytes apart), `x` and
+/// `w` then advancing by `stride` bytes. One asm block from the zeroing of the sum tiles to
+/// their store, so no tile holds data across Rust code.
 #[inline(always)]
-unsafe fn step(x: *const i8, k: usize, w: [*const u8; 4]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_sums(
+    x: *const i8,
+    row_a: usize,
+    w: *const u8,
+    part_bytes: usize,
+    steps: usize,
+    stride: usize,
+    out: *mut Sums,
+) {
+    debug_assert!(steps >= 1);
     // SAFETY: the caller configured the tiles (`Config`) and keeps every row read inside
-    // the activations and the unpacked codes.
+    // the activation tiles and the unpacked codes, and `out` is a whole `Sums`.
     unsafe {
         asm!(
-            "tileloadd tmm4, [{x} + {k}*1]",
-            "tileloadd tmm5, [{w0} + {row}*1]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tileloadd tmm4, [{x} + {row_a}*1]",
+            "tileloadd tmm5, [{w0} + {row_b}*1]",
             "tdpbsud tmm0, tmm4, tmm5",
-            "tileloadd tmm6, [{w1} + {row}*1]",
+            "tileloadd tmm6, [{w1} + {row_b}*1]",
             "tdpbsud tmm1, tmm4, tmm6",
-            "tileloadd tmm7, [{w2} + {row}*1]",
+            "tileloadd tmm7, [{w2} + {row_b}*1]",
             "tdpbsud tmm2, tmm4, tmm7",
-            "tileloadd tmm5, [{w3} + {row}*1]",
+            "tileloadd tmm5, [{w3} + {row_b}*1]",
             "tdpbsud tmm3, tmm4, tmm5",
-            x = in(reg) x,
-            k = in(reg) k,
-            w0 = in(reg) w[0],
-            w1 = in(reg) w[1],
-            w2 = in(reg) w[2],
-            w3 = in(reg) w[3],
-            row = in(reg) 64usize,
-            options(nostack, readonly, preserves_flags),
+            "add {x}, {stride}",
+            "add {w0}, {stride}",
+            "add {w1}, {stride}",
+            "add {w2}, {stride}",
+            "add {w3}, {stride}",
+            "dec {steps}",
+            "jnz 2b",
+            "tilestored [{out} + {row_b}*1], tmm0",
+            "tilestored [{out} + {row_b}*1 + 1024], tmm1",
+            "tilestored [{out} + {row_b}*1 + 2048], tmm2",
+            "tilestored [{out} + {row_b}*1 + 3072], tmm3",
+            x = inout(reg) x => _,
+            w0 = inout(reg) w => _,
+            w1 = inout(reg) w.add(part_bytes) => _,
+            w2 = inout(reg) w.add(2 * part_bytes) => _,
+            w3 = inout(reg) w.add(3 * part_bytes) => _,
+            steps = inout(reg) steps => _,
+            row_a = in(reg) row_a,
+            row_b = in(reg) 64usize,
+            stride = in(reg) stride,
+            out = in(reg) out,
+            options(nostack),
         );
+    }
+}
+
+/// Releases the tile state when dropped (also when a panic unwinds past the kernel).
+struct Tiles;
+
+impl Tiles {
+    /// Configures the tiles for this thread.
+    fn configure(config: &Config) -> Tiles {
+        // SAFETY: `ready` found the tiles and the permission to use them; `config` is a
+        // valid palette-1 configuration.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly, preserves_flags))
+        };
+        Tiles
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: releases the state `configure` set up.
+        unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
     }
 }
 
@@ -259,10 +313,12 @@ pub(super) unsafe fn block_sums(job: &Job<'_>, rb: usize, groups: Range<usize>, 
     assert!(acts.xq.len() >= n.next_multiple_of(COLS) * k);
     let chunks = lay.chunks;
     let step_len = step_chunks(chunks);
-    // Steps per group and over K, and bytes per activation tile.
+    // Steps per group and over K, and the bytes of a step's activation tile (16 columns x
+    // `8 s` inputs), which are also those of its unpacked codes of a part (`s` chunks x 128).
     let group_steps = chunks / step_len;
     let steps = k / (CHUNK * step_len);
     let tile_bytes = COLS * CHUNK * step_len;
+    debug_assert_eq!(tile_bytes, step_len * CHUNK_BYTES);
     let config = Config::new(step_len);
     let part_bytes = chunks * CHUNK_BYTES;
     let mut codes = AlignedVec::<u8>::zeroed(SUBS * part_bytes);
@@ -271,10 +327,7 @@ pub(super) unsafe fn block_sums(job: &Job<'_>, rb: usize, groups: Range<usize>, 
         .map
         // SAFETY: 16 bytes read from the map.
         .map(|m| unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(m.as_ptr() as *const __m128i)) });
-    // SAFETY: `ready` found the tiles and the permission to use them.
-    unsafe {
-        asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly, preserves_flags))
-    };
+    let _tiles = Tiles::configure(&config);
     for g in groups {
         // Every part of the block is in the layout (rows past M hold code 0).
         for s in 0..SUBS {
@@ -288,39 +341,96 @@ pub(super) unsafe fn block_sums(job: &Job<'_>, rb: usize, groups: Range<usize>, 
             let tile0 = ((c0 / COLS) * steps + g * group_steps) * tile_bytes;
             let x = acts.xq[tile0..].as_ptr();
             // SAFETY: the tiles are configured; the reads stay inside the activation tiles
-            // and `codes`; the stores fill `sums` (64 bytes per column and part).
+            // (`group_steps` tiles of block `c0 / 16` from group `g`'s first) and `codes`.
             unsafe {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    options(nostack, nomem, preserves_flags)
-                );
-                for st in 0..group_steps {
-                    let w = std::array::from_fn(|s| {
-                        codes
-                            .as_ptr()
-                            .add(s * part_bytes + st * step_len * CHUNK_BYTES)
-                    });
-                    step(x.add(st * tile_bytes), CHUNK * step_len, w);
-                }
-                asm!(
-                    "tilestored [{o} + {row}*1], tmm0",
-                    "tilestored [{o} + {row}*1 + 1024], tmm1",
-                    "tilestored [{o} + {row}*1 + 2048], tmm2",
-                    "tilestored [{o} + {row}*1 + 3072], tmm3",
-                    o = in(reg) sums.0.as_mut_ptr(),
-                    row = in(reg) 64usize,
-                    options(nostack, preserves_flags),
-                );
-            }
+                group_sums(
+                    x,
+                    CHUNK * step_len,
+                    codes.as_ptr(),
+                    part_bytes,
+                    group_steps,
+                    tile_bytes,
+                    &raw mut sums,
+                )
+            };
             let nc = (n - c0).min(COLS);
             // SAFETY: `ys` holds 64 floats per column; 64 tiled values per (group, block).
             unsafe { epilogue(job, rb, g, c0, nc, &sums, ys) };
             c0 += nc;
         }
     }
-    // SAFETY: releases the tile state this function configured.
-    unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_the_largest_divisor_up_to_eight() {
+        for chunks in 1..=64usize {
+            let s = step_chunks(chunks);
+            assert!((1..=8).contains(&s) && chunks % s == 0, "{chunks}: {s}");
+            assert!(
+                (s + 1..=8).all(|d| chunks % d != 0),
+                "{chunks}: a larger divisor than {s}"
+            );
+        }
+        assert_eq!([16, 4, 17, 12, 5, 1].map(step_chunks), [8, 4, 1, 6, 5, 1]);
+    }
+
+    #[test]
+    fn configurations_meet_the_tile_constraints() {
+        for s in 1..=8 {
+            let c = Config::new(s).0;
+            let colsb = |t: usize| usize::from(u16::from_le_bytes([c[16 + 2 * t], c[17 + 2 * t]]));
+            let rows = |t: usize| usize::from(c[48 + t]);
+            assert_eq!((c[0], c[1]), (1, 0), "palette 1, start row 0");
+            assert!(c[2..16]
+                .iter()
+                .chain(&c[32..48])
+                .chain(&c[56..])
+                .all(|&b| b == 0));
+            for t in 0..8 {
+                assert!(
+                    rows(t) <= 16 && colsb(t) <= 64 && colsb(t) % 4 == 0,
+                    "tmm{t}"
+                );
+            }
+            // tdpbsud C, A (tmm4), B: C rows = A rows, C bytes = B bytes, A bytes = 4 B rows.
+            for (cc, b) in [(0, 5), (1, 6), (2, 7), (3, 5)] {
+                assert_eq!(
+                    (rows(cc), colsb(cc)),
+                    (rows(4), colsb(b)),
+                    "s={s} tmm{cc} tmm{b}"
+                );
+                assert_eq!(colsb(4), 4 * rows(b), "s={s} tmm{b}");
+            }
+            assert_eq!((rows(4), colsb(4)), (COLS, CHUNK * s));
+        }
+    }
+
+    #[test]
+    fn activation_tiles_hold_every_value_once() {
+        // n = 21 columns (a second, partial block), k = 96 with groups of 48 (6 chunks:
+        // steps of 6, rows of 48 bytes).
+        let (n, k, chunks) = (21, 96, 6);
+        let xq: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
+        let t = tile_activations(&xq, n, k, chunks);
+        let row = CHUNK * step_chunks(chunks);
+        let steps = k / row;
+        assert_eq!(row, 48);
+        assert_eq!(t.len(), 2 * steps * COLS * row);
+        for b in 0..2 {
+            for st in 0..steps {
+                for r in 0..COLS {
+                    for j in 0..row {
+                        let got = t[((b * steps + st) * COLS + r) * row + j];
+                        let c = b * COLS + r;
+                        let want = if c < n { xq[c * k + st * row + j] } else { 0 };
+                        assert_eq!(got, want, "block {b} step {st} row {r} byte {j}");
+                    }
+                }
+            }
+        }
+    }
 }
