@@ -393,7 +393,10 @@ def main() -> None:
             "a0": lambda: wd @ xb,
             "a1": lambda: pw.dequantize(np.float32) @ xb,
         }
-        if has_amx:  # the same sums on AVX-512 VNNI, which `auto` takes below 6 columns
+        # The same sums on AVX-512 VNNI, where the default runs them on AMX tiles (from 6
+        # columns on); below, the default is the VNNI kernel itself.
+        on_amx = has_amx and mg.plan_info(pw, n=n, table="i16")["backend"] == "amx"
+        if on_amx:
             fns["i16 vnni"] = lambda: mg.msgemm(pw, xb, table="i16", backend="avx512")
         if has_avx2:  # what an AVX2-only CPU runs (dense int8 on AVX2)
             fns["i16 avx2"] = lambda: mg.msgemm(pw, xb, table="i16", backend="avx2")
@@ -421,7 +424,8 @@ def main() -> None:
             cells.append(f"{fmt_ms(t)} ({t['min'] / t_ours['min']:.2f}x / {t['min'] / t_16['min']:.2f}x)")
         tab16 = (f"{fmt_ms(tt['i16 avx2'])} ({tt['i8 avx2']['min'] / tt['i16 avx2']['min']:.2f}x)"
                  if has_avx2 else "—")
-        vnni = ([f"{fmt_ms(tt['i16 vnni'])} ({tt['i16 vnni']['min'] / t_16['min']:.2f}x)"] if has_amx else [])
+        vnni = ([f"{fmt_ms(tt['i16 vnni'])} ({tt['i16 vnni']['min'] / t_16['min']:.2f}x)"] if on_amx
+                else ["(the default is VNNI)"] if has_amx else [])
         brows.append([n, fmt_ms(t_ours), fmt_ms(t_16), *vnni, tab16, fmt_ms(t_a0),
                       f"{t_a0['min'] / t_ours['min']:.2f}x / {t_a0['min'] / t_16['min']:.2f}x", fmt_ms(t_a1),
                       f"{t_a1['min'] / t_ours['min']:.2f}x / {t_a1['min'] / t_16['min']:.2f}x", *cells])
@@ -445,6 +449,9 @@ def main() -> None:
         para += (f" Relative L1 error against float64 at N = 16: {errs}. The `i16` mode rounds activations "
                      "to int8 per (column, group) and sums exact integers, as ORT level 4 does"
                  + (f" (here on the dense {dense_name} path)." if dense else "."))
+    if has_amx:
+        para += (" On this CPU the default runs those sums on AMX tiles from 6 columns on and on "
+                 "AVX-512 VNNI below; the VNNI column times the same calls with `backend='avx512'`.")
     lines.append(para)
 
     # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------

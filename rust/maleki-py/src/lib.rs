@@ -91,6 +91,13 @@ mod _core {
             if std::arch::is_x86_feature_detected!("avx512vbmi") {
                 feats.push("avx512vbmi");
             }
+            if std::arch::is_x86_feature_detected!("avx512vnni") {
+                feats.push("avx512vnni");
+            }
+            // AMX tiles that this process may use (CPU and OS).
+            if maleki_msgemm::dense::amx_ready() {
+                feats.push("amx");
+            }
         }
         #[cfg(target_arch = "aarch64")]
         {
