@@ -297,9 +297,9 @@ pub fn amx_ready() -> bool {
 /// Columns from which `auto` runs a dense call on AMX tiles rather than on AVX-512 VNNI,
 /// where both exist. Below, an activation tile is mostly empty rows and unpacking the codes
 /// costs as much as the VNNI sums. Measured (`examples/prof`, int4 g128 4096 x 4096, 2
-/// threads of a Xeon with AMX, minima, three alternations, ms, VNNI / AMX): N = 4 0.34-0.36 /
-/// 0.34-0.35, N = 6 0.54-0.75 / 0.33-0.42, N = 16 0.88-0.97 / 0.52-0.55, N = 32 1.70-1.75 /
-/// 0.89-0.93.
+/// threads of a Xeon with AMX, minima, three alternations, ms, VNNI / AMX): N = 4 0.33-0.35 /
+/// 0.32-0.36, N = 6 0.49-0.52 / 0.35-0.42, N = 8 0.43-0.49 / 0.39-0.45, N = 16 0.86-0.95 /
+/// 0.47-0.55, N = 64 3.2-3.6 / 1.6-1.7.
 pub const AMX_MIN_COLUMNS: usize = 6;
 
 /// Columns from which `auto` takes AMX tiles for groups of a prime number of chunks above 8

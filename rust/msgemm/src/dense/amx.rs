@@ -4,8 +4,8 @@
 //! multiply-adds per instruction against 64 for a `vpdpbusd` (module [`super::vnni`]).
 //!
 //! The sums are the exact integers `Q` that the VNNI kernel computes, and they go through
-//! the same epilogue ([`super::vnni::part_epilogue`]), so the results are bitwise those of
-//! every `i16` kernel. Per group, the codes of the row block's four 16-row parts are
+//! the same float operations in the same order ([`epilogue`], as
+//! [`super::vnni::part_epilogue`]), so the results are bitwise those of every `i16` kernel. Per group, the codes of the row block's four 16-row parts are
 //! unpacked once into bytes laid out as a weight tile wants them (`[input quad][16 rows][4
 //! bytes]`: the low nibbles of a chunk's words are one quad, inputs `0, 2, 4, 6`, the high
 //! nibbles the next, `1, 3, 5, 7`, the order in which [`super::Acts`] stores the
@@ -37,7 +37,9 @@ const CHUNK_BYTES: usize = 128;
 /// unpacking and the epilogue use), and Linux lets this process use them: the tile data is
 /// a dynamically enabled state component that a process asks for once
 /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, Linux 5.16 and later; refused, for
-/// instance, by older kernels or under a hypervisor that does not pass AMX on).
+/// instance, by older kernels, under a hypervisor that does not pass AMX on, or while a
+/// thread's alternate signal stack is too small for the tile state: then the VNNI kernel
+/// runs). Asked on first use, from whichever thread comes first: the grant is the process's.
 pub fn ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
