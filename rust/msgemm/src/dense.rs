@@ -699,6 +699,23 @@ mod vnni {
     use crate::kernels::avx512::{epilogue16_with, load16, zero_vec, TileEpi};
     use crate::layout::ROW_BLOCK;
 
+    /// The low and the high nibbles of a 64-byte word of codes, as bytes; with `MAP`, each
+    /// code `c` replaced by `map[c]` (the 16 bytes of `map` in every 128-bit lane).
+    #[inline(always)]
+    pub(super) unsafe fn nibbles<const MAP: bool>(v: __m512i, map: __m512i) -> (__m512i, __m512i) {
+        // SAFETY: inlined into callers that enable AVX-512 F and BW.
+        unsafe {
+            let low = _mm512_set1_epi8(0x0f);
+            let lo = _mm512_and_si512(v, low);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+            if MAP {
+                (_mm512_shuffle_epi8(map, lo), _mm512_shuffle_epi8(map, hi))
+            } else {
+                (lo, hi)
+            }
+        }
+    }
+
     /// The sums `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns:
     /// `w` the part's words (`chunks` of 64 bytes), `x` the first column's activations of the
     /// group, `stride` bytes between columns.
@@ -714,18 +731,12 @@ mod vnni {
         map: __m512i,
     ) -> [__m512i; NC] {
         let mut acc = [_mm512_setzero_si512(); NC];
-        let low = _mm512_set1_epi8(0x0f);
         for ch in 0..chunks {
             // SAFETY: the part holds `chunks` words of 64 bytes; each column holds the group's
             // `8 chunks` activations.
             unsafe {
                 let v = _mm512_load_si512(w.add(ch * 64) as *const __m512i);
-                let mut lo = _mm512_and_si512(v, low);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                if MAP {
-                    lo = _mm512_shuffle_epi8(map, lo);
-                    hi = _mm512_shuffle_epi8(map, hi);
-                }
+                let (lo, hi) = nibbles::<MAP>(v, map);
                 for (c, s) in acc.iter_mut().enumerate() {
                     let p = x.add(c * stride + ch * CHUNK) as *const i32;
                     let even = _mm512_set1_epi32(p.read_unaligned());

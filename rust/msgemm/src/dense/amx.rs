@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+use super::vnni::nibbles;
 use super::{Job, CHUNK, SUB, SUBS};
 use crate::aligned::AlignedVec;
 use crate::kernels::avx512::{load16, zero_vec};
@@ -211,17 +212,14 @@ impl Drop for Tiles {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn unpack(w: *const u8, chunks: usize, map: Option<__m512i>, out: *mut u8) {
-    let low = _mm512_set1_epi8(0x0f);
     for ch in 0..chunks {
         // SAFETY: the part holds `chunks` aligned words; `out` `chunks * 128` aligned bytes.
         unsafe {
             let v = _mm512_load_si512(w.add(ch * 64) as *const __m512i);
-            let mut lo = _mm512_and_si512(v, low);
-            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-            if let Some(m) = map {
-                lo = _mm512_shuffle_epi8(m, lo);
-                hi = _mm512_shuffle_epi8(m, hi);
-            }
+            let (lo, hi) = match map {
+                Some(m) => nibbles::<true>(v, m),
+                None => nibbles::<false>(v, _mm512_setzero_si512()),
+            };
             _mm512_store_si512(out.add(ch * CHUNK_BYTES) as *mut __m512i, lo);
             _mm512_store_si512(out.add(ch * CHUNK_BYTES + 64) as *mut __m512i, hi);
         }
