@@ -237,7 +237,7 @@ struct Sums([[[i32; 16]; COLS]; SUBS]);
 /// constants and each part's scales and zero points loaded once.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn epilogue(
+unsafe fn epilogue<const SLOPE: bool>(
     job: &Job<'_>,
     rb: usize,
     g: usize,
@@ -280,11 +280,7 @@ unsafe fn epilogue(
             // SAFETY: `sums` rows are aligned; `dst` holds 64 floats (asserted above).
             unsafe {
                 let q = _mm512_load_si512(sums.0[s][c].as_ptr() as *const __m512i);
-                let p = if job.a == 1 {
-                    q
-                } else {
-                    _mm512_mullo_epi32(q, a)
-                };
+                let p = if SLOPE { _mm512_mullo_epi32(q, a) } else { q };
                 let mut u = _mm512_cvtepi32_ps(_mm512_add_epi32(p, corr));
                 if plan.zero_term {
                     u = _mm512_sub_ps(u, _mm512_mul_ps(z[s], zs));
@@ -355,7 +351,13 @@ pub(super) unsafe fn block_sums(job: &Job<'_>, rb: usize, groups: Range<usize>, 
             };
             let nc = (n - c0).min(COLS);
             // SAFETY: `ys` holds 64 floats per column; 64 tiled values per (group, block).
-            unsafe { epilogue(job, rb, g, c0, nc, &sums, ys) };
+            unsafe {
+                if job.a == 1 {
+                    epilogue::<false>(job, rb, g, c0, nc, &sums, ys)
+                } else {
+                    epilogue::<true>(job, rb, g, c0, nc, &sums, ys)
+                }
+            };
             c0 += nc;
         }
     }
