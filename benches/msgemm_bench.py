@@ -153,7 +153,8 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     Runtime's) hide and sleeping ones (ours) do not. AMX tiles take longer to come up to speed
     than that: int4 4096 x 4096, N = 16, minima of 5 calls after the pause, run for 30 ms:
     0.63-1.05 ms; for 100-300 ms: 0.61-0.75 ms; a steady loop: 0.57-0.63 ms (VNNI 0.90-1.34,
-    0.92-1.03 and 0.87-0.91 ms). Hence 100 ms.
+    0.92-1.03 and 0.87-0.91 ms). Hence 100 ms. (Sustained load slows this host's cores, likely
+    their turbo: the one-thread GEMV measures 0.40-0.50 ms after 30 ms, 0.45-0.49 after 100 ms.)
     """
     import statistics
     import time
