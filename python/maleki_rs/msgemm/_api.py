@@ -767,8 +767,9 @@ def msgemm(
         ``"amx"`` (Intel AMX tiles, Sapphire Rapids and later Xeons, on Linux) runs only the
         dense ``"i16"`` sums (``tdpbsud``: 16 columns x 16 rows x 64 inputs per instruction),
         bitwise the same as every other backend; ``"auto"`` takes it for dense batches of 6
-        columns or more (int4 4096 x 4096 on 2 threads, N = 16: about 1.7x the AVX-512 VNNI
-        sums, which ``"avx512"`` names), and its GEMVs use ``"i16"`` by default.
+        columns or more (int4 4096 x 4096 on 2 threads, N = 16: 1.5-1.8x the AVX-512 VNNI
+        sums, which ``"avx512"`` names; N = 64: about 2x), and its GEMVs use ``"i16"`` by
+        default.
     threads : int, optional
         Run on a pool of this many threads (default: the library pool, see
         :func:`maleki_rs.set_num_threads`). Results are identical for any thread count.
