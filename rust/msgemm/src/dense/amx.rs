@@ -9,9 +9,10 @@
 //! Per group, the codes of the row block's four 16-row parts are unpacked once into bytes
 //! laid out as a weight tile wants them (`[input quad][16 rows][4 bytes]`: the low nibbles
 //! of a chunk's words are one quad, inputs `0, 2, 4, 6`, the high nibbles the next, `1, 3,
-//! 5, 7`, the order in which [`super::Acts`] stores the activations); the activations are stored as tiles ([`tile_activations`]), each a
-//! contiguous 16 columns x one step of inputs. (Read in place from `(N, K)` rows, a tile's
-//! 16 rows would lie `K` bytes apart: for K = 4096 all in one set of a 12-way L1 cache.)
+//! 5, 7`, the order in which [`super::Acts`] stores the activations); the activations are
+//! stored as tiles ([`tile_activations`]), each a contiguous 16 columns x one step of
+//! inputs. (Read in place from `(N, K)` rows, a tile's 16 rows would lie `K` bytes apart:
+//! for K = 4096 all in one set of a 12-way L1 cache.)
 //!
 //! Tiles: `tmm0..tmm3` the sums of the four parts (16 columns x 16 rows of int32 each),
 //! `tmm4` the activations of one step of `s` chunks (16 x `8 s` bytes), `tmm5..tmm7` the codes
