@@ -513,6 +513,18 @@ def test_linear_cuda_is_a_linear_layer(cp):
                 y = cp.asnumpy(mgc.linear_cuda(xin, pwd, kernel=kernel))
                 assert y.shape == shape[:-1] + (36,) and y.dtype == np.float32 and y.flags.c_contiguous
                 np.testing.assert_array_equal(y, want, err_msg=f"{shape} {kernel}")
+    # The bias, added in float32 after the product: integer values keep every sum exact.
+    bias = rng.integers(-50, 51, size=36).astype(np.float64)
+    x = rng.integers(-4, 5, size=(2, 5, 128)).astype(np.float32)
+    want = (x.astype(np.float64) @ wd.T + bias).astype(np.float32)
+    for b in (bias, cp.asarray(bias, dtype=cp.float32)):
+        np.testing.assert_array_equal(cp.asnumpy(mgc.linear_cuda(x, pwd, b)), want)
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        mgc.linear_cuda(x, pwd, np.zeros(35))
+    with pytest.raises(TypeError, match="bias"):
+        mgc.linear_cuda(x, pwd, np.zeros(36, np.int32))
+    with pytest.raises(ValueError, match="bias: contains"):
+        mgc.linear_cuda(x, pwd, np.full(36, np.inf))
     with pytest.raises(ValueError, match="last dimension"):
         mgc.linear_cuda(np.zeros((2, 100), np.float32), pwd)
     with pytest.raises(ValueError, match="non-empty"):

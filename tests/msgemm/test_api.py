@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import maleki_rs
 from maleki_rs import msgemm as mg
 
-from .conftest import BACKENDS
+from .conftest import BACKENDS, integer_weights, integer_x
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,57 @@ def test_out_and_linear(pw):
     assert y.shape == (2, 5, 300) and y.dtype == np.float32
     np.testing.assert_allclose(y, xb @ pw.dequantize().T, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(mg.linear(xb[0, 0], pw, table="f32"), y[0, 0])
+
+
+def test_linear_adds_a_bias_and_writes_into_out():
+    """``linear(x, pw, bias, out=)`` equals the float64 ``x @ Wd.T + bias`` exactly on integer
+    data (every sum and the bias addition exact in float32), for every backend, in place in
+    ``out`` where given; bad biases and outs raise errors naming them."""
+    rng = np.random.default_rng(41)
+    pw = integer_weights("int4", rng, 70, 256, 64, zeros=True)
+    wd = pw.dequantize()
+    bias = rng.integers(-100, 101, size=70).astype(np.float64)
+    for shape in [(256,), (3, 256), (2, 4, 256)]:
+        x = integer_x(rng, 256, None) if len(shape) == 1 else rng.integers(-8, 9, size=shape).astype(np.float32)
+        want = (x.astype(np.float64) @ wd.T + bias).astype(np.float32)
+        for backend in BACKENDS:
+            if not mg.backend_supports(pw, backend, n=max(1, x.size // 256), table="f32"):
+                continue
+            got = mg.linear(x, pw, bias, table="f32", backend=backend)
+            np.testing.assert_array_equal(got, want, err_msg=f"{shape} {backend}")
+            out = np.full(shape[:-1] + (70,), np.nan, np.float32)
+            r = mg.linear(x, pw, bias.astype(np.float16), table="f32", backend=backend, out=out)
+            assert r is out
+            np.testing.assert_array_equal(out, want, err_msg=f"out {shape} {backend}")
+        # The default precision, with and without the bias: the bias is one float32 addition.
+        plain = mg.linear(x, pw)
+        np.testing.assert_array_equal(mg.linear(x, pw, bias=bias), plain + bias.astype(np.float32))
+    # out sharing memory with x: x is read before out is written.
+    buf = rng.integers(-8, 9, size=(4, 256)).astype(np.float32)
+    pw_sq = integer_weights("int4", rng, 256, 256, 64, zeros=False)
+    want = (buf.astype(np.float64) @ pw_sq.dequantize().T).astype(np.float32)
+    np.testing.assert_array_equal(mg.linear(buf, pw_sq, table="f32", out=buf), want)
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(ValueError, match=r"bias: expected shape \(70,\)"):
+        mg.linear(x, pw, np.zeros(69))
+    with pytest.raises(ValueError, match="bias: expected a 1-D"):
+        mg.linear(x, pw, np.zeros((1, 70)))
+    with pytest.raises(TypeError, match="bias"):
+        mg.linear(x, pw, np.zeros(70, np.int64))
+    with pytest.raises(ValueError, match="bias: contains a non-finite"):
+        mg.linear(x, pw, np.full(70, np.nan))
+    big = np.full((1, 256), 1e30, np.float32)  # outputs of about 1e31 to 1e33: finite
+    y = mg.linear(big, pw, table="f32")[0]
+    assert np.isfinite(y).all() and (np.abs(y) > 2.0**104).any()
+    edge = np.where(np.abs(y) > 2.0**104, np.sign(y) * np.finfo(np.float32).max, 0).astype(np.float32)
+    with pytest.raises(ValueError, match="overflows float32"):
+        mg.linear(big, pw, edge, table="f32")
+    with pytest.raises(ValueError, match="out: expected shape"):
+        mg.linear(x, pw, out=np.zeros((70, 2), np.float32))
+    with pytest.raises(TypeError, match="out: expected dtype float32"):
+        mg.linear(x, pw, out=np.zeros((2, 70)))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        mg.linear(x, pw, out=np.zeros((70, 2), np.float32).T)
 
 
 def test_properties_and_dequantize_dtype(pw):

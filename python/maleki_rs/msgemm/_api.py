@@ -93,6 +93,18 @@ def _checked_by_core(x32: np.ndarray, f: Any, *args: Any) -> Any:
     raise err from None
 
 
+def _check_out(out: Any, want: tuple[int, ...]) -> None:
+    """Checks a user's ``out`` array: float32, shape ``want``, writeable, aligned, C order."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a numpy array, got {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out: expected dtype float32, got {out.dtype}")
+    if out.shape != want:
+        raise ValueError(f"out: expected shape {want}, got {out.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+        raise ValueError("out: must be a writeable, aligned, C-contiguous array")
+
+
 def _as_f32(arr: np.ndarray, name: str) -> np.ndarray:
     out = _to_f32(arr)
     _check_finite32(out, name)
@@ -823,15 +835,7 @@ def msgemm(
         y, counts = _checked_by_core(x32, _m.gemm_counted, pw._raw, xs, transposed, d, tbl, mir)
         return (y.reshape(m) if vector else y), counts
     if out is not None:
-        want = (m,) if vector else (m, n)
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out: expected a numpy array, got {type(out).__name__}")
-        if out.dtype != np.float32:
-            raise TypeError(f"out: expected dtype float32, got {out.dtype}")
-        if out.shape != want:
-            raise ValueError(f"out: expected shape {want}, got {out.shape}")
-        if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
-            raise ValueError("out: must be a writeable, aligned, C-contiguous array")
+        _check_out(out, (m,) if vector else (m, n))
         if np.may_share_memory(out, xs):
             xs = xs.copy()  # the kernels read x while they write out
         _checked_by_core(x32, _m.gemm, pw._raw, xs, transposed, d, tbl, bk, mir, t, out.reshape(m, n))
@@ -843,26 +847,36 @@ def msgemm(
 def linear(
     x: npt.ArrayLike,
     pw: PackedWeights,
+    bias: npt.ArrayLike | None = None,
     *,
     depth: int | str = "auto",
     table: str | None = None,
     backend: str = "auto",
     threads: int | None = None,
     mirror: bool = False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A linear layer ``x @ Wd.T`` for activations of shape ``(..., K)``.
+    """A linear layer ``x @ Wd.T + bias`` for activations of shape ``(..., K)``.
+
+    The argument order of ``torch.nn.functional.linear(input, weight, bias)``.
 
     Parameters
     ----------
     x : array_like, shape (..., K), float16/float32/float64 or ml_dtypes bfloat16
     pw : PackedWeights
         Weights ``(M, K)`` (``nn.Linear.weight`` convention: rows are output features).
+    bias : array_like, shape (M,), optional
+        Added to every output row, in float32, after the product (float16/32/64 or ml_dtypes
+        bfloat16; finite). Costs one pass over the ``(..., M)`` result.
     depth, table, backend, threads, mirror
         As in :func:`msgemm`.
+    out : ndarray, shape (..., M), optional
+        float32 C-contiguous array to write the result into (returned).
 
     Returns
     -------
     ndarray, shape (..., M), float32
+        (``out`` when given.)
     """
     pw = _check_pw(pw)
     if _defaults(depth, table, backend, threads, mirror):
@@ -873,16 +887,37 @@ def linear(
     arr = _float_array(x, "x", tuple(range(1, 33)))
     if arr.shape[-1] != k:
         raise ValueError(f"x: expected last dimension K = {k}, got shape {arr.shape}")
+    b32 = None
+    if bias is not None:
+        barr = _float_array(bias, "bias", (1,))
+        if barr.shape != (m,):
+            raise ValueError(f"bias: expected shape ({m},) (M of the weights), got {barr.shape}")
+        b32 = _as_f32(barr, "bias")
     lead = arr.shape[:-1]
+    if out is not None:
+        _check_out(out, (*lead, m))
     x32 = _to_f32(arr)
     x2 = x32.reshape(-1, k)  # (B, K): X transposed, as the kernel wants it
     if bk == "reference":
         y, _ = _checked_by_core(x32, _m.gemm_counted, pw._raw, x2, True, d, tbl, mir)
         y = np.ascontiguousarray(y.T)
-    else:
+        if out is not None:
+            out.reshape(-1, m)[...] = y
+            y = out.reshape(-1, m)
+    elif out is not None:
+        if np.may_share_memory(out, x2):
+            x2 = x2.copy()  # the kernels read x while they write out
         # Y comes out (B, M) directly from the driver's column-major blocks.
+        y = out.reshape(-1, m)
+        _checked_by_core(x32, _m.gemm, pw._raw, x2, True, d, tbl, bk, mir, t, y, True)
+    else:
         y = _checked_by_core(x32, _m.gemm, pw._raw, x2, True, d, tbl, bk, mir, t, None, True)
-    return y.reshape(*lead, m)
+    if b32 is not None:
+        with np.errstate(over="ignore"):
+            y += b32
+        if not np.isfinite(y).all():
+            raise ValueError("the result overflows float32: an output plus its bias is beyond 3.4e38")
+    return out if out is not None else y.reshape(*lead, m)
 
 
 def _levels_of(format: Any, codebook: Any, name: str = "format") -> tuple[int, float | None, int]:

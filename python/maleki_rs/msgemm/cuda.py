@@ -548,14 +548,17 @@ def msgemm_cuda(pwd: DeviceWeights, x: Any, *, kernel: str = "auto", splits: int
     return y
 
 
-def linear_cuda(x: Any, pwd: DeviceWeights, *, kernel: str = "auto", check: bool = True) -> Any:
-    """A linear layer ``x @ Wd.T`` on the device, for activations of shape ``(..., K)``.
+def linear_cuda(x: Any, pwd: DeviceWeights, bias: Any = None, *, kernel: str = "auto",
+                check: bool = True) -> Any:
+    """A linear layer ``x @ Wd.T + bias`` on the device, for activations of shape ``(..., K)``.
 
     Parameters
     ----------
     x : array_like (numpy or cupy), shape (..., K), float dtype, not empty
     pwd : DeviceWeights
         Weights ``(M, K)`` (``nn.Linear.weight`` convention), from :func:`to_device`.
+    bias : array_like (numpy or cupy), shape (M,), float dtype, optional
+        Added to every output row in float32 after the product (checked finite with ``check``).
     kernel, check
         As in :func:`msgemm_cuda` (the rows of ``x`` are its columns: ``"auto"`` takes the
         tensor-core kernel beyond 8 rows where the weights have its layout).
@@ -573,10 +576,23 @@ def linear_cuda(x: Any, pwd: DeviceWeights, *, kernel: str = "auto", check: bool
         raise ValueError(f"x: expected last dimension K = {k}, got shape {xa.shape}")
     if xa.size == 0:
         raise ValueError(f"x: expected a non-empty array, got shape {xa.shape}")
+    b = None
+    if bias is not None:
+        b = cp.asarray(bias)
+        if b.dtype.kind != "f":
+            raise TypeError(f"bias: expected a floating-point array, got dtype {b.dtype}")
+        if b.shape != (m,):
+            raise ValueError(f"bias: expected shape ({m},) (M of the weights), got {b.shape}")
+        b = b.astype(cp.float32, copy=False)
+        if check_bool(check, "check") and not bool(cp.isfinite(b).all()):
+            raise ValueError("bias: contains a non-finite value (NaN, inf, or beyond float32)")
     lead = xa.shape[:-1]
     xb = xa.reshape(-1, k)  # (B, K): X transposed, as the kernels read it (a view where it can be)
     y = msgemm_cuda(pwd, xb.T, kernel=kernel, check=check)  # (M, B)
-    return cp.ascontiguousarray(y.T).reshape(*lead, m)
+    y = cp.ascontiguousarray(y.T)
+    if b is not None:
+        y += b
+    return y.reshape(*lead, m)
 
 
 def dequant_gemv_cuda(pwd: DeviceWeights, x: Any, *, check: bool = True) -> Any:
