@@ -871,7 +871,8 @@ def linear(
         Weights ``(M, K)`` (``nn.Linear.weight`` convention: rows are output features).
     bias : array_like, shape (M,), optional
         Added to every output row, in float32, after the product (float16/32/64 or ml_dtypes
-        bfloat16; finite). Costs one pass over the ``(..., M)`` result.
+        bfloat16; finite). Costs two passes over the ``(..., M)`` result (the addition,
+        and a check that it did not overflow float32).
     depth, table, backend, threads, mirror
         As in :func:`msgemm`.
     out : ndarray, shape (..., M), optional
@@ -903,11 +904,9 @@ def linear(
     x32 = _to_f32(arr)
     x2 = x32.reshape(-1, k)  # (B, K): X transposed, as the kernel wants it
     if bk == "reference":
-        y, _ = _checked_by_core(x32, _m.gemm_counted, pw._raw, x2, True, d, tbl, mir)
-        y = np.ascontiguousarray(y.T)
-        if out is not None:
-            out.reshape(-1, m)[...] = y
-            y = out.reshape(-1, m)
+        ym, _ = _checked_by_core(x32, _m.gemm_counted, pw._raw, x2, True, d, tbl, mir)  # (M, B)
+        y = out.reshape(-1, m) if out is not None else np.empty((ym.shape[1], m), np.float32)
+        y[...] = ym.T  # out is C-contiguous: its reshape is a view
     elif out is not None:
         if np.may_share_memory(out, x2):
             x2 = x2.copy()  # the kernels read x while they write out
