@@ -31,8 +31,9 @@ _m = _core.msgemm
 
 #: Every weight format (spec section 3).
 FORMATS: tuple[str, ...] = tuple(_m.FORMATS)
-#: Table precisions: ``"i8"`` (fast), ``"i16"`` (exact integer), ``"f32"`` (float32).
-TABLES: tuple[str, ...] = ("i8", "i16", "f32")
+#: Table precisions: ``"i8"`` (fast), ``"i16"`` (exact integer), ``"f32"`` (float32), and
+#: ``"bf16"`` (no tables: bfloat16 weights and activations, float32 sums; see :func:`msgemm`).
+TABLES: tuple[str, ...] = ("i8", "i16", "f32", "bf16")
 #: Kernel choices.
 BACKENDS: tuple[str, ...] = ("auto", "avx512", "amx", "avx2", "neon", "scalar", "reference")
 
@@ -377,10 +378,11 @@ class PackedWeights:
         codes used) ahead of the first call. ``depth`` defaults to the depth a GEMV with that
         ``table`` resolves to (:func:`plan_info`). ``table=None``: what calls with the default
         table read, the ``i8`` GEMV's layout and, where batches run on the dense ``i16`` path
-        (see :func:`msgemm`'s ``table``), the dense layout too. Returns ``self``."""
+        or in ``bf16`` mode (see :func:`msgemm`'s ``table``), the dense layout too.
+        ``table="bf16"``: the dense layout only. Returns ``self``."""
         d = None if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
         if table is not None and (not isinstance(table, str) or table not in TABLES):
-            raise ValueError(f"table: must be one of 'i8', 'i16', 'f32'; got {table!r}")
+            raise ValueError(f"table: must be one of 'i8', 'i16', 'f32', 'bf16'; got {table!r}")
         self._raw.prepare(d, "auto" if table is None else table)
         return self
 
@@ -745,18 +747,21 @@ def msgemm(
         indices the backend implements. Deeper tables (int4 ``d=3``: 4096 entries,
         the paper's headline setting) on request. ``d`` need not divide the group size: the
         last tuple of a group is then shorter.
-    table : {"i8", "i16", "f32"}, optional
+    table : {"i8", "i16", "f32", "bf16"}, optional
         Table precision. Default: the fast mode for the call, ``"i8"``, except for batches
-        (``N >= 2``) at ``depth="auto"`` that run on the dense ``i16`` path described below
-        (weights of at most 16 integer levels, group sizes that are multiples of 8, a CPU with
-        dot-product instructions): there ``"i16"``, which is both faster and more accurate
-        (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against 0.66 ms, N = 16 1.1 against
-        2.0 ms); :func:`plan_info` with ``n=`` reports the choice. So column ``j`` of such a
-        batch can differ (within the bounds below) from the GEMV of column ``j``; name the
-        table to get the same arithmetic at every N. Weights of non-integer codebooks (nf4,
-        float custom codebooks) have no dense path: their batches run on ``i8`` tables at
-        about the cost of one GEMV per column (nf4 g128 4096 x 4096, 2 threads: N = 16
-        4.2-5.0 ms, N = 64 16-17 ms, numpy's time on pre-dequantized float32 weights).
+        (``N >= 2``) at ``depth="auto"``, without ``mirror``:
+
+        - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
+          with dot-product instructions run on the dense ``i16`` path described below, both
+          faster and more accurate (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against
+          0.66 ms, N = 16 1.1 against 2.0 ms);
+        - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
+          that are multiples of 32, on a CPU with AMX-BF16, run in ``"bf16"`` mode, also
+          faster and more accurate (nf4 g64 4096 x 4096, 2 threads: BF16_FIGURES).
+
+        :func:`plan_info` with ``n=`` reports the choice (``dense_int8``, ``dense_bf16``). So
+        column ``j`` of such a batch can differ (within the bounds below) from the GEMV of
+        column ``j``; name the table to get the same arithmetic at every N.
         ``"reference"`` backend: ``"f32"``.
         ``"i8"`` (fast): float tables rounded to int8 with one scale
         ``t`` per (column, group) and an integer multiplier ``m_p`` per tuple (tuple ``p`` is
@@ -777,12 +782,22 @@ def msgemm(
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Relative L1 errors measured on Gaussian int4 g128 GEMV
         (4096 x 4096, depth 2): ``i8`` 9.2e-3, ``i16`` 6.6e-3, ``f32`` 2.2e-7 (uint4 with zero
         points: ``i8`` 8.5e-3; int2 g64: 6.9e-3).
+        ``"bf16"``: no tables. The weights are dequantized to bfloat16 as they are used,
+        ``wb = bf16((v[q] - z) * s)`` (float32 arithmetic, one rounding to nearest even), the
+        activations rounded to ``xb = bf16(x)``, and the products summed in float32: the
+        arithmetic of bitsandbytes' nf4 layers. Each product is within ``2^-8 + 2^-16`` of its
+        exact value, relative, and the sums within ``K 2^-24 (|wb| @ |xb|)`` of the exact sum
+        of those products (relative L1 error on Gaussian nf4 g64, 512 x 2048, N = 4: BF16_L1).
+        Any format of at most 16 levels (not fp8), group sizes that are multiples of 32. On
+        Intel AMX (``tdpbf16ps``, backends ``"auto"`` and ``"amx"``), or else (and with
+        ``"scalar"``) a portable kernel at about one scalar multiply-add per weight and column;
+        the two round differently (both within the bound).
     backend : {"auto", "avx512", "amx", "avx2", "neon", "scalar", "reference"}
         Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
         CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
         ``"amx"`` (Intel AMX tiles, Sapphire Rapids and later Xeons, on Linux) runs only the
         dense ``"i16"`` sums (``tdpbsud``: 16 columns x 16 rows x 64 inputs per instruction),
-        bitwise the same as every other backend; ``"auto"`` takes it for dense batches of 6
+        bitwise the same as every other backend, and ``"bf16"`` mode (``tdpbf16ps``); ``"auto"`` takes it for dense batches of 6
         columns or more (int4 4096 x 4096 on 2 threads, N = 16: 1.5-1.8x the AVX-512 VNNI
         sums, which ``"avx512"`` names; N = 64: about 2x), and its GEMVs use ``"i16"`` by
         default.
@@ -1072,9 +1087,11 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     (mirror tables, asked for or chosen because they give the same bits), ``folded_indices``
     (the kernel reads mirror-folded indices), ``paired_indices`` (it reads two 4-bit indices per
     byte), ``label_space`` (int tables over
-    sign-magnitude labels, see :func:`msgemm`'s ``mirror``) and ``dense_int8`` (an ``i16`` call
+    sign-magnitude labels, see :func:`msgemm`'s ``mirror``), ``dense_int8`` (an ``i16`` call
     that sums its exact integers with dot-product instructions instead of tables: no table
-    is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``).
+    is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``) and
+    ``dense_bf16`` (a ``bf16`` call: no tables either; ``backend`` is ``"amx"`` or
+    ``"scalar"``).
     """
     pw = _check_pw(pw)
     d, tbl, bk, _, mir = _check_opts(pw, depth, table, backend, None, mirror, False)

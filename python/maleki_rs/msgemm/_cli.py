@@ -44,7 +44,8 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     """Counts and times one shape; prints a short report. Returns the figures.
 
     ``table=None`` and ``depth="auto"`` time what :func:`maleki_rs.msgemm.msgemm` runs by
-    default (``i8`` tables, or the dense ``i16`` path for batches where it runs).
+    default (``i8`` tables, or for batches the dense ``i16`` path or ``bf16`` mode where they
+    run).
     """
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, k), dtype=np.float32)
@@ -59,6 +60,9 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
         # No tables run (the plan's depth is moot): count the table method at its i8 depth.
         cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
         how = f" (dense int8 dot products, no tables: the counts below are the table method's at depth {cd})"
+    elif info["dense_bf16"]:
+        cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
+        how = f" (bfloat16 dot products, no tables: the counts below are the table method's at depth {cd})"
     out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={info['table']}, depth={d}, "
         f"kernel={info['backend']}{how}, {pw.bits_per_weight:g} bits/weight, packed {pw.nbytes / 1e6:.2f} MB"
         f"{', float16 scales' if pw.scale_dtype == np.float16 else ''}")
@@ -115,7 +119,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--format", default="int4", choices=[f for f in mg.FORMATS if f != "codebook"])
     b.add_argument("--group-size", type=int, default=128, help="-1: per channel")
     b.add_argument("--table", default=None, choices=mg.TABLES,
-                   help="table precision (default: the library's, i8 or, for batches on the dense path, i16)")
+                   help="table precision (default: the library's, i8 or, for batches on the dense paths, i16 or bf16)")
     b.add_argument("--depth", default="auto", help="'auto' or an integer")
     b.add_argument("--repeat", type=int, default=20)
     b.add_argument("--scale-dtype", default="float32", choices=["float32", "float16"],

@@ -4,6 +4,7 @@
 use std::sync::{Arc, RwLock};
 
 use maleki_common::Result as CoreResult;
+use maleki_msgemm::bf16;
 use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
 use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout, YLayout};
 use maleki_msgemm::interop::{self, NBitsZeros};
@@ -461,10 +462,17 @@ impl Packed {
         let parsed = options(depth, table, "auto", false).map_err(to_pyerr)?;
         run_quick(py, || {
             let opts = parsed.opts;
-            if parsed.auto
-                && core_gemm::auto_precision(&pw, 2, &opts).precision == TablePrecision::I16
-            {
-                pw.dense_layout()?;
+            if parsed.bf16 {
+                return bf16::prepare(&pw);
+            }
+            if parsed.auto {
+                match parsed.for_call(&pw, 2) {
+                    Call::Tables(o) if o.precision == TablePrecision::I16 => {
+                        pw.dense_layout()?;
+                    }
+                    Call::Bf16(_) => bf16::prepare(&pw)?,
+                    Call::Tables(_) => {}
+                }
             }
             match (core_gemm::prepare(&pw, &opts), depth) {
                 (Ok(_), _) => Ok(()),
@@ -503,13 +511,15 @@ fn quant_opts(
 }
 
 /// The options of a call. `table="auto"` (the Python default off the reference backend) is
-/// `i8` until [`Opts::for_call`] resolves it for the call's column count.
+/// `i8` until [`Opts::for_call`] resolves it for the call's column count; `table="bf16"` is
+/// the `bf16` mode ([`maleki_msgemm::bf16`]: no tables, `opts.precision` unused).
 fn options(depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> CoreResult<Opts> {
     let auto = table == "auto";
+    let bf16 = table == "bf16";
     Ok(Opts {
         opts: GemmOptions {
             depth: depth.map_or(Depth::Auto, Depth::Fixed),
-            precision: if auto {
+            precision: if auto || bf16 {
                 TablePrecision::I8
             } else {
                 TablePrecision::from_name(table)?
@@ -518,25 +528,43 @@ fn options(depth: Option<usize>, table: &str, backend: &str, mirror: bool) -> Co
             mirror,
         },
         auto,
+        bf16,
     })
 }
 
-/// Parsed options, and whether the table precision is the library's choice.
+/// Parsed options, whether the table precision is the library's choice, and whether the
+/// call asked for `bf16` mode.
 #[derive(Clone, Copy)]
 struct Opts {
     opts: GemmOptions,
     auto: bool,
+    bf16: bool,
+}
+
+/// How a call runs: on tables (or the dense `i16` path) with these options, or in `bf16`
+/// mode on this backend.
+#[derive(Clone, Copy)]
+enum Call {
+    Tables(GemmOptions),
+    Bf16(Backend),
 }
 
 impl Opts {
-    /// The options a call of `n` columns runs with (`core_gemm::auto_precision` when the
-    /// precision is the library's choice; it may scan the weights once, so call it with the
-    /// GIL released).
-    fn for_call(&self, pw: &PackedWeights, n: usize) -> GemmOptions {
-        if self.auto {
-            core_gemm::auto_precision(pw, n, &self.opts)
+    /// How a call of `n` columns runs (`core_gemm::auto_precision` and
+    /// `bf16::auto_applies` when the precision is the library's choice; they may scan the
+    /// weights once, so call it with the GIL released).
+    fn for_call(&self, pw: &PackedWeights, n: usize) -> Call {
+        if self.bf16 {
+            return Call::Bf16(self.opts.backend);
+        }
+        if !self.auto {
+            return Call::Tables(self.opts);
+        }
+        let opts = core_gemm::auto_precision(pw, n, &self.opts);
+        if bf16::auto_applies(pw, n, &opts) {
+            Call::Bf16(opts.backend)
         } else {
-            self.opts
+            Call::Tables(opts)
         }
     }
 }
@@ -597,9 +625,13 @@ fn gemm<'py>(
     } else {
         (YLayout::MbyN, [m, n])
     };
-    let run = |y: &mut [f32]| {
-        let opts = opts.for_call(&w, n);
-        core_gemm::gemm_into_layout(&w, xs, n, layout, y_layout, &opts, y).map(|_| ())
+    let run = |y: &mut [f32]| match opts.for_call(&w, n) {
+        Call::Tables(opts) => {
+            core_gemm::gemm_into_layout(&w, xs, n, layout, y_layout, &opts, y).map(|_| ())
+        }
+        Call::Bf16(backend) => {
+            bf16::gemm_into_layout(&w, xs, n, layout, y_layout, backend, y).map(|_| ())
+        }
     };
     match out {
         Some(o) => {
@@ -703,8 +735,16 @@ fn plan_info<'py>(
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     // On the pool: a plan of fresh weights first finds the codes they use (in parallel).
     let w = pw.get();
-    let (plan, kernel, run, dense) = run_quick(py, || {
-        let opts = opts.for_call(&w, n);
+    let (plan, kernel, run, dense, bf16_call) = run_quick(py, || {
+        let opts = match opts.for_call(&w, n) {
+            Call::Tables(o) => o,
+            Call::Bf16(backend) => {
+                // No tables: the `i8` plan fills the table fields, which do not apply.
+                let kernel = bf16::kernel_for(&w, backend)?;
+                let plan = core_gemm::plan(&w, n, &opts.opts)?;
+                return Ok((plan, kernel.name(), None, false, true));
+            }
+        };
         let plan = core_gemm::plan(&w, n, &opts)?;
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
@@ -712,19 +752,26 @@ fn plan_info<'py>(
         let dense = maleki_msgemm::dense::kind_for_call(opts.backend, &plan)
             .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
         Ok(match (opts.backend, dense) {
-            (Backend::Reference, _) => (plan, "reference", None, false),
-            (_, Some(k)) => (plan, k.backend_name(), None, true),
+            (Backend::Reference, _) => (plan, "reference", None, false, false),
+            (_, Some(k)) => (plan, k.backend_name(), None, true, false),
             (b, None) => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
                 let kind = k.layout_kind(&run);
-                (plan, k.backend().name(), Some((run, kind)), false)
+                (plan, k.backend().name(), Some((run, kind)), false, false)
             }
         })
     })?;
     let d = PyDict::new(py);
     d.set_item("depth", plan.depth())?;
     d.set_item("backend", kernel)?;
-    d.set_item("table", plan.precision.name())?;
+    d.set_item(
+        "table",
+        if bf16_call {
+            "bf16"
+        } else {
+            plan.precision.name()
+        },
+    )?;
     d.set_item("levels", plan.levels)?;
     d.set_item("tuples_per_group", plan.tuples.per_group)?;
     d.set_item("last_depth", plan.tuples.last_depth)?;
@@ -745,6 +792,7 @@ fn plan_info<'py>(
     d.set_item("paired_indices", kind == LayoutKind::Paired)?;
     d.set_item("label_space", labels)?;
     d.set_item("dense_int8", dense)?;
+    d.set_item("dense_bf16", bf16_call)?;
     Ok(d)
 }
 
@@ -824,10 +872,20 @@ fn backend_supports(
     // (on the pool: a plan of fresh weights first finds the codes they use, in parallel).
     let w = pw.get();
     let Ok((plan, opts)) = run_quick(py, || {
-        let opts = opts.for_call(&w, n);
-        Ok((core_gemm::plan(&w, n, &opts)?, opts))
+        let opts = match opts.for_call(&w, n) {
+            Call::Tables(o) => o,
+            Call::Bf16(backend) => {
+                bf16::kernel_for(&w, backend)?;
+                return Ok((None, opts.opts));
+            }
+        };
+        Ok((Some(core_gemm::plan(&w, n, &opts)?), opts))
     }) else {
         return Ok(false);
+    };
+    // A `bf16` call the backend runs.
+    let Some(plan) = plan else {
+        return Ok(true);
     };
     Ok(match opts.backend {
         Backend::Reference => plan.precision == TablePrecision::F32,

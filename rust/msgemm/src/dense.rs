@@ -47,7 +47,7 @@ use crate::plan::{Plan, TablePrecision};
 use crate::table;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-mod amx;
+pub(crate) mod amx;
 
 /// Inputs per 4-byte weight word: two 4-bit codes per byte.
 pub const CHUNK: usize = 8;
@@ -561,7 +561,7 @@ pub fn run_here(
 }
 
 /// Column `c` of `cols` (`[rb][n][64]`) into `out` (`M` floats).
-fn columns_to_rows(cols: &[f32], n: usize, c: usize, out: &mut [f32]) {
+pub(crate) fn columns_to_rows(cols: &[f32], n: usize, c: usize, out: &mut [f32]) {
     for (rb, dst) in out.chunks_mut(ROW_BLOCK).enumerate() {
         let src = &cols[(rb * n + c) * ROW_BLOCK..];
         dst.copy_from_slice(&src[..dst.len()]);

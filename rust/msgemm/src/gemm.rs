@@ -292,7 +292,7 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
     }
 }
 
-fn check_inputs(
+pub(crate) fn check_inputs(
     pw: &PackedWeights,
     x: &[f32],
     n: usize,
@@ -350,7 +350,7 @@ pub fn first_non_finite(v: &[f32]) -> Option<usize> {
 
 /// An error when a result is not finite: with finite weights and activations, float32
 /// overflowed on the way (a table entry, a partial sum or an output beyond 3.4e38).
-fn check_result(y: &[f32]) -> Result<()> {
+pub(crate) fn check_result(y: &[f32]) -> Result<()> {
     match first_non_finite(y) {
         None => Ok(()),
         Some(_) => Err(Error::invalid(

@@ -12,9 +12,11 @@
 //! (driver), [`count`] (operation-count model and instrumented reference), [`interop`]
 //! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers),
 //! [`fused`] (the fused dequantize GEMV the benchmark compares against), [`dense`] (the
-//! `i16` mode's dense int8 path: AVX-512 VNNI, AVX2, Arm64 `sdot`).
+//! `i16` mode's dense int8 path: AVX-512 VNNI, AVX2, Arm64 `sdot`), [`bf16`] (the `bf16`
+//! mode: bfloat16 weights and activations on AMX tiles).
 
 pub mod aligned;
+pub mod bf16;
 pub mod count;
 pub mod dense;
 pub mod format;

@@ -102,7 +102,7 @@ pub(super) fn tile_activations(xq: &[i8], n: usize, k: usize, chunks: usize) -> 
 
 /// A tile configuration (palette 1: the 64-byte operand of `ldtilecfg`).
 #[repr(C, align(64))]
-struct Config([u8; 64]);
+pub(crate) struct Config([u8; 64]);
 
 impl Config {
     /// For steps of `step` chunks (see the module docs).
@@ -119,6 +119,17 @@ impl Config {
         set(4, COLS, CHUNK * step);
         for codes in 5..8 {
             set(codes, 2 * step, 64);
+        }
+        Config(c)
+    }
+
+    /// Every tile 16 rows x 64 bytes (the `bf16` kernel: [`crate::bf16`]).
+    pub(crate) fn full() -> Config {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        for tile in 0..8 {
+            c[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&64u16.to_le_bytes());
+            c[48 + tile] = 16;
         }
         Config(c)
     }
@@ -186,11 +197,11 @@ unsafe fn group_sums(
 }
 
 /// Releases the tile state when dropped (also when a panic unwinds past the kernel).
-struct Tiles;
+pub(crate) struct Tiles;
 
 impl Tiles {
     /// Configures the tiles for this thread.
-    fn configure(config: &Config) -> Tiles {
+    pub(crate) fn configure(config: &Config) -> Tiles {
         // SAFETY: `ready` found the tiles and the permission to use them; `config` is a
         // valid palette-1 configuration.
         unsafe {

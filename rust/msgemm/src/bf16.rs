@@ -1,0 +1,502 @@
+//! The `bf16` mode: weights dequantized to bfloat16, activations rounded to bfloat16,
+//! products summed in float32. No tables.
+//!
+//! Codebooks with non-integer values (nf4, float custom codebooks) have no exact integer
+//! form, so the dense `i16` path ([`crate::dense`]) does not apply to them, and their batches
+//! on `i8` tables cost about one GEMV per column. Intel AMX has a bfloat16 dot product
+//! (`tdpbf16ps`: 16 columns x 16 rows x 32 inputs per instruction, float32 sums): weights
+//! decoded to bfloat16 tiles in cache as they are used, and never written out whole, make
+//! such batches a dense GEMM at a small cost per weight. This is also the arithmetic of
+//! bitsandbytes' nf4 layers (weights dequantized to bfloat16, bfloat16 matrix products).
+//!
+//! The arithmetic, which every kernel follows:
+//! - weight `w = bf16((v[q] - z) * s)`: the float32 difference, times the float32 scale,
+//!   rounded once to bfloat16 (round to nearest even); `z = 0` without zero points;
+//! - activation `a = bf16(x)`;
+//! - `y[r][c] = sum_k w[r][k] a[c][k]`, summed in float32 from `+0.0` (a product of two
+//!   bfloat16 values is exact in float32).
+//!
+//! The scalar kernel ([`Kernel::Scalar`]) adds the products in ascending `k` (packed column
+//! order), one rounding each. The AMX kernel ([`amx`]) sums a row's 32 inputs per step as
+//! the tile unit does: not bit for bit that sequence (on this project's Xeon (AMX-BF16) about two
+//! thirds of the outputs differ from it in the last bits), treating subnormal inputs as zero
+//! and flushing subnormal sums. Both stay within the float32 bound `K 2^-24 sum_k |w a|` of
+//! the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
+//! deterministic for any number of threads. Against the exact `Wd @ x`, each product adds
+//! at most `2^-8 + 2^-16` of its magnitude (two bfloat16 roundings).
+//!
+//! Applies to codebooks of at most 16 levels (every format but fp8) and group sizes that are
+//! multiples of [`STEP`] (32 inputs: a tile step shares one scale per row).
+
+use half::bf16;
+use rayon::prelude::*;
+
+use maleki_common::{pool, Error, Result};
+
+use crate::dense::{columns_to_rows, DenseLayout, CHUNK, SUB};
+use crate::gemm::{check_inputs, check_result, GemmOptions, XLayout, YLayout};
+use crate::kernels::{Backend, Tiled};
+use crate::layout::ROW_BLOCK;
+use crate::packed::PackedWeights;
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx;
+
+/// Inputs per tile step: one row of an AMX activation tile (32 bfloat16, 64 bytes).
+pub const STEP: usize = 32;
+
+/// Columns per AMX tile (and per block of the activation tiles).
+pub const COLS: usize = 16;
+
+/// Default-table batches of at least this many columns run in `bf16` mode where it applies
+/// ([`auto_applies`]).
+pub const AUTO_MIN_N: usize = 2;
+
+/// The kernel of a `bf16` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Intel AMX `tdpbf16ps` (Linux on x86-64 CPUs with AMX-BF16 and AVX-512 BF16).
+    Amx,
+    /// Portable float32 code in the same order (the oracle of the AMX kernel).
+    Scalar,
+}
+
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Amx => "amx",
+            Kernel::Scalar => "scalar",
+        }
+    }
+}
+
+/// Whether this CPU and OS run the AMX `bf16` kernel.
+pub fn amx_ready() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        amx::ready()
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// An error when `bf16` mode does not apply to these weights (more than 16 levels, or a
+/// group size that is not a multiple of [`STEP`]).
+pub fn check_weights(pw: &PackedWeights) -> Result<()> {
+    if pw.codebook().levels() > 16 {
+        return Err(Error::invalid(
+            "table",
+            format!(
+                "'bf16' takes codebooks of at most 16 levels; {} has {}",
+                pw.codebook().format().name(),
+                pw.codebook().levels()
+            ),
+        ));
+    }
+    if !pw.group_size().is_multiple_of(STEP) {
+        return Err(Error::invalid(
+            "table",
+            format!(
+                "'bf16' takes group sizes that are multiples of {STEP}; got {}",
+                pw.group_size()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The kernel of a `bf16` call on `backend`, or an error: the weights do not qualify
+/// ([`check_weights`]), the backend has no `bf16` kernel (only `auto`, `amx` and `scalar`
+/// do), or `amx` on a CPU without AMX-BF16.
+pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
+    check_weights(pw)?;
+    match backend {
+        Backend::Auto if amx_ready() => Ok(Kernel::Amx),
+        Backend::Auto | Backend::Scalar => Ok(Kernel::Scalar),
+        Backend::Amx if amx_ready() => Ok(Kernel::Amx),
+        Backend::Amx => Err(Error::Unsupported(
+            "backend 'amx' with table 'bf16' needs a CPU with AMX-BF16 and AVX-512 BF16 (and \
+             Linux's permission to use the tiles)"
+                .into(),
+        )),
+        other => Err(Error::invalid(
+            "backend",
+            format!(
+                "table 'bf16' runs on backends 'auto', 'amx' and 'scalar'; got {:?}",
+                other.name()
+            ),
+        )),
+    }
+}
+
+/// Whether a default-table call of `n` columns whose options resolved to `opts`
+/// ([`crate::gemm::auto_precision`]: still `i8`, so not a dense `i16` call) runs in `bf16`
+/// mode instead: a batch of at least [`AUTO_MIN_N`] columns at depth `auto`, without mirror
+/// tables, on backend `auto` or `amx` of a CPU with AMX-BF16, of weights it applies to.
+/// Faster and more accurate than `i8` tables there (see the Python docs).
+pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
+    n >= AUTO_MIN_N
+        && opts.precision == crate::plan::TablePrecision::I8
+        && opts.depth == crate::gemm::Depth::Auto
+        && !opts.mirror
+        && matches!(opts.backend, Backend::Auto | Backend::Amx)
+        && amx_ready()
+        && check_weights(pw).is_ok()
+}
+
+/// Builds what a `bf16` call reads from `pw` (the dense code layout, tiled scales and zero
+/// points). Runs on the current pool.
+pub fn prepare(pw: &PackedWeights) -> Result<()> {
+    check_weights(pw)?;
+    pw.dense_layout()?;
+    pw.tiled_scales();
+    pw.tiled_zeros();
+    Ok(())
+}
+
+/// The bfloat16 value nearest `x` (ties to even), as float32.
+#[inline]
+pub fn round(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// `y = Wd @ X` in `bf16` mode into `y` (overwritten; `(M, N)` or `(N, M)` row-major as
+/// `y_layout`), `x` `(K, N)` or `(N, K)` row-major as `layout` in the original column order.
+/// Runs on the library pool (or the current one). Errors: the weights do not qualify, the
+/// backend has no `bf16` kernel, `x` / `y` of the wrong size, a non-finite `x`, or a result
+/// beyond float32.
+pub fn gemm_into_layout(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    y_layout: YLayout,
+    backend: Backend,
+    y: &mut [f32],
+) -> Result<Kernel> {
+    let kernel = kernel_for(pw, backend)?;
+    check_inputs(pw, x, n, layout, Some(y.len()))?;
+    let run = |y: &mut [f32]| -> Result<()> {
+        let job = Job::new(pw, x, n, layout, kernel)?;
+        job.run(y, y_layout);
+        Ok(())
+    };
+    if pool::on_a_pool() {
+        run(y)?;
+    } else {
+        pool::install(|| run(y))?;
+    }
+    check_result(y)?;
+    Ok(kernel)
+}
+
+/// What the kernels read for every row block of a call.
+struct Job<'a> {
+    pw: &'a PackedWeights,
+    lay: &'a DenseLayout,
+    n: usize,
+    kernel: Kernel,
+    /// The codebook's values, padded to 16 with zeros.
+    values: [f32; 16],
+    scales: Tiled<'a>,
+    zeros: Option<Tiled<'a>>,
+    /// The activations rounded to bfloat16, in packed column order: for the AMX kernel as
+    /// tiles ([`amx::tile_activations`], bits), for the scalar kernel `(K, N)` row-major
+    /// (values).
+    acts: Acts,
+}
+
+enum Acts {
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", target_os = "linux")),
+        allow(dead_code)
+    )]
+    Tiles(crate::aligned::AlignedVec<u16>),
+    KbyN(Vec<f32>),
+}
+
+impl<'a> Job<'a> {
+    fn new(
+        pw: &'a PackedWeights,
+        x: &[f32],
+        n: usize,
+        layout: XLayout,
+        kernel: Kernel,
+    ) -> Result<Job<'a>> {
+        let k = pw.k();
+        // Input j of the packed order is original input perm[j].
+        let src = |j: usize| pw.k_perm().map_or(j, |p| p[j] as usize);
+        let at = |c: usize, j: usize| match layout {
+            XLayout::KbyN => x[src(j) * n + c],
+            XLayout::NbyK => x[c * k + src(j)],
+        };
+        let acts = match kernel {
+            Kernel::Scalar => {
+                let mut a = vec![0f32; k * n];
+                a.par_chunks_mut(n).enumerate().for_each(|(j, row)| {
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = round(at(c, j));
+                    }
+                });
+                Acts::KbyN(a)
+            }
+            Kernel::Amx => {
+                #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                {
+                    Acts::Tiles(amx::tile_activations(x, n, k, layout, pw.k_perm()))
+                }
+                #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+                {
+                    unreachable!("no AMX kernel off Linux x86-64")
+                }
+            }
+        };
+        let mut values = [0f32; 16];
+        values[..pw.codebook().levels()].copy_from_slice(pw.codebook().values());
+        Ok(Job {
+            pw,
+            lay: pw.dense_layout()?,
+            n,
+            kernel,
+            values,
+            scales: pw.tiled_scales(),
+            zeros: pw.tiled_zeros(),
+            acts,
+        })
+    }
+
+    /// The whole product into `y`, row blocks in parallel.
+    fn run(&self, y: &mut [f32], y_layout: YLayout) {
+        let (m, n) = (self.pw.m(), self.n);
+        let scratch = || Scratch::new(self);
+        match y_layout {
+            YLayout::MbyN => y.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each_init(
+                scratch,
+                |s, (rb, out)| {
+                    self.block(rb, s);
+                    for (r, row) in out.chunks_exact_mut(n).enumerate() {
+                        for (c, v) in row.iter_mut().enumerate() {
+                            *v = s.ys[c * ROW_BLOCK + r];
+                        }
+                    }
+                },
+            ),
+            YLayout::NbyM => {
+                let rbs = m.div_ceil(ROW_BLOCK);
+                let mut cols = vec![0f32; rbs * ROW_BLOCK * n];
+                cols.par_chunks_mut(ROW_BLOCK * n)
+                    .enumerate()
+                    .for_each_init(scratch, |s, (rb, out)| {
+                        self.block(rb, s);
+                        out.copy_from_slice(&s.ys[..ROW_BLOCK * n]);
+                    });
+                y.par_chunks_mut(m)
+                    .enumerate()
+                    .for_each(|(c, out)| columns_to_rows(&cols, n, c, out));
+            }
+        }
+    }
+
+    /// The sums of row block `rb` into `s.ys` (`[column][64 rows]`).
+    fn block(&self, rb: usize, s: &mut Scratch) {
+        match (self.kernel, &self.acts) {
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            (Kernel::Amx, Acts::Tiles(tiles)) => {
+                // SAFETY: `ready` (through `kernel_for`) found AMX-BF16 and AVX-512 BF16; the
+                // tiles hold every column block of the call, the layout every row block.
+                unsafe { amx::block(self, tiles, rb, s) }
+            }
+            (Kernel::Scalar, Acts::KbyN(a)) => self.scalar_block(a, rb, s),
+            _ => unreachable!("activations prepared for the call's kernel"),
+        }
+    }
+
+    /// The weight of row `r` (of the whole matrix) at packed input `j`, as float32 (a
+    /// bfloat16 value), from the dense layout: `bf16((v[q] - z) * s)`.
+    fn weight(&self, row: usize, j: usize) -> f32 {
+        let (g_size, lay) = (self.pw.group_size(), self.lay);
+        let (rb, rr) = (row / ROW_BLOCK, row % ROW_BLOCK);
+        let (sub, r) = (rr / SUB, rr % SUB);
+        let g = j / g_size;
+        let (c, i) = ((j % g_size) / CHUNK, j % CHUNK);
+        let byte = lay.data[lay.part(g, rb, sub) + (c * SUB + r) * 4 + i / 2];
+        let q = usize::from(if i % 2 == 0 { byte & 15 } else { byte >> 4 });
+        let t = (g * lay.row_blocks + rb) * ROW_BLOCK + rr;
+        let z = self.zeros.map_or(0.0, |z| z.at(t));
+        round((self.values[q] - z) * self.scales.at(t))
+    }
+
+    /// The scalar kernel: per row, the columns' sums in ascending input order (vectorized
+    /// across columns: each lane is one column's own sequence of additions).
+    fn scalar_block(&self, a: &[f32], rb: usize, s: &mut Scratch) {
+        let (m, k, n) = (self.pw.m(), self.pw.k(), self.n);
+        let rows = (m - rb * ROW_BLOCK).min(ROW_BLOCK);
+        let acc = &mut s.acc;
+        for r in 0..rows {
+            let row = rb * ROW_BLOCK + r;
+            for (j, w) in s.w.iter_mut().enumerate() {
+                *w = self.weight(row, j);
+            }
+            acc.fill(0.0);
+            for (w, xs) in s.w.iter().zip(a.chunks_exact(n)) {
+                for (y, x) in acc.iter_mut().zip(xs) {
+                    *y += w * x;
+                }
+            }
+            for (c, v) in acc.iter().enumerate() {
+                s.ys[c * ROW_BLOCK + r] = *v;
+            }
+        }
+        debug_assert_eq!(k, s.w.len());
+    }
+}
+
+/// A task's buffers.
+struct Scratch {
+    /// Sums of a row block, `[column][64 rows]` (the AMX kernel's columns padded to 16;
+    /// aligned, as tile loads and stores that split cache lines cost about twice as much).
+    ys: crate::aligned::AlignedVec<f32>,
+    /// Scalar kernel: one row's weights and its columns' sums.
+    w: Vec<f32>,
+    acc: Vec<f32>,
+    /// AMX kernel: the decoded weights of one chunk of steps.
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", target_os = "linux")),
+        allow(dead_code)
+    )]
+    tiles: crate::aligned::AlignedVec<u16>,
+}
+
+impl Scratch {
+    fn new(job: &Job<'_>) -> Scratch {
+        let (k, n) = (job.pw.k(), job.n);
+        match job.kernel {
+            Kernel::Scalar => Scratch {
+                ys: crate::aligned::AlignedVec::zeroed(n * ROW_BLOCK),
+                w: vec![0f32; k],
+                acc: vec![0f32; n],
+                tiles: crate::aligned::AlignedVec::zeroed(0),
+            },
+            Kernel::Amx => Scratch {
+                ys: crate::aligned::AlignedVec::zeroed(n.next_multiple_of(COLS) * ROW_BLOCK),
+                w: Vec::new(),
+                acc: Vec::new(),
+                #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                tiles: crate::aligned::AlignedVec::zeroed(amx::CHUNK_STEPS * amx::STEP_U16),
+                #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+                tiles: crate::aligned::AlignedVec::zeroed(0),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantize::{quantize, QuantizeOptions};
+    use crate::Format;
+
+    fn weights(fmt: Format, m: usize, k: usize, g: usize, seed: u64) -> PackedWeights {
+        let mut state = seed;
+        let w: Vec<f64> = (0..m * k)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect();
+        let opts = QuantizeOptions {
+            group_size: Some(g),
+            ..QuantizeOptions::new(fmt)
+        };
+        quantize(&w, m, k, &opts).expect("quantize")
+    }
+
+    /// The float64 sum of the bfloat16 operands, and the bound of the float32 sums.
+    fn oracle(pw: &PackedWeights, x: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
+        let (m, k) = (pw.m(), pw.k());
+        let job = Job::new(pw, x, n, XLayout::KbyN, Kernel::Scalar).unwrap();
+        let Acts::KbyN(a) = &job.acts else {
+            unreachable!()
+        };
+        let (mut y, mut bound) = (vec![0f64; m * n], vec![0f64; m * n]);
+        for r in 0..m {
+            for j in 0..k {
+                let w = f64::from(job.weight(r, j));
+                for c in 0..n {
+                    let p = w * f64::from(a[j * n + c]);
+                    y[r * n + c] += p;
+                    bound[r * n + c] += p.abs();
+                }
+            }
+        }
+        let gamma = k as f64 * 2f64.powi(-24) * 1.01;
+        (y, bound.iter().map(|b| gamma * b).collect())
+    }
+
+    #[test]
+    fn kernels_sum_the_bf16_operands_within_the_float32_bound() {
+        for (fmt, m, k, g, n) in [
+            (Format::Nf4, 70, 128, 64, 3),
+            (Format::Nf4, 64, 96, 32, 17),
+            (Format::Uint4, 33, 64, 32, 1),
+            (Format::Fp4, 130, 256, 128, 20),
+        ] {
+            let pw = weights(fmt, m, k, g, 7);
+            let x: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+                .collect();
+            let (want, bound) = oracle(&pw, &x, n);
+            let mut kernels = vec![Backend::Scalar];
+            if amx_ready() {
+                kernels.push(Backend::Amx);
+            }
+            for backend in kernels {
+                for y_layout in [YLayout::MbyN, YLayout::NbyM] {
+                    let mut y = vec![0f32; m * n];
+                    gemm_into_layout(&pw, &x, n, XLayout::KbyN, y_layout, backend, &mut y).unwrap();
+                    for r in 0..m {
+                        for c in 0..n {
+                            let got = match y_layout {
+                                YLayout::MbyN => y[r * n + c],
+                                YLayout::NbyM => y[c * m + r],
+                            };
+                            let i = r * n + c;
+                            assert!(
+                                (f64::from(got) - want[i]).abs() <= bound[i],
+                                "{fmt:?} {backend:?} {y_layout:?} ({r}, {c}): {got} vs {}",
+                                want[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weights_that_do_not_qualify_are_refused() {
+        let pw = weights(Format::Nf4, 8, 48, 16, 1);
+        let mut y = vec![0f32; 8];
+        let err = gemm_into_layout(
+            &pw,
+            &[1.0; 48],
+            1,
+            XLayout::KbyN,
+            YLayout::MbyN,
+            Backend::Auto,
+            &mut y,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("multiples of 32"), "{err}");
+        let pw = weights(Format::Nf4, 8, 64, 32, 1);
+        let err = kernel_for(&pw, Backend::Avx2).unwrap_err();
+        assert!(
+            err.to_string().contains("'auto', 'amx' and 'scalar'"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,158 @@
+"""The ``bf16`` mode against a float64 oracle of its documented arithmetic.
+
+Oracle: the weights ``bf16(float32(v[q] - z) * s)`` and activations ``bf16(x)`` rounded in
+numpy (round to nearest even on the float32 bits), their products summed in float64 in
+packed column order. The kernels sum in float32, so they may differ from it by at most
+``K 2^-24 sum |w a|`` (a rounding per addition), which is the bound checked here; against
+the exact ``Wd @ x`` each product adds at most ``2^-8 + 2^-16`` relative (two roundings).
+The AMX and scalar kernels do not round alike (AMX's own order of additions), so each is
+held to the bound, not to the other's bits.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import maleki_rs
+import maleki_rs.msgemm as mg
+
+from .conftest import CUSTOM
+
+#: The kernels of the mode on this machine (AMX where the CPU has AMX-BF16).
+PROBE = mg.quantize(np.ones((1, 32)), "nf4", 32)
+KERNELS = [b for b in ("scalar", "amx") if mg.backend_supports(PROBE, b, n=2, table="bf16")]
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float32."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def oracle(pw: mg.PackedWeights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 product of the bfloat16 operands, bound of the float32 sums); x (K, N)."""
+    m, k = pw.shape
+    g = pw.group_size
+    vals = np.zeros(max(16, pw.levels), np.float32)
+    vals[: pw.levels] = pw.codebook
+    v = vals[pw.codes]
+    s = np.repeat(pw.scales.astype(np.float32), g, axis=1)
+    z = np.zeros_like(s) if pw.zeros is None else np.repeat(pw.zeros.astype(np.float32), g, axis=1)
+    w = bf16((v - z) * s).astype(np.float64)  # float32 operations, then one rounding
+    xp = x if pw.k_perm is None else x[pw.k_perm.astype(np.int64)]
+    a = bf16(xp).astype(np.float64)
+    return w @ a, k * 2.0**-24 * 1.01 * (np.abs(w) @ np.abs(a))
+
+
+def weights(fmt: str, rng: np.random.Generator, m: int, k: int, g: int, *, perm: bool = False):
+    w = rng.standard_normal((m, k))
+    if fmt == "codebook":
+        pw = mg.quantize(w, "codebook", g, codebook=CUSTOM)
+    else:
+        pw = mg.quantize(w, fmt, g)
+    if perm:
+        kp = rng.permutation(k)
+        pw = mg.PackedWeights.from_arrays(pw.codes, pw.scales, zeros=pw.zeros, format=fmt,
+                                          codebook=CUSTOM if fmt == "codebook" else None, k_perm=kp)
+    return pw
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("fmt,m,k,g,n,perm", [
+    ("nf4", 70, 256, 64, 5, False),
+    ("nf4", 1, 64, 32, 1, False),
+    ("nf4", 130, 192, 64, 17, True),
+    ("fp4", 64, 128, 32, 16, False),
+    ("uint4", 33, 256, 128, 3, False),     # zero points
+    ("int4", 65, 128, 128, 33, False),
+    ("codebook", 40, 96, 32, 2, False),
+    ("int2", 20, 128, 64, 4, False),
+    ("ternary", 9, 160, 32, 6, False),
+])
+def test_matches_the_float64_oracle_within_the_float32_bound(kernel, fmt, m, k, g, n, perm):
+    rng = np.random.default_rng(m * k + n)
+    pw = weights(fmt, rng, m, k, g, perm=perm)
+    x = rng.standard_normal((k, n)).astype(np.float32)
+    want, bound = oracle(pw, x)
+    got = mg.msgemm(pw, x, table="bf16", backend=kernel)
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) - bound)
+    # Any order of x, the vector form and linear's (B, M) outputs: the same bits.
+    np.testing.assert_array_equal(mg.msgemm(pw, np.asfortranarray(x), table="bf16", backend=kernel), got)
+    np.testing.assert_array_equal(mg.linear(x.T, pw, table="bf16", backend=kernel), got.T)
+    np.testing.assert_array_equal(mg.msgemm(pw, x[:, 0], table="bf16", backend=kernel), got[:, 0])
+
+
+def test_is_more_accurate_than_i8_tables_on_gaussian_data():
+    """Relative L1 errors against the exact float64 product (figures quoted in the docs)."""
+    rng = np.random.default_rng(1)
+    pw = mg.quantize(rng.standard_normal((512, 2048)), "nf4", 64)
+    x = rng.standard_normal((2048, 4)).astype(np.float32)
+    ref = pw.dequantize() @ x
+    rel = {t: np.abs(mg.msgemm(pw, x, table=t) - ref).sum() / np.abs(ref).sum() for t in ("i8", "bf16")}
+    assert rel["bf16"] < 3e-3
+    assert rel["bf16"] < rel["i8"] / 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(fmt=st.sampled_from(["nf4", "fp4", "uint4", "int3", "codebook"]), g=st.sampled_from([32, 64, 96]),
+       m=st.integers(1, 140), groups=st.integers(1, 3), n=st.integers(1, 35),
+       scale=st.sampled_from([1e-15, 1.0, 1e15]), seed=st.integers(0, 2**31 - 1))
+def test_any_shape_and_scale(fmt, g, m, groups, n, scale, seed):
+    rng = np.random.default_rng(seed)
+    k = g * groups
+    pw = weights(fmt, rng, m, k, g)
+    x = (rng.standard_normal((k, n)) * scale).astype(np.float32)
+    want, bound = oracle(pw, x)
+    for kernel in KERNELS:
+        got = mg.msgemm(pw, x, table="bf16", backend=kernel)
+        assert np.all(np.abs(got - want) <= bound + 2.0**-120), kernel
+
+
+def test_threads_do_not_change_the_bits(one_and_two_threads):
+    rng = np.random.default_rng(2)
+    pw = weights("nf4", rng, 300, 256, 64)
+    x = rng.standard_normal((256, 21)).astype(np.float32)
+    for kernel in KERNELS:
+        maleki_rs.set_num_threads(1)
+        a = mg.msgemm(pw, x, table="bf16", backend=kernel)
+        maleki_rs.set_num_threads(2)
+        b = mg.msgemm(pw, x, table="bf16", backend=kernel, threads=3)
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_default_batches_of_float_codebooks_take_it_where_amx_runs_it():
+    pw = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "nf4", 64)
+    x = np.random.default_rng(4).standard_normal((256, 8)).astype(np.float32)
+    info = mg.plan_info(pw, n=8)
+    assert info["dense_bf16"] == ("amx" in KERNELS)
+    assert mg.plan_info(pw, n=1)["dense_bf16"] is False  # a GEMV stays on i8 tables
+    assert mg.plan_info(pw, n=8, table="bf16")["table"] == "bf16"
+    # Integer formats keep the exact dense i16 path.
+    pi = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "int4", 64)
+    assert mg.plan_info(pi, n=8)["dense_bf16"] is False
+    if "amx" in KERNELS:
+        np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
+        np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
+
+
+def test_refuses_what_it_does_not_run():
+    rng = np.random.default_rng(6)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        mg.msgemm(mg.quantize(rng.standard_normal((4, 48)), "nf4", 16), np.ones(48), table="bf16")
+    with pytest.raises(ValueError, match="at most 16 levels"):
+        mg.msgemm(mg.quantize(rng.standard_normal((4, 64)), "fp8_e4m3", 32), np.ones(64), table="bf16")
+    pw = mg.quantize(rng.standard_normal((4, 64)), "nf4", 32)
+    with pytest.raises(ValueError, match="'auto', 'amx' and 'scalar'"):
+        mg.msgemm(pw, np.ones(64), table="bf16", backend="avx2")
+    with pytest.raises(ValueError, match="reference"):
+        mg.msgemm(pw, np.ones(64), table="bf16", backend="reference")
+    with pytest.raises(ValueError, match="non-finite"):
+        mg.msgemm(pw, np.full(64, np.nan), table="bf16")
+    with pytest.raises(ValueError, match="overflows"):
+        mg.msgemm(pw, np.full((64, 2), 3e38), table="bf16")
+    if "amx" not in KERNELS:
+        with pytest.raises(ValueError, match="AMX-BF16"):
+            mg.msgemm(pw, np.ones(64), table="bf16", backend="amx")
