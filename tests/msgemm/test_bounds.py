@@ -330,12 +330,18 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
         dense_possible = False
     if fmt == "nf4" or g % 8:  # a non-integer codebook, groups off the 8-input chunks
         assert not dense_possible
-    for n in (1, 2, 3, 16):
+    # Other weights of at most 16 levels with groups of 32s: `bf16` for batches of 6 columns
+    # or more (the documented threshold) where AMX runs it.
+    amx_bf16 = mg.backend_supports(pw, "amx", n=16, table="bf16")
+    assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and _has_amx_bf16())
+    for n in (1, 2, 3, 5, 6, 16):
         x = rng.standard_normal((k, n)).astype(np.float32)
         dense = dense_possible and n >= 2
+        bf16 = not dense and amx_bf16 and n >= 6
+        table = "i16" if dense else "bf16" if bf16 else "i8"
         info = mg.plan_info(pw, n=n)
-        assert info["table"] == ("i16" if dense else "i8") and info["dense_int8"] == dense, (n, info)
-        want = mg.msgemm(pw, x, table="i16" if dense else "i8")
+        assert (info["table"], info["dense_int8"], info["dense_bf16"]) == (table, dense, bf16), (n, info)
+        want = mg.msgemm(pw, x, table=table)
         fresh = pickle.loads(pickle.dumps(pw))
         for y in (mg.msgemm(fresh, x), mg.msgemm(fresh, x), mg.msgemm(pw, x),
                   mg.linear(np.ascontiguousarray(x.T), pickle.loads(pickle.dumps(pw))).T):
@@ -350,6 +356,16 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     ref = pw.dequantize() @ x
     rel = np.abs(mg.msgemm(pw, x) - ref).sum() / np.abs(ref).sum()
     assert rel < (1.2e-2 if dense_possible else 2e-2), rel
+
+
+def _has_amx_bf16() -> bool:
+    """Whether the CPU reports AMX-BF16 and AVX-512 BF16 (Linux: /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags and " avx512_bf16" in flags
 
 
 def test_prepare_builds_what_an_i16_call_reads():

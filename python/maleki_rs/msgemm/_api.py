@@ -756,8 +756,9 @@ def msgemm(
           faster and more accurate (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against
           0.66 ms, N = 16 1.1 against 2.0 ms);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
-          that are multiples of 32, on a CPU with AMX-BF16, run in ``"bf16"`` mode, also
-          faster and more accurate (nf4 g64 4096 x 4096, 2 threads: BF16_FIGURES).
+          that are multiples of 32, in batches of 6 columns or more, on a CPU with AMX-BF16,
+          run in ``"bf16"`` mode, also faster and more accurate (nf4 g64 4096 x 4096, 2
+          threads: BF16_FIGURES).
 
         :func:`plan_info` with ``n=`` reports the choice (``dense_int8``, ``dense_bf16``). So
         column ``j`` of such a batch can differ (within the bounds below) from the GEMV of

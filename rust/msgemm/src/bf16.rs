@@ -50,7 +50,7 @@ pub const COLS: usize = 16;
 
 /// Default-table batches of at least this many columns run in `bf16` mode where it applies
 /// ([`auto_applies`]).
-pub const AUTO_MIN_N: usize = 2;
+pub const AUTO_MIN_N: usize = 6;
 
 /// The kernel of a `bf16` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
