@@ -263,7 +263,7 @@ def _no_panic(fn):
 @given(
     m=st.integers(-1, 70), k=st.integers(-1, 70), groups=st.integers(-1, 5), n=st.integers(-1, 4),
     fmt=st.sampled_from(list(mg.FORMATS) + ["bogus"]), depth=st.one_of(st.integers(-2, 12), st.just("auto")),
-    table=st.sampled_from([None, "i8", "i16", "f32", "x", "auto"]), backend=st.sampled_from(list(mg.BACKENDS) + ["gpu"]),
+    table=st.sampled_from([None, "i8", "i16", "f32", "bf16", "x", "auto"]), backend=st.sampled_from(list(mg.BACKENDS) + ["gpu"]),
     mirror=st.booleans(), code=st.integers(-2, 300), value=st.sampled_from([0.0, 1.0, -3.5, np.nan, np.inf, 1e39]),
 )
 def test_no_input_reaches_a_panic(m, k, groups, n, fmt, depth, table, backend, mirror, code, value):

@@ -156,3 +156,15 @@ def test_refuses_what_it_does_not_run():
     if "amx" not in KERNELS:
         with pytest.raises(ValueError, match="AMX-BF16"):
             mg.msgemm(pw, np.ones(64), table="bf16", backend="amx")
+
+
+def test_prepare_builds_the_dense_layout_ahead():
+    rng = np.random.default_rng(8)
+    pw = mg.quantize(rng.standard_normal((96, 256)), "nf4", 64)
+    x = rng.standard_normal((256, 7)).astype(np.float32)
+    want = mg.msgemm(pw, x, table="bf16")
+    pw.clear_cache()
+    before = pw.cache_nbytes
+    assert pw.prepare(table="bf16") is pw
+    assert pw.cache_nbytes > before
+    np.testing.assert_array_equal(mg.msgemm(pw, x, table="bf16"), want)
