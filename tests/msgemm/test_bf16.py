@@ -168,3 +168,16 @@ def test_prepare_builds_the_dense_layout_ahead():
     assert pw.prepare(table="bf16") is pw
     assert pw.cache_nbytes > before
     np.testing.assert_array_equal(mg.msgemm(pw, x, table="bf16"), want)
+
+
+def test_plan_info_names_the_kernel_and_prepare_builds_what_the_default_batch_reads():
+    rng = np.random.default_rng(9)
+    pw = mg.quantize(rng.standard_normal((96, 256)), "nf4", 64)
+    for kernel in KERNELS:
+        info = mg.plan_info(pw, n=3, table="bf16", backend=kernel)
+        assert (info["table"], info["backend"], info["dense_bf16"], info["dense_int8"]) == ("bf16", kernel, True, False)
+    pw.prepare()
+    built = pw.cache_nbytes
+    mg.msgemm(pw, rng.standard_normal((256, 8)).astype(np.float32))
+    mg.msgemm(pw, rng.standard_normal(256).astype(np.float32))
+    assert pw.cache_nbytes == built

@@ -466,7 +466,9 @@ impl Packed {
                 return bf16::prepare(&pw);
             }
             if parsed.auto {
-                match parsed.for_call(&pw, 2) {
+                // A batch: the dense `i16` decision is the same for every N >= 2, `bf16`'s
+                // from its threshold on.
+                match parsed.for_call(&pw, bf16::AUTO_MIN_N.max(2)) {
                     Call::Tables(o) if o.precision == TablePrecision::I16 => {
                         pw.dense_layout()?;
                     }
@@ -739,9 +741,14 @@ fn plan_info<'py>(
         let opts = match opts.for_call(&w, n) {
             Call::Tables(o) => o,
             Call::Bf16(backend) => {
-                // No tables: the `i8` plan fills the table fields, which do not apply.
+                // No tables: the default backend's `i8` plan fills the table fields, which
+                // do not apply.
                 let kernel = bf16::kernel_for(&w, backend)?;
-                let plan = core_gemm::plan(&w, n, &opts.opts)?;
+                let i8_opts = GemmOptions {
+                    backend: Backend::Auto,
+                    ..opts.opts
+                };
+                let plan = core_gemm::plan(&w, n, &i8_opts)?;
                 return Ok((plan, kernel.name(), None, false, true));
             }
         };
