@@ -313,19 +313,26 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// The weight of row `r` (of the whole matrix) at packed input `j`, as float32 (a
-    /// bfloat16 value), from the dense layout: `bf16((v[q] - z) * s)`.
-    fn weight(&self, row: usize, j: usize) -> f32 {
+    /// The weights of row `row` (of the whole matrix) in packed column order, as float32
+    /// (bfloat16 values), from the dense layout: `bf16((v[q] - z) * s)`.
+    fn row_weights(&self, row: usize, out: &mut [f32]) {
         let (g_size, lay) = (self.pw.group_size(), self.lay);
         let (rb, rr) = (row / ROW_BLOCK, row % ROW_BLOCK);
         let (sub, r) = (rr / SUB, rr % SUB);
-        let g = j / g_size;
-        let (c, i) = ((j % g_size) / CHUNK, j % CHUNK);
-        let byte = lay.data[lay.part(g, rb, sub) + (c * SUB + r) * 4 + i / 2];
-        let q = usize::from(if i % 2 == 0 { byte & 15 } else { byte >> 4 });
-        let t = (g * lay.row_blocks + rb) * ROW_BLOCK + rr;
-        let z = self.zeros.map_or(0.0, |z| z.at(t));
-        round((self.values[q] - z) * self.scales.at(t))
+        for (g, wg) in out.chunks_exact_mut(g_size).enumerate() {
+            let t = (g * lay.row_blocks + rb) * ROW_BLOCK + rr;
+            let z = self.zeros.map_or(0.0, |z| z.at(t));
+            let s = self.scales.at(t);
+            let part = lay.part(g, rb, sub);
+            for (c, w8) in wg.chunks_exact_mut(CHUNK).enumerate() {
+                let word = &lay.data[part + (c * SUB + r) * 4..][..4];
+                for (i, w) in w8.iter_mut().enumerate() {
+                    let b = word[i / 2];
+                    let q = usize::from(if i % 2 == 0 { b & 15 } else { b >> 4 });
+                    *w = round((self.values[q] - z) * s);
+                }
+            }
+        }
     }
 
     /// The scalar kernel: per row, the columns' sums in ascending input order (vectorized
@@ -336,9 +343,7 @@ impl<'a> Job<'a> {
         let acc = &mut s.acc;
         for r in 0..rows {
             let row = rb * ROW_BLOCK + r;
-            for (j, w) in s.w.iter_mut().enumerate() {
-                *w = self.weight(row, j);
-            }
+            self.row_weights(row, &mut s.w);
             acc.fill(0.0);
             for (w, xs) in s.w.iter().zip(a.chunks_exact(n)) {
                 for (y, x) in acc.iter_mut().zip(xs) {
@@ -423,9 +428,11 @@ mod tests {
             unreachable!()
         };
         let (mut y, mut bound) = (vec![0f64; m * n], vec![0f64; m * n]);
+        let mut row = vec![0f32; k];
         for r in 0..m {
+            job.row_weights(r, &mut row);
             for j in 0..k {
-                let w = f64::from(job.weight(r, j));
+                let w = f64::from(row[j]);
                 for c in 0..n {
                     let p = w * f64::from(a[j * n + c]);
                     y[r * n + c] += p;
