@@ -12,7 +12,8 @@
 //! activations are tiles too ([`tile_activations`]), 16 columns x 32 inputs, contiguous.
 //!
 //! Tiles: `tmm0..tmm3` the sums of the four parts for 16 columns (rows 64 floats apart in the
-//! task's `[column][64 rows]` buffer, loaded and stored around each chunk of steps), `tmm4` the activations of a step, `tmm5..tmm7` the weights.
+//! task's `[column][64 rows]` buffer, loaded and stored around each chunk of steps), `tmm4`
+//! the activations of a step, `tmm5..tmm7` the weights.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
