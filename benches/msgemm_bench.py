@@ -492,6 +492,29 @@ def main() -> None:
                  "about a GEMV per column). Errors are relative L1 against the float64 product of the dequantized "
                  "weights.")
 
+    # --- the bf16 kernels by batch size: where the defaults' thresholds come from -------------
+    # nf4 g64: each `bf16` kernel of this CPU against the `i8` tables (the default backend's and
+    # the AVX-512 kernel's, which is what a CPU with AVX-512 BF16 but no AMX runs otherwise).
+    pw = mg.quantize(w, format="nf4", group_size=64)
+    bk = [b for b in ("amx", "avx512") if mg.backend_supports(pw, b, n=16, table="bf16")]
+    tb = [b for b in ("auto", "avx512") if mg.backend_supports(pw, b, n=16, table="i8")]
+    pw.prepare(table="bf16")
+    brows = []
+    for n in ((2, 16) if args.quick else (2, 4, 6, 8, 12, 16, 32, 64)):
+        xb = rng.standard_normal((k, n), dtype=np.float32)
+        fns = {f"bf16 {b}": (lambda b=b: mg.msgemm(pw, xb, table="bf16", backend=b)) for b in bk}
+        fns.update({f"i8 {b}": (lambda b=b: mg.msgemm(pw, xb, table="i8", backend=b)) for b in tb})
+        tt = timeit_rounds(fns, repeat=max(3, rep // 6), rounds=3)
+        info = mg.plan_info(pw, n=n)
+        brows.append([n] + [fmt_ms(tt[c]) for c in fns] + [f"{info['table']} ({info['backend']})"])
+        print("bf16 kernels", brows[-1], flush=True)
+    del pw
+    lines.append(f"\n### The bf16 kernels by batch size: nf4 g64 {m}x{k}, {th} threads, warm\n")
+    lines.append(_report.table(["N"] + [f"{c} ms" for c in fns] + ["default runs (kernel)"], brows))
+    lines.append("\nThe defaults take `bf16` mode from N = 6 on AMX and from N = 12 on AVX-512 BF16 without AMX "
+                 "(`vdpbf16ps`, which issues once per two cycles on this Sapphire Rapids, half of AMD Zen 4's rate). "
+                 "`i8 avx512` is what such a CPU runs below its threshold.")
+
     # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------
     shrows = []
     shapes = [(11008, 4096), (4096, 11008), (14336, 4096)]

@@ -5,8 +5,8 @@ numpy (round to nearest even on the float32 bits), their products summed in floa
 packed column order. The kernels sum in float32, so they may differ from it by at most
 ``K 2^-24 sum |w a|`` (a rounding per addition), which is the bound checked here; against
 the exact ``Wd @ x`` each product adds at most ``2^-8 + 2^-16`` relative (two roundings).
-The AMX and scalar kernels do not round alike (AMX's own order of additions), so each is
-held to the bound, not to the other's bits.
+The AMX, AVX-512 BF16 and scalar kernels do not round alike (each unit's own order of
+additions), so each is held to the bound, not to the others' bits.
 """
 
 import numpy as np
@@ -19,9 +19,14 @@ import maleki_rs.msgemm as mg
 
 from .conftest import CUSTOM
 
-#: The kernels of the mode on this machine (AMX where the CPU has AMX-BF16).
+#: The kernels of the mode on this machine (AMX where the CPU has AMX-BF16, AVX-512 where
+#: it has AVX-512 BF16).
 PROBE = mg.quantize(np.ones((1, 32)), "nf4", 32)
-KERNELS = [b for b in ("scalar", "amx") if mg.backend_supports(PROBE, b, n=2, table="bf16")]
+KERNELS = [b for b in ("scalar", "amx", "avx512") if mg.backend_supports(PROBE, b, n=2, table="bf16")]
+
+#: The fewest columns of a default batch in ``bf16`` mode on backend "auto" (the documented
+#: thresholds: 6 on AMX, 12 on AVX-512 BF16), None where the default never takes it.
+AUTO_MIN_N = 6 if "amx" in KERNELS else 12 if "avx512" in KERNELS else None
 
 
 def bf16(a: np.ndarray) -> np.ndarray:
@@ -123,19 +128,31 @@ def test_threads_do_not_change_the_bits(one_and_two_threads):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def test_default_batches_of_float_codebooks_take_it_where_amx_runs_it():
+def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it():
     pw = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "nf4", 64)
-    x = np.random.default_rng(4).standard_normal((256, 8)).astype(np.float32)
-    info = mg.plan_info(pw, n=8)
-    assert info["dense_bf16"] == ("amx" in KERNELS)
+    x = np.random.default_rng(4).standard_normal((256, 12)).astype(np.float32)
+    for n in (2, 5, 6, 11, 12, 40):
+        info = mg.plan_info(pw, n=n)
+        assert info["dense_bf16"] == (AUTO_MIN_N is not None and n >= AUTO_MIN_N), n
     assert mg.plan_info(pw, n=1)["dense_bf16"] is False  # a GEMV stays on i8 tables
     assert mg.plan_info(pw, n=8, table="bf16")["table"] == "bf16"
     # Integer formats keep the exact dense i16 path.
     pi = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "int4", 64)
-    assert mg.plan_info(pi, n=8)["dense_bf16"] is False
-    if "amx" in KERNELS:
+    assert mg.plan_info(pi, n=12)["dense_bf16"] is False
+    if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
+    # Named backends: "amx" from 6 columns, "avx512" from 12, on their own kernels.
+    for kernel, min_n in (("amx", 6), ("avx512", 12)):
+        if kernel not in KERNELS:
+            continue
+        # Below, "amx" has no tables to run (its other mode is the dense int8 path).
+        assert mg.backend_supports(pw, kernel, n=min_n - 1) == (kernel == "avx512")
+        for n in (min_n - 1, min_n)[kernel == "amx":]:
+            info = mg.plan_info(pw, n=n, backend=kernel)
+            assert info["dense_bf16"] == (n >= min_n) and info["backend"] == kernel, (kernel, n)
+        y = mg.msgemm(pw, x, backend=kernel)
+        np.testing.assert_array_equal(y, mg.msgemm(pw, x, table="bf16", backend=kernel))
 
 
 def test_refuses_what_it_does_not_run():
@@ -145,7 +162,7 @@ def test_refuses_what_it_does_not_run():
     with pytest.raises(ValueError, match="at most 16 levels"):
         mg.msgemm(mg.quantize(rng.standard_normal((4, 64)), "fp8_e4m3", 32), np.ones(64), table="bf16")
     pw = mg.quantize(rng.standard_normal((4, 64)), "nf4", 32)
-    with pytest.raises(ValueError, match="'auto', 'amx' and 'scalar'"):
+    with pytest.raises(ValueError, match="'auto', 'amx', 'avx512' and 'scalar'"):
         mg.msgemm(pw, np.ones(64), table="bf16", backend="avx2")
     with pytest.raises(ValueError, match="reference"):
         mg.msgemm(pw, np.ones(64), table="bf16", backend="reference")
@@ -156,6 +173,9 @@ def test_refuses_what_it_does_not_run():
     if "amx" not in KERNELS:
         with pytest.raises(ValueError, match="AMX-BF16"):
             mg.msgemm(pw, np.ones(64), table="bf16", backend="amx")
+    if "avx512" not in KERNELS:
+        with pytest.raises(ValueError, match="AVX-512 BF16"):
+            mg.msgemm(pw, np.ones(64), table="bf16", backend="avx512")
 
 
 def test_prepare_builds_the_dense_layout_ahead():

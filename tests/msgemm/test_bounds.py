@@ -331,13 +331,17 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     if fmt == "nf4" or g % 8:  # a non-integer codebook, groups off the 8-input chunks
         assert not dense_possible
     # Other weights of at most 16 levels with groups of 32s: `bf16` for batches of 6 columns
-    # or more (the documented threshold) where AMX runs it.
+    # or more where AMX runs it, of 12 or more where AVX-512 BF16 does (the documented
+    # thresholds).
     amx_bf16 = mg.backend_supports(pw, "amx", n=16, table="bf16")
-    assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and _has_amx_bf16())
-    for n in (1, 2, 3, 5, 6, 16):
+    assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and _has_cpu_flags("amx_bf16", "avx512_bf16"))
+    avx512_bf16 = mg.backend_supports(pw, "avx512", n=16, table="bf16")
+    assert avx512_bf16 == (g % 32 == 0 and _has_cpu_flags("avx512bw", "avx512_bf16"))
+    min_n = 6 if amx_bf16 else 12 if avx512_bf16 else None
+    for n in (1, 2, 3, 5, 6, 11, 12, 16):
         x = rng.standard_normal((k, n)).astype(np.float32)
         dense = dense_possible and n >= 2
-        bf16 = not dense and amx_bf16 and n >= 6
+        bf16 = not dense and min_n is not None and n >= min_n
         table = "i16" if dense else "bf16" if bf16 else "i8"
         info = mg.plan_info(pw, n=n)
         assert (info["table"], info["dense_int8"], info["dense_bf16"]) == (table, dense, bf16), (n, info)
@@ -358,14 +362,15 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     assert rel < (1.2e-2 if dense_possible else 2e-2), rel
 
 
-def _has_amx_bf16() -> bool:
-    """Whether the CPU reports AMX-BF16 and AVX-512 BF16 (Linux: /proc/cpuinfo)."""
+def _has_cpu_flags(*names: str) -> bool:
+    """Whether the CPU reports all these flags (Linux: /proc/cpuinfo; under qemu-user, the
+    host's, so an emulated CPU without AVX-512 is told apart by `available_backends`)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
     except OSError:
         return False
-    return " amx_bf16" in flags and " avx512_bf16" in flags
+    return "avx512" in BACKENDS and all(f" {n}" in flags for n in names)
 
 
 def test_prepare_builds_what_an_i16_call_reads():

@@ -756,10 +756,13 @@ def msgemm(
           faster and more accurate (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against
           0.66 ms, N = 16 1.1 against 2.0 ms);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
-          that are multiples of 32, in batches of 6 columns or more without ``mirror``, on a
-          CPU with AMX-BF16, run in ``"bf16"`` mode, also faster and more accurate (nf4 g64 4096 x 4096, 2
-          threads, in one benchmark run: N = 16 1.3 against 3.5 ms on ``i8`` tables, N = 64
-          3.0 against 13.8 ms; numpy on pre-dequantized float32 weights 5.1 and 13.9 ms).
+          that are multiples of 32, in batches without ``mirror`` of 6 columns or more on a
+          CPU with AMX-BF16, or of 12 or more on a CPU with AVX-512 BF16 but no AMX (AMD Zen 4
+          and later), run in ``"bf16"`` mode, also faster and more accurate (nf4 g64
+          4096 x 4096, 2 threads, in one benchmark run: N = 16 1.3 against 3.5 ms on ``i8``
+          tables, N = 64 3.0 against 13.8 ms; numpy on pre-dequantized float32 weights 5.1 and
+          13.9 ms. AVX-512 BF16 kernel, measured on a Sapphire Rapids: as fast as the AVX-512
+          ``i8`` tables at N = 12, 17 against 22 ms at N = 64; ``backend="avx512"`` names it).
 
         :func:`plan_info` with ``n=`` reports the choice (``dense_int8``, ``dense_bf16``). So
         column ``j`` of such a batch can differ (within the bounds below) from the GEMV of
@@ -791,10 +794,13 @@ def msgemm(
         exact value, relative, and the sums within ``K 2^-24 (|wb| @ |xb|)`` of the exact sum
         of those products (relative L1 error on Gaussian nf4 g64, 512 x 2048, N = 4: 2.2e-3,
         ``i8`` 7.8e-3).
-        Any format of at most 16 levels (not fp8), group sizes that are multiples of 32. On
-        Intel AMX (``tdpbf16ps``, backends ``"auto"`` and ``"amx"``), or else (and with
-        ``"scalar"``) a portable kernel at about one scalar multiply-add per weight and column;
-        the two round differently (both within the bound).
+        Any format of at most 16 levels (not fp8), group sizes that are multiples of 32.
+        Kernels: Intel AMX (``tdpbf16ps``, backend ``"amx"``), AVX-512 BF16 (``vdpbf16ps``,
+        backend ``"avx512"``; AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids on),
+        and a portable one (``"scalar"``, about one scalar multiply-add per weight and
+        column); ``"auto"`` takes the first of them the CPU has. Each adds in its own order,
+        so they differ in the last bits (all within the bound), and each gives the same bits
+        for any number of threads.
     backend : {"auto", "avx512", "amx", "avx2", "neon", "scalar", "reference"}
         Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
         CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
@@ -1093,8 +1099,8 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     sign-magnitude labels, see :func:`msgemm`'s ``mirror``), ``dense_int8`` (an ``i16`` call
     that sums its exact integers with dot-product instructions instead of tables: no table
     is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``) and
-    ``dense_bf16`` (a ``bf16`` call: no tables either; ``backend`` is ``"amx"`` or
-    ``"scalar"``).
+    ``dense_bf16`` (a ``bf16`` call: no tables either; ``backend`` is ``"amx"``,
+    ``"avx512"`` or ``"scalar"``).
     """
     pw = _check_pw(pw)
     d, tbl, bk, _, mir = _check_opts(pw, depth, table, backend, None, mirror, False)

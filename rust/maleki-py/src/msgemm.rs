@@ -468,7 +468,8 @@ impl Packed {
             if parsed.auto {
                 // A batch: the dense `i16` decision is the same for every N >= 2, `bf16`'s
                 // from its threshold on.
-                match parsed.for_call(&pw, bf16::AUTO_MIN_N.max(2)) {
+                let n = bf16::auto_min_n(opts.backend).unwrap_or(2).max(2);
+                match parsed.for_call(&pw, n) {
                     Call::Tables(o) if o.precision == TablePrecision::I16 => {
                         pw.dense_layout()?;
                     }

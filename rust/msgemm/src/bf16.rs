@@ -18,9 +18,10 @@
 //!
 //! The scalar kernel ([`Kernel::Scalar`]) adds the products in ascending `k` (packed column
 //! order), one rounding each. The AMX kernel ([`amx`]) sums a row's 32 inputs per step as
-//! the tile unit does: not bit for bit that sequence (on this project's Xeon (AMX-BF16) about two
-//! thirds of the outputs differ from it in the last bits), treating subnormal inputs as zero
-//! and flushing subnormal sums. Both stay within the float32 bound `K 2^-24 sum_k |w a|` of
+//! the tile unit does, and the AVX-512 BF16 kernel ([`avx512`], for CPUs without AMX) a pair
+//! of inputs per instruction as `vdpbf16ps` does: not bit for bit that sequence (on this
+//! project's Xeon (AMX-BF16) about two thirds of the outputs differ from it in the last
+//! bits), treating subnormal inputs as zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|` of
 //! the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
 //! deterministic for any number of threads. Against the exact `Wd @ x`, each product adds
 //! at most `2^-8 + 2^-16` of its magnitude (two bfloat16 roundings).
@@ -41,6 +42,8 @@ use crate::packed::PackedWeights;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// Inputs per tile step: one row of an AMX activation tile (32 bfloat16, 64 bytes).
 pub const STEP: usize = 32;
@@ -48,16 +51,26 @@ pub const STEP: usize = 32;
 /// Columns per AMX tile (and per block of the activation tiles).
 pub const COLS: usize = 16;
 
-/// Default-table batches of at least this many columns run in `bf16` mode where it applies
-/// ([`auto_applies`]).
+/// Default-table batches of at least this many columns run in `bf16` mode on the AMX kernel
+/// where it applies ([`auto_applies`]): below, `i8` tables are faster (`bf16` decodes every
+/// weight once per call).
 pub const AUTO_MIN_N: usize = 6;
+
+/// The same on the AVX-512 BF16 kernel. On this project's Sapphire Rapids (where
+/// `vdpbf16ps` issues once per two cycles, half the rate of AMD Zen 4's), nf4 g64
+/// 4096 x 4096 on 2 threads runs as fast as the AVX-512 `i8` tables at N = 12 (4.5 ms), and
+/// from there on faster (N = 64: 17 against 22 ms), at a third of their error.
+pub const AUTO_MIN_N_AVX512: usize = 12;
 
 /// The kernel of a `bf16` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// Intel AMX `tdpbf16ps` (Linux on x86-64 CPUs with AMX-BF16 and AVX-512 BF16).
     Amx,
-    /// Portable float32 code in the same order (the oracle of the AMX kernel).
+    /// AVX-512 BF16 `vdpbf16ps` (x86-64 CPUs with AVX-512 BF16: AMD Zen 4 and later, Intel
+    /// Cooper Lake and Sapphire Rapids on).
+    Avx512,
+    /// Portable float32 code in ascending input order.
     Scalar,
 }
 
@@ -65,6 +78,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Amx => "amx",
+            Kernel::Avx512 => "avx512",
             Kernel::Scalar => "scalar",
         }
     }
@@ -77,6 +91,18 @@ pub fn amx_ready() -> bool {
         amx::ready()
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs the AVX-512 BF16 `bf16` kernel.
+pub fn avx512_ready() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512::ready()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
@@ -108,41 +134,68 @@ pub fn check_weights(pw: &PackedWeights) -> Result<()> {
 }
 
 /// The kernel of a `bf16` call on `backend`, or an error: the weights do not qualify
-/// ([`check_weights`]), the backend has no `bf16` kernel (only `auto`, `amx` and `scalar`
-/// do), or `amx` on a CPU without AMX-BF16.
+/// ([`check_weights`]), the backend has no `bf16` kernel (only `auto`, `amx`, `avx512` and
+/// `scalar` do), or `amx` / `avx512` on a CPU without AMX-BF16 / AVX-512 BF16. `auto` takes
+/// the first this CPU runs of `amx`, `avx512`, `scalar`.
 pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
     check_weights(pw)?;
+    if let Some(kernel) = kernel_of(backend) {
+        return Ok(kernel);
+    }
     match backend {
-        Backend::Auto if amx_ready() => Ok(Kernel::Amx),
-        Backend::Auto | Backend::Scalar => Ok(Kernel::Scalar),
-        Backend::Amx if amx_ready() => Ok(Kernel::Amx),
         Backend::Amx => Err(Error::Unsupported(
             "backend 'amx' with table 'bf16' needs a CPU with AMX-BF16 and AVX-512 BF16 (and \
              Linux's permission to use the tiles)"
                 .into(),
         )),
+        Backend::Avx512 => Err(Error::Unsupported(
+            "backend 'avx512' with table 'bf16' needs a CPU with AVX-512 BF16 (AMD Zen 4 and \
+             later, Intel Cooper Lake, Sapphire Rapids and later)"
+                .into(),
+        )),
         other => Err(Error::invalid(
             "backend",
             format!(
-                "table 'bf16' runs on backends 'auto', 'amx' and 'scalar'; got {:?}",
+                "table 'bf16' runs on backends 'auto', 'amx', 'avx512' and 'scalar'; got {:?}",
                 other.name()
             ),
         )),
     }
 }
 
+/// The fewest columns from which default-table batches on `backend` run in `bf16` mode on
+/// this CPU ([`AUTO_MIN_N`] on the AMX kernel, [`AUTO_MIN_N_AVX512`] on the AVX-512 BF16
+/// one), or `None` where they never do (the portable kernel is no match for the tables).
+pub fn auto_min_n(backend: Backend) -> Option<usize> {
+    match kernel_of(backend)? {
+        Kernel::Amx => Some(AUTO_MIN_N),
+        Kernel::Avx512 => Some(AUTO_MIN_N_AVX512),
+        Kernel::Scalar => None,
+    }
+}
+
+/// The kernel `backend` names or picks on this CPU, if any.
+fn kernel_of(backend: Backend) -> Option<Kernel> {
+    match backend {
+        Backend::Auto | Backend::Amx if amx_ready() => Some(Kernel::Amx),
+        Backend::Auto | Backend::Avx512 if avx512_ready() => Some(Kernel::Avx512),
+        Backend::Auto | Backend::Scalar => Some(Kernel::Scalar),
+        _ => None,
+    }
+}
+
 /// Whether a default-table call of `n` columns whose options resolved to `opts`
 /// ([`crate::gemm::auto_precision`]: still `i8`, so not a dense `i16` call) runs in `bf16`
-/// mode instead: a batch of at least [`AUTO_MIN_N`] columns at depth `auto`, without mirror
-/// tables, on backend `auto` or `amx` of a CPU with AMX-BF16, of weights it applies to.
-/// Faster and more accurate than `i8` tables there (see the Python docs).
+/// mode instead: a batch of at least [`auto_min_n`] columns at depth `auto`, without mirror
+/// tables, on backend `auto`, `amx` or `avx512` of a CPU with AMX-BF16 or AVX-512 BF16, of
+/// weights it applies to. Faster and more accurate than `i8` tables there (see the Python
+/// docs).
 pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
-    n >= AUTO_MIN_N
-        && opts.precision == crate::plan::TablePrecision::I8
+    opts.precision == crate::plan::TablePrecision::I8
         && opts.depth == crate::gemm::Depth::Auto
         && !opts.mirror
-        && matches!(opts.backend, Backend::Auto | Backend::Amx)
-        && amx_ready()
+        && matches!(opts.backend, Backend::Auto | Backend::Amx | Backend::Avx512)
+        && auto_min_n(opts.backend).is_some_and(|min| n >= min)
         && check_weights(pw).is_ok()
 }
 
@@ -209,10 +262,7 @@ struct Job<'a> {
 }
 
 enum Acts {
-    #[cfg_attr(
-        not(all(target_arch = "x86_64", target_os = "linux")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Tiles(crate::aligned::AlignedVec<u16>),
     KbyN(Vec<f32>),
 }
@@ -242,14 +292,14 @@ impl<'a> Job<'a> {
                 });
                 Acts::KbyN(a)
             }
-            Kernel::Amx => {
-                #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            Kernel::Amx | Kernel::Avx512 => {
+                #[cfg(target_arch = "x86_64")]
                 {
-                    Acts::Tiles(amx::tile_activations(x, n, k, layout, pw.k_perm()))
+                    Acts::Tiles(avx512::tile_activations(x, n, k, layout, pw.k_perm()))
                 }
-                #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+                #[cfg(not(target_arch = "x86_64"))]
                 {
-                    unreachable!("no AMX kernel off Linux x86-64")
+                    unreachable!("no AMX or AVX-512 kernel off x86-64")
                 }
             }
         };
@@ -307,6 +357,12 @@ impl<'a> Job<'a> {
                 // SAFETY: `ready` (through `kernel_for`) found AMX-BF16 and AVX-512 BF16; the
                 // tiles hold every column block of the call, the layout every row block.
                 unsafe { amx::block(self, tiles, rb, s) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx512, Acts::Tiles(tiles)) => {
+                // SAFETY: `ready` (through `kernel_for`) found AVX-512 F, BW and BF16; the
+                // tiles hold every column of the call, the layout every row block.
+                unsafe { avx512::block(self, tiles, rb, s) }
             }
             (Kernel::Scalar, Acts::KbyN(a)) => self.scalar_block(a, rb, s),
             _ => unreachable!("activations prepared for the call's kernel"),
@@ -366,11 +422,8 @@ struct Scratch {
     /// Scalar kernel: one row's weights and its columns' sums.
     w: Vec<f32>,
     acc: Vec<f32>,
-    /// AMX kernel: the decoded weights of one chunk of steps.
-    #[cfg_attr(
-        not(all(target_arch = "x86_64", target_os = "linux")),
-        allow(dead_code)
-    )]
+    /// AMX and AVX-512 kernels: the decoded weights of one chunk of steps.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     tiles: crate::aligned::AlignedVec<u16>,
 }
 
@@ -384,13 +437,13 @@ impl Scratch {
                 acc: vec![0f32; n],
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
-            Kernel::Amx => Scratch {
+            Kernel::Amx | Kernel::Avx512 => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n.next_multiple_of(COLS) * ROW_BLOCK),
                 w: Vec::new(),
                 acc: Vec::new(),
-                #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-                tiles: crate::aligned::AlignedVec::zeroed(amx::CHUNK_STEPS * amx::STEP_U16),
-                #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+                #[cfg(target_arch = "x86_64")]
+                tiles: crate::aligned::AlignedVec::zeroed(avx512::CHUNK_STEPS * avx512::STEP_U16),
+                #[cfg(not(target_arch = "x86_64"))]
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
         }
@@ -461,6 +514,9 @@ mod tests {
             if amx_ready() {
                 kernels.push(Backend::Amx);
             }
+            if avx512_ready() {
+                kernels.push(Backend::Avx512);
+            }
             for backend in kernels {
                 for y_layout in [YLayout::MbyN, YLayout::NbyM] {
                     let mut y = vec![0f32; m * n];
@@ -502,7 +558,8 @@ mod tests {
         let pw = weights(Format::Nf4, 8, 64, 32, 1);
         let err = kernel_for(&pw, Backend::Avx2).unwrap_err();
         assert!(
-            err.to_string().contains("'auto', 'amx' and 'scalar'"),
+            err.to_string()
+                .contains("'auto', 'amx', 'avx512' and 'scalar'"),
             "{err}"
         );
     }
