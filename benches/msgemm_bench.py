@@ -494,10 +494,11 @@ def main() -> None:
 
     # --- the bf16 kernels by batch size: where the defaults' thresholds come from -------------
     # nf4 g64: each `bf16` kernel of this CPU against the `i8` tables (the default backend's and
-    # the AVX-512 kernel's, which is what a CPU with AVX-512 BF16 but no AMX runs otherwise).
+    # those of the instruction set a CPU without AMX runs otherwise: AVX-512 with AVX-512 BF16,
+    # AVX2 with AVX2 and FMA).
     pw = mg.quantize(w, format="nf4", group_size=64)
-    bk = [b for b in ("amx", "avx512") if mg.backend_supports(pw, b, n=16, table="bf16")]
-    tb = [b for b in ("auto", "avx512") if mg.backend_supports(pw, b, n=16, table="i8")]
+    bk = [b for b in ("amx", "avx512", "avx2") if mg.backend_supports(pw, b, n=16, table="bf16")]
+    tb = [b for b in ("auto", "avx512", "avx2") if mg.backend_supports(pw, b, n=16, table="i8")]
     pw.prepare(table="bf16")
     brows = []
     for n in ((2, 16) if args.quick else (2, 4, 6, 8, 12, 16, 32, 64)):
@@ -511,9 +512,10 @@ def main() -> None:
     del pw
     lines.append(f"\n### The bf16 kernels by batch size: nf4 g64 {m}x{k}, {th} threads, warm\n")
     lines.append(_report.table(["N"] + [f"{c} ms" for c in fns] + ["default runs (kernel)"], brows))
-    lines.append("\nThe defaults take `bf16` mode from N = 6 on AMX and from N = 12 on AVX-512 BF16 without AMX "
-                 "(`vdpbf16ps`, which issues once per two cycles on this Sapphire Rapids, half of AMD Zen 4's rate). "
-                 "`i8 avx512` is what such a CPU runs below its threshold.")
+    lines.append("\nThe defaults take `bf16` mode from N = 6 on AMX, from N = 12 on AVX-512 BF16 without AMX "
+                 "(`vdpbf16ps`, which issues once per two cycles on this Sapphire Rapids, half of AMD Zen 4's rate) "
+                 "and from N = 16 on AVX2 and FMA. `i8 avx512` and `i8 avx2` are what such CPUs run below their "
+                 "thresholds.")
 
     # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------
     shrows = []

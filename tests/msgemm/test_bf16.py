@@ -6,7 +6,9 @@ packed column order. The kernels sum in float32, so they may differ from it by a
 ``K 2^-24 sum |w a|`` (a rounding per addition), which is the bound checked here; against
 the exact ``Wd @ x`` each product adds at most ``2^-8 + 2^-16`` relative (two roundings).
 The AMX, AVX-512 BF16 and scalar kernels do not round alike (each unit's own order of
-additions), so each is held to the bound, not to the others' bits.
+additions), so each is held to the bound, not to the others' bits. The AVX2 kernel adds as the
+scalar one does (FMA, whose product of two bfloat16 values is exact), and is held to its bits
+too where no product falls below float32's normal range.
 """
 
 import numpy as np
@@ -20,13 +22,15 @@ import maleki_rs.msgemm as mg
 from .conftest import CUSTOM
 
 #: The kernels of the mode on this machine (AMX where the CPU has AMX-BF16, AVX-512 where
-#: it has AVX-512 BF16).
+#: it has AVX-512 BF16, AVX2 where it has AVX2 and FMA).
 PROBE = mg.quantize(np.ones((1, 32)), "nf4", 32)
-KERNELS = [b for b in ("scalar", "amx", "avx512") if mg.backend_supports(PROBE, b, n=2, table="bf16")]
+KERNELS = [b for b in ("scalar", "amx", "avx512", "avx2") if mg.backend_supports(PROBE, b, n=2, table="bf16")]
 
-#: The fewest columns of a default batch in ``bf16`` mode on backend "auto" (the documented
-#: thresholds: 6 on AMX, 12 on AVX-512 BF16), None where the default never takes it.
-AUTO_MIN_N = 6 if "amx" in KERNELS else 12 if "avx512" in KERNELS else None
+#: The documented thresholds of default batches in ``bf16`` mode, per kernel.
+MIN_N = {"amx": 6, "avx512": 12, "avx2": 16}
+#: The fewest columns of a default batch in ``bf16`` mode on backend "auto" (its kernel's
+#: threshold), None where the default never takes it.
+AUTO_MIN_N = next((MIN_N[b] for b in ("amx", "avx512", "avx2") if b in KERNELS), None)
 
 
 def bf16(a: np.ndarray) -> np.ndarray:
@@ -142,17 +146,31 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
-    # Named backends: "amx" from 6 columns, "avx512" from 12, on their own kernels.
-    for kernel, min_n in (("amx", 6), ("avx512", 12)):
+    # Named backends: "amx" from 6 columns, "avx512" from 12, "avx2" from 16, on their own
+    # kernels.
+    x = np.random.default_rng(4).standard_normal((256, 16)).astype(np.float32)
+    for kernel, min_n in MIN_N.items():
         if kernel not in KERNELS:
             continue
         # Below, "amx" has no tables to run (its other mode is the dense int8 path).
-        assert mg.backend_supports(pw, kernel, n=min_n - 1) == (kernel == "avx512")
+        assert mg.backend_supports(pw, kernel, n=min_n - 1) == (kernel != "amx")
         for n in (min_n - 1, min_n)[kernel == "amx":]:
             info = mg.plan_info(pw, n=n, backend=kernel)
             assert info["dense_bf16"] == (n >= min_n) and info["backend"] == kernel, (kernel, n)
         y = mg.msgemm(pw, x, backend=kernel)
         np.testing.assert_array_equal(y, mg.msgemm(pw, x, table="bf16", backend=kernel))
+
+
+def test_the_avx2_kernel_gives_the_scalar_kernels_bits():
+    if "avx2" not in KERNELS:
+        pytest.skip("no AVX2 and FMA")
+    rng = np.random.default_rng(12)
+    for fmt, g, n in (("nf4", 64, 19), ("uint4", 32, 3), ("codebook", 96, 1)):
+        pw = weights(fmt, rng, 77, 2 * g, g, perm=fmt == "nf4")
+        x = rng.standard_normal((2 * g, n)).astype(np.float32)
+        a = mg.msgemm(pw, x, table="bf16", backend="avx2")
+        b = mg.msgemm(pw, x, table="bf16", backend="scalar")
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_refuses_what_it_does_not_run():
@@ -162,8 +180,8 @@ def test_refuses_what_it_does_not_run():
     with pytest.raises(ValueError, match="at most 16 levels"):
         mg.msgemm(mg.quantize(rng.standard_normal((4, 64)), "fp8_e4m3", 32), np.ones(64), table="bf16")
     pw = mg.quantize(rng.standard_normal((4, 64)), "nf4", 32)
-    with pytest.raises(ValueError, match="'auto', 'amx', 'avx512' and 'scalar'"):
-        mg.msgemm(pw, np.ones(64), table="bf16", backend="avx2")
+    with pytest.raises(ValueError, match="'auto', 'amx', 'avx512', 'avx2' and 'scalar'"):
+        mg.msgemm(pw, np.ones(64), table="bf16", backend="neon")
     with pytest.raises(ValueError, match="reference"):
         mg.msgemm(pw, np.ones(64), table="bf16", backend="reference")
     with pytest.raises(ValueError, match="non-finite"):
@@ -176,6 +194,9 @@ def test_refuses_what_it_does_not_run():
     if "avx512" not in KERNELS:
         with pytest.raises(ValueError, match="AVX-512 BF16"):
             mg.msgemm(pw, np.ones(64), table="bf16", backend="avx512")
+    if "avx2" not in KERNELS:
+        with pytest.raises(ValueError, match="AVX2, FMA"):
+            mg.msgemm(pw, np.ones(64), table="bf16", backend="avx2")
 
 
 def test_prepare_builds_the_dense_layout_ahead():

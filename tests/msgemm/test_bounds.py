@@ -331,14 +331,16 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     if fmt == "nf4" or g % 8:  # a non-integer codebook, groups off the 8-input chunks
         assert not dense_possible
     # Other weights of at most 16 levels with groups of 32s: `bf16` for batches of 6 columns
-    # or more where AMX runs it, of 12 or more where AVX-512 BF16 does (the documented
-    # thresholds).
+    # or more where AMX runs it, of 12 or more where AVX-512 BF16 does, of 16 or more where
+    # AVX2 and FMA do (the documented thresholds).
     amx_bf16 = mg.backend_supports(pw, "amx", n=16, table="bf16")
     assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and _has_cpu_flags("amx_bf16", "avx512_bf16"))
     avx512_bf16 = mg.backend_supports(pw, "avx512", n=16, table="bf16")
     assert avx512_bf16 == (g % 32 == 0 and _has_cpu_flags("avx512bw", "avx512_bf16"))
-    min_n = 6 if amx_bf16 else 12 if avx512_bf16 else None
-    for n in (1, 2, 3, 5, 6, 11, 12, 16):
+    avx2_bf16 = mg.backend_supports(pw, "avx2", n=16, table="bf16")
+    assert avx2_bf16 == (g % 32 == 0 and "avx2" in BACKENDS)
+    min_n = 6 if amx_bf16 else 12 if avx512_bf16 else 16 if avx2_bf16 else None
+    for n in (1, 2, 3, 5, 6, 11, 12, 15, 16):
         x = rng.standard_normal((k, n)).astype(np.float32)
         dense = dense_possible and n >= 2
         bf16 = not dense and min_n is not None and n >= min_n

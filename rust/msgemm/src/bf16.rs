@@ -19,7 +19,8 @@
 //! The scalar kernel ([`Kernel::Scalar`]) adds the products in ascending `k` (packed column
 //! order), one rounding each. The AMX kernel ([`amx`]) sums a row's 32 inputs per step as
 //! the tile unit does, and the AVX-512 BF16 kernel ([`avx512`], for CPUs without AMX) a pair
-//! of inputs per instruction as `vdpbf16ps` does: not bit for bit that sequence (on this
+//! of inputs per instruction as `vdpbf16ps` does (the AVX2 kernel, [`avx2`], follows the
+//! scalar kernel's sequence with FMA): not bit for bit that sequence (on this
 //! project's Xeon (AMX-BF16) about two thirds of the outputs differ from it in the last
 //! bits), treating subnormal inputs as zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|` of
 //! the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
@@ -43,6 +44,8 @@ use crate::packed::PackedWeights;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 /// Inputs per tile step: one row of an AMX activation tile (32 bfloat16, 64 bytes).
@@ -62,6 +65,10 @@ pub const AUTO_MIN_N: usize = 6;
 /// from there on faster (N = 64: 17 against 22 ms), at a third of their error.
 pub const AUTO_MIN_N_AVX512: usize = 12;
 
+/// The same on the AVX2 kernel (FMA: measured on the same machine against the AVX2 `i8`
+/// tables, even at N = 16 and 1.3x faster at N = 64).
+pub const AUTO_MIN_N_AVX2: usize = 16;
+
 /// The kernel of a `bf16` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -70,6 +77,9 @@ pub enum Kernel {
     /// AVX-512 BF16 `vdpbf16ps` (x86-64 CPUs with AVX-512 BF16: AMD Zen 4 and later, Intel
     /// Cooper Lake and Sapphire Rapids on).
     Avx512,
+    /// AVX2 and FMA `vfmadd231ps` (x86-64 CPUs from Haswell and Zen 1 on): the scalar
+    /// kernel's order of additions.
+    Avx2,
     /// Portable float32 code in ascending input order.
     Scalar,
 }
@@ -79,6 +89,7 @@ impl Kernel {
         match self {
             Kernel::Amx => "amx",
             Kernel::Avx512 => "avx512",
+            Kernel::Avx2 => "avx2",
             Kernel::Scalar => "scalar",
         }
     }
@@ -101,6 +112,18 @@ pub fn avx512_ready() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx512::ready()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs the AVX2 `bf16` kernel (AVX2, FMA and F16C).
+pub fn avx2_ready() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::ready()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -134,9 +157,10 @@ pub fn check_weights(pw: &PackedWeights) -> Result<()> {
 }
 
 /// The kernel of a `bf16` call on `backend`, or an error: the weights do not qualify
-/// ([`check_weights`]), the backend has no `bf16` kernel (only `auto`, `amx`, `avx512` and
-/// `scalar` do), or `amx` / `avx512` on a CPU without AMX-BF16 / AVX-512 BF16. `auto` takes
-/// the first this CPU runs of `amx`, `avx512`, `scalar`.
+/// ([`check_weights`]), the backend has no `bf16` kernel (only `auto`, `amx`, `avx512`,
+/// `avx2` and `scalar` do), or `amx` / `avx512` / `avx2` on a CPU without AMX-BF16 / AVX-512
+/// BF16 / AVX2 and FMA. `auto` takes the first this CPU runs of `amx`, `avx512`, `avx2`,
+/// `scalar`.
 pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
     check_weights(pw)?;
     if let Some(kernel) = kernel_of(backend) {
@@ -153,10 +177,13 @@ pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
              later, Intel Cooper Lake, Sapphire Rapids and later)"
                 .into(),
         )),
+        Backend::Avx2 => Err(Error::Unsupported(
+            "backend 'avx2' with table 'bf16' needs a CPU with AVX2, FMA and F16C".into(),
+        )),
         other => Err(Error::invalid(
             "backend",
             format!(
-                "table 'bf16' runs on backends 'auto', 'amx', 'avx512' and 'scalar'; got {:?}",
+                "table 'bf16' runs on backends 'auto', 'amx', 'avx512', 'avx2' and 'scalar'; got {:?}",
                 other.name()
             ),
         )),
@@ -165,11 +192,13 @@ pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
 
 /// The fewest columns from which default-table batches on `backend` run in `bf16` mode on
 /// this CPU ([`AUTO_MIN_N`] on the AMX kernel, [`AUTO_MIN_N_AVX512`] on the AVX-512 BF16
-/// one), or `None` where they never do (the portable kernel is no match for the tables).
+/// one, [`AUTO_MIN_N_AVX2`] on the AVX2 one), or `None` where they never do (the portable
+/// kernel is no match for the tables).
 pub fn auto_min_n(backend: Backend) -> Option<usize> {
     match kernel_of(backend)? {
         Kernel::Amx => Some(AUTO_MIN_N),
         Kernel::Avx512 => Some(AUTO_MIN_N_AVX512),
+        Kernel::Avx2 => Some(AUTO_MIN_N_AVX2),
         Kernel::Scalar => None,
     }
 }
@@ -179,6 +208,7 @@ fn kernel_of(backend: Backend) -> Option<Kernel> {
     match backend {
         Backend::Auto | Backend::Amx if amx_ready() => Some(Kernel::Amx),
         Backend::Auto | Backend::Avx512 if avx512_ready() => Some(Kernel::Avx512),
+        Backend::Auto | Backend::Avx2 if avx2_ready() => Some(Kernel::Avx2),
         Backend::Auto | Backend::Scalar => Some(Kernel::Scalar),
         _ => None,
     }
@@ -187,14 +217,13 @@ fn kernel_of(backend: Backend) -> Option<Kernel> {
 /// Whether a default-table call of `n` columns whose options resolved to `opts`
 /// ([`crate::gemm::auto_precision`]: still `i8`, so not a dense `i16` call) runs in `bf16`
 /// mode instead: a batch of at least [`auto_min_n`] columns at depth `auto`, without mirror
-/// tables, on backend `auto`, `amx` or `avx512` of a CPU with AMX-BF16 or AVX-512 BF16, of
-/// weights it applies to. Faster and more accurate than `i8` tables there (see the Python
+/// tables, on backend `auto`, `amx`, `avx512` or `avx2` of a CPU that runs that backend's
+/// `bf16` kernel, of weights it applies to. Faster and more accurate than `i8` tables there (see the Python
 /// docs).
 pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
     opts.precision == crate::plan::TablePrecision::I8
         && opts.depth == crate::gemm::Depth::Auto
         && !opts.mirror
-        && matches!(opts.backend, Backend::Auto | Backend::Amx | Backend::Avx512)
         && auto_min_n(opts.backend).is_some_and(|min| n >= min)
         && check_weights(pw).is_ok()
 }
@@ -283,7 +312,7 @@ impl<'a> Job<'a> {
             XLayout::NbyK => x[c * k + src(j)],
         };
         let acts = match kernel {
-            Kernel::Scalar => {
+            Kernel::Scalar | Kernel::Avx2 => {
                 let mut a = vec![0f32; k * n];
                 a.par_chunks_mut(n).enumerate().for_each(|(j, row)| {
                     for (c, v) in row.iter_mut().enumerate() {
@@ -364,6 +393,12 @@ impl<'a> Job<'a> {
                 // tiles hold every column of the call, the layout every row block.
                 unsafe { avx512::block(self, tiles, rb, s) }
             }
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx2, Acts::KbyN(a)) => {
+                // SAFETY: `ready` (through `kernel_for`) found AVX2, FMA and F16C; the
+                // activations hold every column of the call, the layout every row block.
+                unsafe { avx2::block(self, a, rb, s) }
+            }
             (Kernel::Scalar, Acts::KbyN(a)) => self.scalar_block(a, rb, s),
             _ => unreachable!("activations prepared for the call's kernel"),
         }
@@ -419,7 +454,8 @@ struct Scratch {
     /// Sums of a row block, `[column][64 rows]` (the AMX kernel's columns padded to 16;
     /// aligned, as tile loads and stores that split cache lines cost about twice as much).
     ys: crate::aligned::AlignedVec<f32>,
-    /// Scalar kernel: one row's weights and its columns' sums.
+    /// Scalar kernel: one row's weights and its columns' sums; AVX2 kernel: the decoded
+    /// weights of a run of inputs.
     w: Vec<f32>,
     acc: Vec<f32>,
     /// AMX and AVX-512 kernels: the decoded weights of one chunk of steps.
@@ -437,6 +473,15 @@ impl Scratch {
                 acc: vec![0f32; n],
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => Scratch {
+                ys: crate::aligned::AlignedVec::zeroed(n * ROW_BLOCK),
+                w: vec![0f32; avx2::DECODE_INPUTS * ROW_BLOCK],
+                acc: Vec::new(),
+                tiles: crate::aligned::AlignedVec::zeroed(0),
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 => unreachable!("no AVX2 kernel off x86-64"),
             Kernel::Amx | Kernel::Avx512 => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n.next_multiple_of(COLS) * ROW_BLOCK),
                 w: Vec::new(),
@@ -517,6 +562,9 @@ mod tests {
             if avx512_ready() {
                 kernels.push(Backend::Avx512);
             }
+            if avx2_ready() {
+                kernels.push(Backend::Avx2);
+            }
             for backend in kernels {
                 for y_layout in [YLayout::MbyN, YLayout::NbyM] {
                     let mut y = vec![0f32; m * n];
@@ -541,6 +589,30 @@ mod tests {
     }
 
     #[test]
+    fn the_avx2_kernel_adds_as_the_scalar_one() {
+        if !avx2_ready() {
+            return;
+        }
+        for (fmt, m, k, g, n) in [
+            (Format::Nf4, 70, 192, 64, 7),
+            (Format::Uint4, 129, 96, 32, 12),
+            (Format::Fp4, 64, 256, 128, 1),
+        ] {
+            let pw = weights(fmt, m, k, g, 3);
+            let x: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0)
+                .collect();
+            let run = |backend| {
+                let mut y = vec![0f32; m * n];
+                gemm_into_layout(&pw, &x, n, XLayout::KbyN, YLayout::MbyN, backend, &mut y)
+                    .unwrap();
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(run(Backend::Avx2), run(Backend::Scalar), "{fmt:?}");
+        }
+    }
+
+    #[test]
     fn weights_that_do_not_qualify_are_refused() {
         let pw = weights(Format::Nf4, 8, 48, 16, 1);
         let mut y = vec![0f32; 8];
@@ -556,10 +628,10 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("multiples of 32"), "{err}");
         let pw = weights(Format::Nf4, 8, 64, 32, 1);
-        let err = kernel_for(&pw, Backend::Avx2).unwrap_err();
+        let err = kernel_for(&pw, Backend::Neon).unwrap_err();
         assert!(
             err.to_string()
-                .contains("'auto', 'amx', 'avx512' and 'scalar'"),
+                .contains("'auto', 'amx', 'avx512', 'avx2' and 'scalar'"),
             "{err}"
         );
     }
