@@ -518,6 +518,13 @@ mod tests {
         quantize(&w, m, k, &opts).expect("quantize")
     }
 
+    /// `len` activations in [-3, 3], spread by `step`.
+    fn activations(len: usize, step: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * step % 101) as f32 - 50.0) / 17.0)
+            .collect()
+    }
+
     /// The float64 sum of the bfloat16 operands, and the bound of the float32 sums.
     fn oracle(pw: &PackedWeights, x: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
         let (m, k) = (pw.m(), pw.k());
@@ -551,9 +558,7 @@ mod tests {
             (Format::Fp4, 130, 256, 128, 20),
         ] {
             let pw = weights(fmt, m, k, g, 7);
-            let x: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
-                .collect();
+            let x = activations(k * n, 37);
             let (want, bound) = oracle(&pw, &x, n);
             let mut kernels = vec![Backend::Scalar];
             if amx_ready() {
@@ -599,9 +604,7 @@ mod tests {
             (Format::Fp4, 64, 256, 128, 1),
         ] {
             let pw = weights(fmt, m, k, g, 3);
-            let x: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0)
-                .collect();
+            let x = activations(k * n, 53);
             let run = |backend| {
                 let mut y = vec![0f32; m * n];
                 gemm_into_layout(&pw, &x, n, XLayout::KbyN, YLayout::MbyN, backend, &mut y)
