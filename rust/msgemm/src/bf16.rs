@@ -17,13 +17,13 @@
 //!   bfloat16 values is exact in float32).
 //!
 //! The scalar kernel ([`Kernel::Scalar`]) adds the products in ascending `k` (packed column
-//! order), one rounding each. The AMX kernel ([`amx`]) sums a row's 32 inputs per step as
-//! the tile unit does, and the AVX-512 BF16 kernel ([`avx512`], for CPUs without AMX) a pair
-//! of inputs per instruction as `vdpbf16ps` does (the AVX2 kernel, [`avx2`], follows the
-//! scalar kernel's sequence with FMA): not bit for bit that sequence (on this
-//! project's Xeon (AMX-BF16) about two thirds of the outputs differ from it in the last
-//! bits), treating subnormal inputs as zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|` of
-//! the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
+//! order), one rounding each; the AVX2 kernel ([`avx2`]) follows that sequence with FMA. The
+//! AMX kernel ([`amx`]) sums a row's 32 inputs per step as the tile unit does, and the
+//! AVX-512 BF16 kernel ([`avx512`], for CPUs without AMX) a pair of inputs per instruction as
+//! `vdpbf16ps` does: not bit for bit that sequence (on this project's Xeon (AMX-BF16) about
+//! two thirds of the outputs differ from it in the last bits), treating subnormal inputs as
+//! zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|`
+//! of the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
 //! deterministic for any number of threads. Against the exact `Wd @ x`, each product adds
 //! at most `2^-8 + 2^-16` of its magnitude (two bfloat16 roundings).
 //!
@@ -61,8 +61,9 @@ pub const AUTO_MIN_N: usize = 6;
 
 /// The same on the AVX-512 BF16 kernel. On this project's Sapphire Rapids (where
 /// `vdpbf16ps` issues once per two cycles, half the rate of AMD Zen 4's), nf4 g64
-/// 4096 x 4096 on 2 threads runs as fast as the AVX-512 `i8` tables at N = 12 (4.5 ms), and
-/// from there on faster (N = 64: 17 against 22 ms), at a third of their error.
+/// 4096 x 4096 on 2 threads runs at least as fast as the AVX-512 `i8` tables from N = 12 on
+/// (two runs: 4.5 against 4.6 ms, 4.7 against 5.9; N = 64: 17 against 22, 21 against 24),
+/// at a third of their error.
 pub const AUTO_MIN_N_AVX512: usize = 12;
 
 /// The same on the AVX2 kernel (FMA: measured on the same machine against the AVX2 `i8`
@@ -218,8 +219,8 @@ fn kernel_of(backend: Backend) -> Option<Kernel> {
 /// ([`crate::gemm::auto_precision`]: still `i8`, so not a dense `i16` call) runs in `bf16`
 /// mode instead: a batch of at least [`auto_min_n`] columns at depth `auto`, without mirror
 /// tables, on backend `auto`, `amx`, `avx512` or `avx2` of a CPU that runs that backend's
-/// `bf16` kernel, of weights it applies to. Faster and more accurate than `i8` tables there (see the Python
-/// docs).
+/// `bf16` kernel, of weights it applies to. Faster and more accurate than `i8` tables there
+/// (see the Python docs).
 pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
     opts.precision == crate::plan::TablePrecision::I8
         && opts.depth == crate::gemm::Depth::Auto
