@@ -134,8 +134,9 @@ def test_threads_do_not_change_the_bits(one_and_two_threads):
 
 def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it():
     pw = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "nf4", 64)
-    x = np.random.default_rng(4).standard_normal((256, 12)).astype(np.float32)
-    for n in (2, 5, 6, 11, 12, 40):
+    # As many columns as the highest threshold.
+    x = np.random.default_rng(4).standard_normal((256, max(MIN_N.values()))).astype(np.float32)
+    for n in (2, 5, 6, 11, 12, 15, 16, 40):
         info = mg.plan_info(pw, n=n)
         assert info["dense_bf16"] == (AUTO_MIN_N is not None and n >= AUTO_MIN_N), n
     assert mg.plan_info(pw, n=1)["dense_bf16"] is False  # a GEMV stays on i8 tables
@@ -148,7 +149,6 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
     # Named backends: "amx" from 6 columns, "avx512" from 12, "avx2" from 16, on their own
     # kernels.
-    x = np.random.default_rng(4).standard_normal((256, 16)).astype(np.float32)
     for kernel, min_n in MIN_N.items():
         if kernel not in KERNELS:
             continue

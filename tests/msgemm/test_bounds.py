@@ -390,19 +390,20 @@ def test_prepare_builds_what_an_i16_call_reads():
 @pytest.mark.parametrize("fmt", ["int4", "fp4", "nf4"])
 def test_default_prepare_builds_what_default_calls_read(fmt):
     # prepare() with the default table: the i8 GEMV's layout and, where default batches run
-    # densely (`i16`, or `bf16` from 6 columns), the dense layout; the calls that follow build
-    # nothing more.
+    # densely (`i16`, or `bf16` from its kernel's threshold: 6, 12 or 16 columns), the dense
+    # layout; the calls that follow build nothing more.
     w = np.random.default_rng(3).standard_normal((256, 512))
     pw, only_i8 = mg.quantize(w, fmt, 128), mg.quantize(w, fmt, 128)
     assert pw.prepare() is pw
     only_i8.prepare(table="i8")
-    info = mg.plan_info(pw, n=8)
+    info = mg.plan_info(pw, n=16)
     dense = info["dense_int8"] or info["dense_bf16"]
     assert (pw.cache_nbytes > only_i8.cache_nbytes) == dense
     built = pw.cache_nbytes
     mg.msgemm(pw, np.ones(512, dtype=np.float32))
     mg.msgemm(pw, np.ones((512, 5), dtype=np.float32))
     mg.msgemm(pw, np.ones((512, 8), dtype=np.float32))
+    mg.msgemm(pw, np.ones((512, 16), dtype=np.float32))
     assert pw.cache_nbytes == built
     with pytest.raises(ValueError, match="table"):
         pw.prepare(table="auto")
