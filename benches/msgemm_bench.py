@@ -493,11 +493,12 @@ def main() -> None:
                  "weights.")
 
     # --- the bf16 kernels by batch size: where the defaults' thresholds come from -------------
-    # nf4 g64: each `bf16` kernel of this CPU against the `i8` tables (the default backend's and
-    # those of the instruction set a CPU without AMX runs otherwise: AVX-512 with AVX-512 BF16,
-    # AVX2 with AVX2 and FMA).
+    # nf4 g64: each `bf16` backend of this CPU against the `i8` tables (the default backend's and
+    # those of the instruction set a CPU without AMX runs otherwise: AVX-512, AVX2 with FMA).
+    # `examples/bf16_kernels` also times the AVX-512 BF16 kernel, which only AMD CPUs run.
     pw = mg.quantize(w, format="nf4", group_size=64)
     bk = [b for b in ("amx", "avx512", "avx2") if mg.backend_supports(pw, b, n=16, table="bf16")]
+    kinds = ", ".join(f"`{b}` {mg.plan_info(pw, n=16, table='bf16', backend=b)['bf16_kernel']}" for b in bk)
     tb = [b for b in ("auto", "avx512", "avx2") if mg.backend_supports(pw, b, n=16, table="i8")]
     pw.prepare(table="bf16")
     brows = []
@@ -507,15 +508,15 @@ def main() -> None:
         fns.update({f"i8 {b}": (lambda b=b: mg.msgemm(pw, xb, table="i8", backend=b)) for b in tb})
         tt = timeit_rounds(fns, repeat=max(3, rep // 6), rounds=3)
         info = mg.plan_info(pw, n=n)
-        brows.append([n] + [fmt_ms(tt[c]) for c in fns] + [f"{info['table']} ({info['backend']})"])
+        brows.append([n] + [fmt_ms(tt[c]) for c in fns]
+                     + [f"{info['table']} ({info['bf16_kernel'] or info['backend']})"])
         print("bf16 kernels", brows[-1], flush=True)
     del pw
     lines.append(f"\n### The bf16 kernels by batch size: nf4 g64 {m}x{k}, {th} threads, warm\n")
     lines.append(_report.table(["N"] + [f"{c} ms" for c in fns] + ["default runs (kernel)"], brows))
-    lines.append("\nThe defaults take `bf16` mode from N = 6 on AMX, from N = 12 on AVX-512 BF16 without AMX "
-                 "(`vdpbf16ps`, which issues once per two cycles on this Sapphire Rapids, half of AMD Zen 4's rate) "
-                 "and from N = 16 on AVX2 and FMA. `i8 avx512` and `i8 avx2` are what such CPUs run below their "
-                 "thresholds.")
+    lines.append(f"\nKernels here: {kinds}. The defaults take `bf16` mode from N = 6 on AMX, from N = 8 on "
+                 "AVX-512 (FMA; AMD's `vdpbf16ps` kernel from 12) and from N = 16 on AVX2 and FMA. `i8 avx512` "
+                 "and `i8 avx2` are what such CPUs run below their thresholds.")
 
     # --- the LLaMA shapes of spec section 9: int4 g128, N = 1 and 16 ---------------------------
     shrows = []

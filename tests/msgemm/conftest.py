@@ -10,6 +10,49 @@ from maleki_rs import msgemm as mg
 #: Every backend usable here ("scalar", "reference", plus the SIMD ones the CPU supports).
 BACKENDS = mg.available_backends()
 
+
+def cpu_has(*names: str) -> bool:
+    """Whether numpy's run-time CPU detection (CPUID on x86-64: under qemu-user the emulated
+    CPU's, unlike /proc/cpuinfo) found all these features (numpy's names: "AVX512F",
+    "AVX512BF16", "FMA3", ...): an oracle independent of the library's own detection."""
+    from numpy._core._multiarray_umath import __cpu_features__
+
+    return all(__cpu_features__.get(n, False) for n in names)
+
+
+def _cpuinfo() -> str:
+    """/proc/cpuinfo (Linux; the host's under qemu-user), or "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_flags(*names: str) -> bool:
+    """Whether /proc/cpuinfo lists all these flags."""
+    info = _cpuinfo()
+    return all(f" {n}" in info for n in names)
+
+
+def bf16_kernels() -> dict[str, str]:
+    """The kernel each backend should run in ``bf16`` mode on this CPU (backend -> the
+    ``bf16_kernel`` that :func:`maleki_rs.msgemm.plan_info` reports), by the documented rule:
+    AMX where the tiles are granted (the dense AMX backend runs) with AMX-BF16 and AVX-512
+    BF16; on AVX-512, ``vdpbf16ps`` on AMD CPUs with AVX-512 BF16, FMA elsewhere; FMA on
+    AVX2."""
+    out = {"scalar": "scalar"}
+    if "amx" in BACKENDS and cpu_flags("amx_bf16", "avx512_bf16"):
+        out["amx"] = "amx-tdpbf16ps"
+    if cpu_has("AVX512F", "AVX512BW", "AVX512BF16") and "AuthenticAMD" in _cpuinfo():
+        out["avx512"] = "avx512-vdpbf16ps"
+    elif cpu_has("AVX512F", "F16C"):
+        out["avx512"] = "avx512-fma"
+    if cpu_has("AVX2", "FMA3", "F16C"):
+        out["avx2"] = "avx2-fma"
+    return out
+
+
 #: Formats with dyadic codebooks: exact on integer data. (format, depths to test)
 EXACT_FORMATS = [
     ("int4", (1, 2, 3)),

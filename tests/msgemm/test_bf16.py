@@ -5,10 +5,10 @@ numpy (round to nearest even on the float32 bits), their products summed in floa
 packed column order. The kernels sum in float32, so they may differ from it by at most
 ``K 2^-24 sum |w a|`` (a rounding per addition), which is the bound checked here; against
 the exact ``Wd @ x`` each product adds at most ``2^-8 + 2^-16`` relative (two roundings).
-The AMX, AVX-512 BF16 and scalar kernels do not round alike (each unit's own order of
-additions), so each is held to the bound, not to the others' bits. The AVX2 kernel adds as the
-scalar one does (FMA, whose product of two bfloat16 values is exact), and is held to its bits
-too where no product falls below float32's normal range.
+The AMX and AVX-512 BF16 kernels do not round as the scalar one does (each unit's own order
+of additions), so each is held to the bound, not to its bits. The AVX-512 and AVX2 FMA kernels
+add as the scalar one does (FMA, whose product of two bfloat16 values is exact), and are held
+to its bits too where no product falls below float32's normal range.
 """
 
 import numpy as np
@@ -19,18 +19,25 @@ from hypothesis import strategies as st
 import maleki_rs
 import maleki_rs.msgemm as mg
 
-from .conftest import CUSTOM
+from .conftest import CUSTOM, bf16_kernels
 
-#: The kernels of the mode on this machine (AMX where the CPU has AMX-BF16, AVX-512 where
-#: it has AVX-512 BF16, AVX2 where it has AVX2 and FMA).
+#: The backends of the mode on this machine (AMX where the CPU has AMX-BF16, AVX-512 where
+#: it has AVX-512 F, AVX2 where it has AVX2 and FMA).
 PROBE = mg.quantize(np.ones((1, 32)), "nf4", 32)
 KERNELS = [b for b in ("scalar", "amx", "avx512", "avx2") if mg.backend_supports(PROBE, b, n=2, table="bf16")]
+#: The kernel each of them runs here (backend -> plan_info's ``bf16_kernel``), by the
+#: documented rule, from numpy's CPU detection.
+KERNEL_IDS = bf16_kernels()
 
 #: The documented thresholds of default batches in ``bf16`` mode, per kernel.
-MIN_N = {"amx": 6, "avx512": 12, "avx2": 16}
+MIN_N_OF = {"amx-tdpbf16ps": 6, "avx512-fma": 8, "avx512-vdpbf16ps": 12, "avx2-fma": 16}
+#: The same per backend of this machine.
+MIN_N = {b: MIN_N_OF[KERNEL_IDS[b]] for b in KERNELS if b != "scalar"}
 #: The fewest columns of a default batch in ``bf16`` mode on backend "auto" (its kernel's
 #: threshold), None where the default never takes it.
 AUTO_MIN_N = next((MIN_N[b] for b in ("amx", "avx512", "avx2") if b in KERNELS), None)
+#: The kernels that add in the scalar kernel's order.
+SCALAR_ORDER = {"avx512-fma", "avx2-fma", "scalar"}
 
 
 def bf16(a: np.ndarray) -> np.ndarray:
@@ -136,7 +143,7 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     pw = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "nf4", 64)
     # As many columns as the highest threshold.
     x = np.random.default_rng(4).standard_normal((256, max(MIN_N.values()))).astype(np.float32)
-    for n in (2, 5, 6, 11, 12, 15, 16, 40):
+    for n in (2, 5, 6, 7, 8, 11, 12, 15, 16, 40):
         info = mg.plan_info(pw, n=n)
         assert info["dense_bf16"] == (AUTO_MIN_N is not None and n >= AUTO_MIN_N), n
     assert mg.plan_info(pw, n=1)["dense_bf16"] is False  # a GEMV stays on i8 tables
@@ -147,8 +154,8 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
-    # Named backends: "amx" from 6 columns, "avx512" from 12, "avx2" from 16, on their own
-    # kernels.
+    # Named backends: "amx" from 6 columns, "avx512" from 8 (12 on vdpbf16ps), "avx2" from
+    # 16, on their own kernels.
     for kernel, min_n in MIN_N.items():
         if kernel not in KERNELS:
             continue
@@ -161,14 +168,13 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
         np.testing.assert_array_equal(y, mg.msgemm(pw, x, table="bf16", backend=kernel))
 
 
-def test_the_avx2_kernel_gives_the_scalar_kernels_bits():
-    if "avx2" not in KERNELS:
-        pytest.skip("no AVX2 and FMA")
+@pytest.mark.parametrize("kernel", [b for b in KERNELS if KERNEL_IDS[b] in SCALAR_ORDER and b != "scalar"])
+def test_the_fma_kernels_give_the_scalar_kernels_bits(kernel):
     rng = np.random.default_rng(12)
-    for fmt, g, n in (("nf4", 64, 19), ("uint4", 32, 3), ("codebook", 96, 1)):
+    for fmt, g, n in (("nf4", 64, 19), ("uint4", 32, 3), ("codebook", 96, 1), ("nf4", 32, 13)):
         pw = weights(fmt, rng, 77, 2 * g, g, perm=fmt == "nf4")
         x = rng.standard_normal((2 * g, n)).astype(np.float32)
-        a = mg.msgemm(pw, x, table="bf16", backend="avx2")
+        a = mg.msgemm(pw, x, table="bf16", backend=kernel)
         b = mg.msgemm(pw, x, table="bf16", backend="scalar")
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
@@ -192,7 +198,7 @@ def test_refuses_what_it_does_not_run():
         with pytest.raises(ValueError, match="AMX-BF16"):
             mg.msgemm(pw, np.ones(64), table="bf16", backend="amx")
     if "avx512" not in KERNELS:
-        with pytest.raises(ValueError, match="AVX-512 BF16"):
+        with pytest.raises(ValueError, match="AVX-512 F"):
             mg.msgemm(pw, np.ones(64), table="bf16", backend="avx512")
     if "avx2" not in KERNELS:
         with pytest.raises(ValueError, match="AVX2, FMA"):
@@ -214,9 +220,17 @@ def test_prepare_builds_the_dense_layout_ahead():
 def test_plan_info_names_the_kernel_and_prepare_builds_what_the_default_batch_reads():
     rng = np.random.default_rng(9)
     pw = mg.quantize(rng.standard_normal((96, 256)), "nf4", 64)
+    # Each backend's kernel is the documented rule's for this CPU, "auto" the first of them.
+    assert set(KERNELS) == set(KERNEL_IDS)
     for kernel in KERNELS:
         info = mg.plan_info(pw, n=3, table="bf16", backend=kernel)
         assert (info["table"], info["backend"], info["dense_bf16"], info["dense_int8"]) == ("bf16", kernel, True, False)
+        assert info["bf16_kernel"] == KERNEL_IDS[kernel]
+        assert info["scalar_order"] == (KERNEL_IDS[kernel] in SCALAR_ORDER)
+    first = next(b for b in ("amx", "avx512", "avx2", "scalar") if b in KERNELS)
+    assert mg.plan_info(pw, n=3, table="bf16")["bf16_kernel"] == KERNEL_IDS[first]
+    info = mg.plan_info(pw, n=3, table="i8")
+    assert (info["bf16_kernel"], info["scalar_order"]) == (None, None)
     pw.prepare()
     built = pw.cache_nbytes
     mg.msgemm(pw, rng.standard_normal((256, 8)).astype(np.float32))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from maleki_rs import msgemm as mg
 
-from .conftest import BACKENDS
+from .conftest import BACKENDS, bf16_kernels, cpu_flags, cpu_has
 
 U = 2.0**-24
 
@@ -331,16 +331,17 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     if fmt == "nf4" or g % 8:  # a non-integer codebook, groups off the 8-input chunks
         assert not dense_possible
     # Other weights of at most 16 levels with groups of 32s: `bf16` for batches of 6 columns
-    # or more where AMX runs it, of 12 or more where AVX-512 BF16 does, of 16 or more where
-    # AVX2 and FMA do (the documented thresholds).
+    # or more where AMX runs it, of 8 or more where AVX-512 does (12 on AMD's `vdpbf16ps`),
+    # of 16 or more where AVX2 and FMA do (the documented thresholds).
     amx_bf16 = mg.backend_supports(pw, "amx", n=16, table="bf16")
-    assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and _has_cpu_flags("amx_bf16", "avx512_bf16"))
+    assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and cpu_flags("amx_bf16", "avx512_bf16"))
     avx512_bf16 = mg.backend_supports(pw, "avx512", n=16, table="bf16")
-    assert avx512_bf16 == (g % 32 == 0 and _has_cpu_flags("avx512bw", "avx512_bf16"))
+    assert avx512_bf16 == (g % 32 == 0 and cpu_has("AVX512F", "F16C"))
     avx2_bf16 = mg.backend_supports(pw, "avx2", n=16, table="bf16")
     assert avx2_bf16 == (g % 32 == 0 and "avx2" in BACKENDS)
-    min_n = 6 if amx_bf16 else 12 if avx512_bf16 else 16 if avx2_bf16 else None
-    for n in (1, 2, 3, 5, 6, 11, 12, 15, 16):
+    dpbf16 = bf16_kernels().get("avx512") == "avx512-vdpbf16ps"
+    min_n = 6 if amx_bf16 else (12 if dpbf16 else 8) if avx512_bf16 else 16 if avx2_bf16 else None
+    for n in (1, 2, 3, 5, 6, 7, 8, 11, 12, 15, 16):
         x = rng.standard_normal((k, n)).astype(np.float32)
         dense = dense_possible and n >= 2
         bf16 = not dense and min_n is not None and n >= min_n
@@ -364,17 +365,6 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     assert rel < (1.2e-2 if dense_possible else 2e-2), rel
 
 
-def _has_cpu_flags(*names: str) -> bool:
-    """Whether the CPU reports all these flags (Linux: /proc/cpuinfo; under qemu-user, the
-    host's, so an emulated CPU without AVX-512 is told apart by `available_backends`)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512" in BACKENDS and all(f" {n}" in flags for n in names)
-
-
 def test_prepare_builds_what_an_i16_call_reads():
     pw = mg.quantize(np.random.default_rng(2).standard_normal((256, 512)), "int4", 128)
     before = pw.cache_nbytes
@@ -390,7 +380,7 @@ def test_prepare_builds_what_an_i16_call_reads():
 @pytest.mark.parametrize("fmt", ["int4", "fp4", "nf4"])
 def test_default_prepare_builds_what_default_calls_read(fmt):
     # prepare() with the default table: the i8 GEMV's layout and, where default batches run
-    # densely (`i16`, or `bf16` from its kernel's threshold: 6, 12 or 16 columns), the dense
+    # densely (`i16`, or `bf16` from its kernel's threshold: 6, 8, 12 or 16 columns), the dense
     # layout; the calls that follow build nothing more.
     w = np.random.default_rng(3).standard_normal((256, 512))
     pw, only_i8 = mg.quantize(w, fmt, 128), mg.quantize(w, fmt, 128)

@@ -757,14 +757,14 @@ def msgemm(
           0.66 ms, N = 16 1.1 against 2.0 ms);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
           that are multiples of 32, in batches without ``mirror`` of 6 columns or more on a
-          CPU with AMX-BF16, of 12 or more on a CPU with AVX-512 BF16 but no AMX (AMD Zen 4
-          and later), of 16 or more on other CPUs with AVX2 and FMA, run in ``"bf16"`` mode,
-          also faster and more accurate (nf4 g64
+          CPU with AMX-BF16, of 8 or more on other CPUs with AVX-512 (12 on AMD's with
+          AVX-512 BF16), of 16 or more on other CPUs with AVX2 and FMA, run in ``"bf16"``
+          mode, also faster and more accurate (nf4 g64
           4096 x 4096, 2 threads, in one benchmark run: N = 16 1.3 against 3.5 ms on ``i8``
           tables, N = 64 3.0 against 13.8 ms; numpy on pre-dequantized float32 weights 5.1 and
-          13.9 ms. The AVX-512 BF16 and AVX2 kernels, measured on a Sapphire Rapids against
-          the ``i8`` tables of the same instruction set: even at N = 12 and 16 respectively,
-          1.3x faster at N = 64; ``backend="avx512"`` and ``"avx2"`` name them).
+          13.9 ms. The AVX-512 and AVX2 kernels, measured on a Sapphire Rapids against the
+          ``i8`` tables of the same instruction set: even at N = 8 and 16 respectively, 1.6x
+          and 1.3x faster at N = 64; ``backend="avx512"`` and ``"avx2"`` name them).
 
         :func:`plan_info` with ``n=`` reports the choice (``dense_int8``, ``dense_bf16``). So
         column ``j`` of such a batch can differ (within the bounds below) from the GEMV of
@@ -797,15 +797,17 @@ def msgemm(
         of those products (relative L1 error on Gaussian nf4 g64, 512 x 2048, N = 4: 2.2e-3,
         ``i8`` 7.8e-3).
         Any format of at most 16 levels (not fp8), group sizes that are multiples of 32.
-        Kernels: Intel AMX (``tdpbf16ps``, backend ``"amx"``), AVX-512 BF16 (``vdpbf16ps``,
-        backend ``"avx512"``; AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids on),
-        AVX2 and FMA (``"avx2"``), and a portable one (``"scalar"``, about one scalar
-        multiply-add per weight and column); ``"auto"`` takes the first of them the CPU has.
-        AMX and AVX-512 BF16 add in their units' own orders, so they differ from the others
-        in the last bits (all within the bound); the AVX2 kernel gives the scalar kernel's
-        bits wherever no product of a weight and an activation is below ``2^-126`` in
-        magnitude (FMA does not round such products, which the scalar kernel does). Each
-        gives the same bits for any number of threads.
+        Kernels: Intel AMX (``tdpbf16ps``, backend ``"amx"``), AVX-512 (``"avx512"``: FMA,
+        ``vfmadd231ps``; on AMD CPUs with AVX-512 BF16 (Zen 4 and later) ``vdpbf16ps``, which
+        does twice the multiplies per instruction there, against a quarter of the FMA rate on
+        Intel's), AVX2 and FMA (``"avx2"``), and a portable one (``"scalar"``, about one scalar
+        multiply-add per weight and column); ``"auto"`` takes the first of them the CPU has
+        (:func:`plan_info` names it: ``bf16_kernel``). The FMA kernels give the scalar
+        kernel's bits, so the same result on every such CPU, wherever no product of a weight
+        and an activation is below ``2^-126`` in magnitude (FMA does not round such products,
+        which the scalar kernel does; ``scalar_order``). AMX and ``vdpbf16ps`` add in their
+        units' own orders, so they differ from the others in the last bits (all within the
+        bound). Each gives the same bits for any number of threads.
     backend : {"auto", "avx512", "amx", "avx2", "neon", "scalar", "reference"}
         Kernel. ``"auto"`` picks the fastest one available for the call; a named backend the
         CPU or build lacks raises ValueError. ``"reference"`` is the instrumented scalar kernel.
@@ -1105,7 +1107,10 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     that sums its exact integers with dot-product instructions instead of tables: no table
     is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``) and
     ``dense_bf16`` (a ``bf16`` call: no tables either; ``backend`` is ``"amx"``,
-    ``"avx512"``, ``"avx2"`` or ``"scalar"``).
+    ``"avx512"``, ``"avx2"`` or ``"scalar"``), and for ``bf16`` calls (else None)
+    ``bf16_kernel`` (``"amx-tdpbf16ps"``, ``"avx512-fma"``, ``"avx512-vdpbf16ps"``,
+    ``"avx2-fma"`` or ``"scalar"``) and ``scalar_order`` (whether it adds the products in the
+    scalar kernel's order, so gives its bits).
     """
     pw = _check_pw(pw)
     d, tbl, bk, _, mir = _check_opts(pw, depth, table, backend, None, mirror, False)

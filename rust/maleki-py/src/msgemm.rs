@@ -750,7 +750,7 @@ fn plan_info<'py>(
                     ..opts.opts
                 };
                 let plan = core_gemm::plan(&w, n, &i8_opts)?;
-                return Ok((plan, kernel.name(), None, false, true));
+                return Ok((plan, kernel.name(), None, false, Some(kernel)));
             }
         };
         let plan = core_gemm::plan(&w, n, &opts)?;
@@ -760,12 +760,12 @@ fn plan_info<'py>(
         let dense = maleki_msgemm::dense::kind_for_call(opts.backend, &plan)
             .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
         Ok(match (opts.backend, dense) {
-            (Backend::Reference, _) => (plan, "reference", None, false, false),
-            (_, Some(k)) => (plan, k.backend_name(), None, true, false),
+            (Backend::Reference, _) => (plan, "reference", None, false, None),
+            (_, Some(k)) => (plan, k.backend_name(), None, true, None),
             (b, None) => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
                 let kind = k.layout_kind(&run);
-                (plan, k.backend().name(), Some((run, kind)), false, false)
+                (plan, k.backend().name(), Some((run, kind)), false, None)
             }
         })
     })?;
@@ -774,7 +774,7 @@ fn plan_info<'py>(
     d.set_item("backend", kernel)?;
     d.set_item(
         "table",
-        if bf16_call {
+        if bf16_call.is_some() {
             "bf16"
         } else {
             plan.precision.name()
@@ -800,7 +800,9 @@ fn plan_info<'py>(
     d.set_item("paired_indices", kind == LayoutKind::Paired)?;
     d.set_item("label_space", labels)?;
     d.set_item("dense_int8", dense)?;
-    d.set_item("dense_bf16", bf16_call)?;
+    d.set_item("dense_bf16", bf16_call.is_some())?;
+    d.set_item("bf16_kernel", bf16_call.map(|k| k.id()))?;
+    d.set_item("scalar_order", bf16_call.map(|k| k.scalar_order()))?;
     Ok(d)
 }
 

@@ -17,12 +17,13 @@
 //!   bfloat16 values is exact in float32).
 //!
 //! The scalar kernel ([`Kernel::Scalar`]) adds the products in ascending `k` (packed column
-//! order), one rounding each; the AVX2 kernel ([`avx2`]) follows that sequence with FMA. The
-//! AMX kernel ([`amx`]) sums a row's 32 inputs per step as the tile unit does, and the
-//! AVX-512 BF16 kernel ([`avx512`], for CPUs without AMX) a pair of inputs per instruction as
-//! `vdpbf16ps` does: not bit for bit that sequence (on this project's Xeon (AMX-BF16) about
-//! two thirds of the outputs differ from it in the last bits), treating subnormal inputs as
-//! zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|`
+//! order), one rounding each; the AVX-512 and AVX2 kernels ([`avx512`], [`avx2`]) follow that
+//! sequence with FMA, so the three give the same bits (unless a product falls below
+//! `2^-126`). The AMX kernel ([`amx`]) sums a row's 32 inputs per step as the tile unit
+//! does, and the AVX-512 BF16 kernel ([`dpbf16`], the `avx512` backend's on AMD CPUs) a pair
+//! of inputs per instruction as `vdpbf16ps` does: not bit for bit that sequence (on this
+//! project's Xeon (AMX-BF16) about two thirds of the outputs differ from it in the last
+//! bits), treating subnormal inputs as zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|`
 //! of the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
 //! deterministic for any number of threads. Against the exact `Wd @ x`, each product adds
 //! at most `2^-8 + 2^-16` of its magnitude (two bfloat16 roundings).
@@ -47,6 +48,8 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod dpbf16;
 
 /// Inputs per tile step: one row of an AMX activation tile (32 bfloat16, 64 bytes).
 pub const STEP: usize = 32;
@@ -59,12 +62,17 @@ pub const COLS: usize = 16;
 /// weight once per call).
 pub const AUTO_MIN_N: usize = 6;
 
-/// The same on the AVX-512 BF16 kernel. On this project's Sapphire Rapids (where
-/// `vdpbf16ps` issues once per two cycles, half the rate of AMD Zen 4's), nf4 g64
-/// 4096 x 4096 on 2 threads runs at least as fast as the AVX-512 `i8` tables from N = 12 on
-/// (two runs: 4.5 against 4.6 ms, 4.7 against 5.9; N = 64: 17 against 22, 21 against 24),
-/// at a third of their error.
-pub const AUTO_MIN_N_AVX512: usize = 12;
+/// The same on the AVX-512 FMA kernel. On this project's Sapphire Rapids, nf4 g64
+/// 4096 x 4096 on 2 threads runs as fast as the AVX-512 `i8` tables at N = 8 and faster from
+/// there on (two runs: N = 7 1.78 / 1.75 ms against 1.81 / 1.87, N = 8 1.79 / 1.79 against
+/// 1.83 / 1.76, N = 10 1.97 / 1.93 against 2.27 / 2.18, N = 64 9.0 / 8.6 against 13.1 /
+/// 12.9), at a third of their error.
+pub const AUTO_MIN_N_AVX512: usize = 8;
+
+/// The same on the AVX-512 BF16 kernel (AMD CPUs). Measured on the Sapphire Rapids, where
+/// `vdpbf16ps` issues at half the rate of AMD's: as fast as the AVX-512 `i8` tables from
+/// N = 12 on (4.5 against 4.6 ms, 4.7 against 5.9); a bound for AMD's, not yet timed there.
+pub const AUTO_MIN_N_AVX512_BF16: usize = 12;
 
 /// The same on the AVX2 kernel (FMA: measured on the same machine against the AVX2 `i8`
 /// tables, even at N = 16 and 1.3x faster at N = 64).
@@ -75,9 +83,12 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 pub enum Kernel {
     /// Intel AMX `tdpbf16ps` (Linux on x86-64 CPUs with AMX-BF16 and AVX-512 BF16).
     Amx,
-    /// AVX-512 BF16 `vdpbf16ps` (x86-64 CPUs with AVX-512 BF16: AMD Zen 4 and later, Intel
-    /// Cooper Lake and Sapphire Rapids on).
+    /// AVX-512 F `vfmadd231ps` (x86-64 CPUs with AVX-512 but not [`Kernel::Avx512Bf16`]'s
+    /// choice: Intel's from Skylake-X on): the scalar kernel's order of additions.
     Avx512,
+    /// AVX-512 BF16 `vdpbf16ps`: the `avx512` backend's kernel on AMD CPUs with AVX-512 BF16
+    /// (Zen 4 and later; see [`dpbf16_preferred`]).
+    Avx512Bf16,
     /// AVX2 and FMA `vfmadd231ps` (x86-64 CPUs from Haswell and Zen 1 on): the scalar
     /// kernel's order of additions.
     Avx2,
@@ -86,12 +97,50 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// Every kernel.
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Amx,
+        Kernel::Avx512Bf16,
+        Kernel::Avx512,
+        Kernel::Avx2,
+        Kernel::Scalar,
+    ];
+
+    /// The backend that runs it (both AVX-512 kernels are the `avx512` backend's).
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Amx => "amx",
-            Kernel::Avx512 => "avx512",
+            Kernel::Avx512 | Kernel::Avx512Bf16 => "avx512",
             Kernel::Avx2 => "avx2",
             Kernel::Scalar => "scalar",
+        }
+    }
+
+    /// The kernel itself: its backend and the instruction that does its multiplies.
+    pub fn id(self) -> &'static str {
+        match self {
+            Kernel::Amx => "amx-tdpbf16ps",
+            Kernel::Avx512 => "avx512-fma",
+            Kernel::Avx512Bf16 => "avx512-vdpbf16ps",
+            Kernel::Avx2 => "avx2-fma",
+            Kernel::Scalar => "scalar",
+        }
+    }
+
+    /// Whether it adds the products in the scalar kernel's order (the same bits as it, unless
+    /// a product falls below `2^-126`).
+    pub fn scalar_order(self) -> bool {
+        matches!(self, Kernel::Avx512 | Kernel::Avx2 | Kernel::Scalar)
+    }
+
+    /// Whether this CPU (and OS) runs it.
+    pub fn runs_here(self) -> bool {
+        match self {
+            Kernel::Amx => amx_ready(),
+            Kernel::Avx512 => avx512_ready(),
+            Kernel::Avx512Bf16 => dpbf16_ready(),
+            Kernel::Avx2 => avx2_ready(),
+            Kernel::Scalar => true,
         }
     }
 }
@@ -108,11 +157,48 @@ pub fn amx_ready() -> bool {
     }
 }
 
-/// Whether this CPU runs the AVX-512 BF16 `bf16` kernel.
+/// Whether this CPU runs the AVX-512 FMA `bf16` kernel (AVX-512 F).
 pub fn avx512_ready() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx512::ready()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs the AVX-512 BF16 `bf16` kernel (AVX-512 F, BW and BF16).
+pub fn dpbf16_ready() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        dpbf16::ready()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the `avx512` backend runs the AVX-512 BF16 kernel rather than the FMA one: on AMD
+/// CPUs that have AVX-512 BF16. There `vdpbf16ps` (two multiplies per lane) issues as often
+/// as `vfmadd231ps` (one), by AMD's instruction tables for Zen 4 (not yet timed by this
+/// project); on Intel's Sapphire Rapids it issues once per two cycles, a quarter of the FMA
+/// rate, and the FMA kernel is faster (see [`avx512`]). A fixed rule, not a timing, so a
+/// machine's choice (and its bits) never changes from run to run.
+pub fn dpbf16_preferred() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        dpbf16_ready()
+            && *AMD.get_or_init(|| {
+                #[allow(unused_unsafe)] // safe functions in newer Rust
+                // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+                let id = unsafe { std::arch::x86_64::__cpuid(0) };
+                // The vendor string, "AuthenticAMD", in EBX, EDX, ECX.
+                (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+            })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -160,8 +246,8 @@ pub fn check_weights(pw: &PackedWeights) -> Result<()> {
 /// The kernel of a `bf16` call on `backend`, or an error: the weights do not qualify
 /// ([`check_weights`]), the backend has no `bf16` kernel (only `auto`, `amx`, `avx512`,
 /// `avx2` and `scalar` do), or `amx` / `avx512` / `avx2` on a CPU without AMX-BF16 / AVX-512
-/// BF16 / AVX2 and FMA. `auto` takes the first this CPU runs of `amx`, `avx512`, `avx2`,
-/// `scalar`.
+/// / AVX2 and FMA. `auto` takes the first this CPU runs of `amx`, `avx512`, `avx2`,
+/// `scalar`; `avx512` the AVX-512 BF16 kernel where [`dpbf16_preferred`], else the FMA one.
 pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
     check_weights(pw)?;
     if let Some(kernel) = kernel_of(backend) {
@@ -174,9 +260,7 @@ pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
                 .into(),
         )),
         Backend::Avx512 => Err(Error::Unsupported(
-            "backend 'avx512' with table 'bf16' needs a CPU with AVX-512 BF16 (AMD Zen 4 and \
-             later, Intel Cooper Lake, Sapphire Rapids and later)"
-                .into(),
+            "backend 'avx512' with table 'bf16' needs a CPU with AVX-512 F".into(),
         )),
         Backend::Avx2 => Err(Error::Unsupported(
             "backend 'avx2' with table 'bf16' needs a CPU with AVX2, FMA and F16C".into(),
@@ -192,13 +276,14 @@ pub fn kernel_for(pw: &PackedWeights, backend: Backend) -> Result<Kernel> {
 }
 
 /// The fewest columns from which default-table batches on `backend` run in `bf16` mode on
-/// this CPU ([`AUTO_MIN_N`] on the AMX kernel, [`AUTO_MIN_N_AVX512`] on the AVX-512 BF16
-/// one, [`AUTO_MIN_N_AVX2`] on the AVX2 one), or `None` where they never do (the portable
-/// kernel is no match for the tables).
+/// this CPU ([`AUTO_MIN_N`] on the AMX kernel, [`AUTO_MIN_N_AVX512`] on the AVX-512 FMA
+/// one, [`AUTO_MIN_N_AVX512_BF16`] on the AVX-512 BF16 one, [`AUTO_MIN_N_AVX2`] on the AVX2
+/// one), or `None` where they never do (the portable kernel is no match for the tables).
 pub fn auto_min_n(backend: Backend) -> Option<usize> {
     match kernel_of(backend)? {
         Kernel::Amx => Some(AUTO_MIN_N),
         Kernel::Avx512 => Some(AUTO_MIN_N_AVX512),
+        Kernel::Avx512Bf16 => Some(AUTO_MIN_N_AVX512_BF16),
         Kernel::Avx2 => Some(AUTO_MIN_N_AVX2),
         Kernel::Scalar => None,
     }
@@ -208,6 +293,7 @@ pub fn auto_min_n(backend: Backend) -> Option<usize> {
 fn kernel_of(backend: Backend) -> Option<Kernel> {
     match backend {
         Backend::Auto | Backend::Amx if amx_ready() => Some(Kernel::Amx),
+        Backend::Auto | Backend::Avx512 if dpbf16_preferred() => Some(Kernel::Avx512Bf16),
         Backend::Auto | Backend::Avx512 if avx512_ready() => Some(Kernel::Avx512),
         Backend::Auto | Backend::Avx2 if avx2_ready() => Some(Kernel::Avx2),
         Backend::Auto | Backend::Scalar => Some(Kernel::Scalar),
@@ -260,6 +346,28 @@ pub fn gemm_into_layout(
     y: &mut [f32],
 ) -> Result<Kernel> {
     let kernel = kernel_for(pw, backend)?;
+    gemm_with_kernel(pw, x, n, layout, y_layout, kernel, y)?;
+    Ok(kernel)
+}
+
+/// [`gemm_into_layout`] on a kernel named directly, for tests and benchmarks (an
+/// `Unsupported` error where this CPU does not run it).
+pub fn gemm_with_kernel(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    layout: XLayout,
+    y_layout: YLayout,
+    kernel: Kernel,
+    y: &mut [f32],
+) -> Result<()> {
+    check_weights(pw)?;
+    if !kernel.runs_here() {
+        return Err(Error::Unsupported(format!(
+            "this CPU does not run the bf16 kernel {}",
+            kernel.id()
+        )));
+    }
     check_inputs(pw, x, n, layout, Some(y.len()))?;
     let run = |y: &mut [f32]| -> Result<()> {
         let job = Job::new(pw, x, n, layout, kernel)?;
@@ -271,8 +379,7 @@ pub fn gemm_into_layout(
     } else {
         pool::install(|| run(y))?;
     }
-    check_result(y)?;
-    Ok(kernel)
+    check_result(y)
 }
 
 /// What the kernels read for every row block of a call.
@@ -285,9 +392,9 @@ struct Job<'a> {
     values: [f32; 16],
     scales: Tiled<'a>,
     zeros: Option<Tiled<'a>>,
-    /// The activations rounded to bfloat16, in packed column order: for the AMX kernel as
-    /// tiles ([`amx::tile_activations`], bits), for the scalar kernel `(K, N)` row-major
-    /// (values).
+    /// The activations rounded to bfloat16, in packed column order: for the AMX and AVX-512
+    /// BF16 kernels as tiles ([`dpbf16::tile_activations`], bits), for the others `(K, N)`
+    /// row-major (values).
     acts: Acts,
 }
 
@@ -313,7 +420,7 @@ impl<'a> Job<'a> {
             XLayout::NbyK => x[c * k + src(j)],
         };
         let acts = match kernel {
-            Kernel::Scalar | Kernel::Avx2 => {
+            Kernel::Scalar | Kernel::Avx512 | Kernel::Avx2 => {
                 let mut a = vec![0f32; k * n];
                 a.par_chunks_mut(n).enumerate().for_each(|(j, row)| {
                     for (c, v) in row.iter_mut().enumerate() {
@@ -322,10 +429,10 @@ impl<'a> Job<'a> {
                 });
                 Acts::KbyN(a)
             }
-            Kernel::Amx | Kernel::Avx512 => {
+            Kernel::Amx | Kernel::Avx512Bf16 => {
                 #[cfg(target_arch = "x86_64")]
                 {
-                    Acts::Tiles(avx512::tile_activations(x, n, k, layout, pw.k_perm()))
+                    Acts::Tiles(dpbf16::tile_activations(x, n, k, layout, pw.k_perm()))
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 {
@@ -384,19 +491,25 @@ impl<'a> Job<'a> {
         match (self.kernel, &self.acts) {
             #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
             (Kernel::Amx, Acts::Tiles(tiles)) => {
-                // SAFETY: `ready` (through `kernel_for`) found AMX-BF16 and AVX-512 BF16; the
+                // SAFETY: `ready` (through `runs_here`) found AMX-BF16 and AVX-512 BF16; the
                 // tiles hold every column block of the call, the layout every row block.
                 unsafe { amx::block(self, tiles, rb, s) }
             }
             #[cfg(target_arch = "x86_64")]
-            (Kernel::Avx512, Acts::Tiles(tiles)) => {
-                // SAFETY: `ready` (through `kernel_for`) found AVX-512 F, BW and BF16; the
+            (Kernel::Avx512Bf16, Acts::Tiles(tiles)) => {
+                // SAFETY: `ready` (through `runs_here`) found AVX-512 F, BW and BF16; the
                 // tiles hold every column of the call, the layout every row block.
-                unsafe { avx512::block(self, tiles, rb, s) }
+                unsafe { dpbf16::block(self, tiles, rb, s) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx512, Acts::KbyN(a)) => {
+                // SAFETY: `ready` (through `runs_here`) found AVX-512 F and F16C; the
+                // activations hold every column of the call, the layout every row block.
+                unsafe { avx512::block(self, a, rb, s) }
             }
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx2, Acts::KbyN(a)) => {
-                // SAFETY: `ready` (through `kernel_for`) found AVX2, FMA and F16C; the
+                // SAFETY: `ready` (through `runs_here`) found AVX2, FMA and F16C; the
                 // activations hold every column of the call, the layout every row block.
                 unsafe { avx2::block(self, a, rb, s) }
             }
@@ -455,11 +568,11 @@ struct Scratch {
     /// Sums of a row block, `[column][64 rows]` (the AMX kernel's columns padded to 16;
     /// aligned, as tile loads and stores that split cache lines cost about twice as much).
     ys: crate::aligned::AlignedVec<f32>,
-    /// Scalar kernel: one row's weights and its columns' sums; AVX2 kernel: the decoded
-    /// weights of a run of inputs.
+    /// Scalar kernel: one row's weights and its columns' sums; AVX-512 and AVX2 kernels: the
+    /// decoded weights of a run of inputs.
     w: Vec<f32>,
     acc: Vec<f32>,
-    /// AMX and AVX-512 kernels: the decoded weights of one chunk of steps.
+    /// AMX and AVX-512 BF16 kernels: the decoded weights of one chunk of steps.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     tiles: crate::aligned::AlignedVec<u16>,
 }
@@ -481,14 +594,21 @@ impl Scratch {
                 acc: Vec::new(),
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => Scratch {
+                ys: crate::aligned::AlignedVec::zeroed(n * ROW_BLOCK),
+                w: vec![0f32; avx512::DECODE_INPUTS * ROW_BLOCK],
+                acc: Vec::new(),
+                tiles: crate::aligned::AlignedVec::zeroed(0),
+            },
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => unreachable!("no AVX2 kernel off x86-64"),
-            Kernel::Amx | Kernel::Avx512 => Scratch {
+            Kernel::Avx512 | Kernel::Avx2 => unreachable!("no AVX2 or AVX-512 kernel off x86-64"),
+            Kernel::Amx | Kernel::Avx512Bf16 => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n.next_multiple_of(COLS) * ROW_BLOCK),
                 w: Vec::new(),
                 acc: Vec::new(),
                 #[cfg(target_arch = "x86_64")]
-                tiles: crate::aligned::AlignedVec::zeroed(avx512::CHUNK_STEPS * avx512::STEP_U16),
+                tiles: crate::aligned::AlignedVec::zeroed(dpbf16::CHUNK_STEPS * dpbf16::STEP_U16),
                 #[cfg(not(target_arch = "x86_64"))]
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
@@ -561,20 +681,11 @@ mod tests {
             let pw = weights(fmt, m, k, g, 7);
             let x = activations(k * n, 37);
             let (want, bound) = oracle(&pw, &x, n);
-            let mut kernels = vec![Backend::Scalar];
-            if amx_ready() {
-                kernels.push(Backend::Amx);
-            }
-            if avx512_ready() {
-                kernels.push(Backend::Avx512);
-            }
-            if avx2_ready() {
-                kernels.push(Backend::Avx2);
-            }
-            for backend in kernels {
+            // Every kernel this CPU runs (on a Xeon with AMX, all five).
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.runs_here()) {
                 for y_layout in [YLayout::MbyN, YLayout::NbyM] {
                     let mut y = vec![0f32; m * n];
-                    gemm_into_layout(&pw, &x, n, XLayout::KbyN, y_layout, backend, &mut y).unwrap();
+                    gemm_with_kernel(&pw, &x, n, XLayout::KbyN, y_layout, kernel, &mut y).unwrap();
                     for r in 0..m {
                         for c in 0..n {
                             let got = match y_layout {
@@ -584,7 +695,7 @@ mod tests {
                             let i = r * n + c;
                             assert!(
                                 (f64::from(got) - want[i]).abs() <= bound[i],
-                                "{fmt:?} {backend:?} {y_layout:?} ({r}, {c}): {got} vs {}",
+                                "{fmt:?} {kernel:?} {y_layout:?} ({r}, {c}): {got} vs {}",
                                 want[i]
                             );
                         }
@@ -595,24 +706,56 @@ mod tests {
     }
 
     #[test]
-    fn the_avx2_kernel_adds_as_the_scalar_one() {
-        if !avx2_ready() {
-            return;
-        }
+    fn the_fma_kernels_add_as_the_scalar_one() {
         for (fmt, m, k, g, n) in [
             (Format::Nf4, 70, 192, 64, 7),
             (Format::Uint4, 129, 96, 32, 12),
             (Format::Fp4, 64, 256, 128, 1),
+            (Format::Nf4, 64, 64, 32, 13),
         ] {
             let pw = weights(fmt, m, k, g, 3);
             let x = activations(k * n, 53);
-            let run = |backend| {
+            let run = |kernel| {
                 let mut y = vec![0f32; m * n];
-                gemm_into_layout(&pw, &x, n, XLayout::KbyN, YLayout::MbyN, backend, &mut y)
-                    .unwrap();
+                gemm_with_kernel(&pw, &x, n, XLayout::KbyN, YLayout::MbyN, kernel, &mut y).unwrap();
                 y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             };
-            assert_eq!(run(Backend::Avx2), run(Backend::Scalar), "{fmt:?}");
+            let want = run(Kernel::Scalar);
+            for kernel in [Kernel::Avx512, Kernel::Avx2] {
+                if kernel.runs_here() {
+                    assert_eq!(run(kernel), want, "{fmt:?} {kernel:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_avx512_backend_picks_by_vendor_and_kernels_not_here_are_refused() {
+        let pw = weights(Format::Nf4, 64, 64, 32, 1);
+        match kernel_for(&pw, Backend::Avx512) {
+            Ok(k) => assert_eq!(
+                k,
+                if dpbf16_preferred() {
+                    Kernel::Avx512Bf16
+                } else {
+                    Kernel::Avx512
+                }
+            ),
+            Err(e) => assert!(!avx512_ready(), "{e}"),
+        }
+        for kernel in Kernel::ALL.into_iter().filter(|k| !k.runs_here()) {
+            let mut y = vec![0f32; 64];
+            let err = gemm_with_kernel(
+                &pw,
+                &[1.0; 64],
+                1,
+                XLayout::KbyN,
+                YLayout::MbyN,
+                kernel,
+                &mut y,
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains(kernel.id()), "{err}");
         }
     }
 

@@ -6,7 +6,7 @@
 //! of 32 inputs at a time into weight tiles ([`decode`]: 32 KiB, resident in L1 while every
 //! column block reads them), the layout `tdpbf16ps` takes for its second operand (a row per
 //! input pair, a dword per weight row). The activations are tiles too
-//! ([`super::avx512::tile_activations`]), 16 columns x 32 inputs, contiguous.
+//! ([`super::dpbf16::tile_activations`]), 16 columns x 32 inputs, contiguous.
 //!
 //! Tiles: `tmm0..tmm3` the sums of the four parts for 16 columns (rows 64 floats apart in the
 //! task's `[column][64 rows]` buffer, loaded and stored around each chunk of steps), `tmm4`
@@ -16,7 +16,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::avx512::{decode, CHUNK_STEPS, STEP_U16, TILE_U16};
+use super::dpbf16::{decode, CHUNK_STEPS, STEP_U16, TILE_U16};
 use super::{Job, Scratch, COLS, STEP};
 use crate::dense::amx::{Config, Tiles};
 use crate::layout::ROW_BLOCK;

@@ -1,237 +1,172 @@
-//! The `bf16` kernel on AVX-512 BF16 (`vdpbf16ps`: per float32 lane, the products of a pair
-//! of bfloat16 weights and a pair of bfloat16 activations added to the lane's sum), for CPUs
-//! without AMX (AMD Zen 4 and later, Intel Cooper Lake), and the pieces the AMX kernel
-//! ([`super::amx`]) shares with it: the activation tiles and the weight decode.
+//! The `bf16` kernel on AVX-512 F: `vfmadd231ps` on 16 lanes, in the scalar kernel's order
+//! of additions, as the AVX2 kernel ([`super::avx2`]) does on 8 lanes, so the three give the
+//! same bits wherever no product is below `2^-126` in magnitude. The `avx512` backend's
+//! `bf16` kernel on every AVX-512 CPU but AMD's with AVX-512 BF16 ([`super::dpbf16`]).
 //!
-//! Per row block (64 rows, four 16-row parts), the weights are decoded [`CHUNK_STEPS`] steps
-//! of 32 inputs at a time ([`decode`]: 32 KiB, resident in L1 while every column reads them)
-//! from the dense layout's 4-bit codes ([`crate::dense::DenseLayout`]: a chunk of 8 inputs is
-//! 16 rows x 4 bytes, byte `j` the codes of inputs `2j`, `2j + 1`): `vpermps` looks the values
-//! up by code, `(v - z) * s` scales them per row, `vcvtne2ps2bf16` rounds them, and a `vpermw`
-//! pairs inputs `2j` and `2j + 1` of each row into one dword. A step of a 16-row part is then
-//! 16 vectors (one per input pair) of 16 dwords (one per row): AMX's weight tile, and
-//! `vdpbf16ps`' first operand, with the column's activation pair broadcast as the second.
-//! [`columns`] keeps the sums of four parts x up to four columns in registers through a chunk.
+//! Per row block (64 rows, four 16-row parts: a vector's lanes are rows), the weights are
+//! decoded [`DECODE_INPUTS`] inputs at a time into float32 (16 KiB, resident in L1 while
+//! every column reads them) from the dense layout's 4-bit codes
+//! ([`crate::dense::DenseLayout`]: a chunk of 8 inputs is 16 rows x 4 bytes, input `i` in
+//! bits `4i .. 4i + 4` of a row's dword): one `vpermps` looks 16 rows' values up by code,
+//! `(v - z) * s` scales them per row, and an integer round to nearest even keeps bfloat16's
+//! 8 bits. [`columns`] then keeps four parts x up to six columns of sums in registers (24 of
+//! the 32), reading the activations (bfloat16 values as float32, `(K, N)` row-major) by
+//! broadcast.
+//!
+//! Why FMA and not `vdpbf16ps`, which does two multiplies per lane: on this project's
+//! Sapphire Rapids, `vdpbf16ps` issues once per two cycles and `vfmadd231ps` twice per cycle,
+//! so this kernel does twice the multiplies per cycle (`examples/bf16_kernels`: nf4 g64
+//! 4096 x 4096, 2 threads, N = 64 8.0-8.6 ms against 13.3-13.6).
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use half::bf16;
-use rayon::prelude::*;
-
-use super::{Job, Scratch, COLS, STEP};
-use crate::aligned::AlignedVec;
+use super::{Job, Scratch};
 use crate::dense::{CHUNK, SUB};
-use crate::gemm::XLayout;
 use crate::kernels::avx512::load16;
 use crate::layout::ROW_BLOCK;
 
-/// bfloat16 values in a 1 KiB tile (16 rows x 64 bytes).
-pub(in crate::bf16) const TILE_U16: usize = 512;
-/// Parts (16-row tiles) of a row block.
+/// Inputs decoded at a time: 64 rows x 64 inputs of float32, 16 KiB.
+pub(in crate::bf16) const DECODE_INPUTS: usize = 64;
+/// Parts (16-row vectors) of a row block.
 const PARTS: usize = ROW_BLOCK / SUB;
-/// bfloat16 values of one step's decoded weights: the four parts' tiles.
-pub(in crate::bf16) const STEP_U16: usize = PARTS * TILE_U16;
-/// Steps decoded at a time: 8 x 4 KiB.
-pub(in crate::bf16) const CHUNK_STEPS: usize = 8;
-/// Columns whose sums [`columns`] keeps in registers (with the four parts: 16 of 32 vector
-/// registers, and four for the weights).
-const COL_GROUP: usize = 4;
+/// Columns whose sums [`columns`] keeps in registers (with the four parts).
+const COL_GROUP: usize = 6;
 
-/// Whether this CPU runs the kernel (and the decode): AVX-512 F, BW and BF16.
+/// Whether this CPU runs the kernel: AVX-512 F (and F16C, for float16 scales, which every
+/// AVX-512 CPU has).
 pub fn ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
-    *READY.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512bf16")
-    })
+    *READY.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c"))
 }
 
-/// The activations rounded to bfloat16 (`x` `(K, N)` or `(N, K)` row-major as `layout`;
-/// packed input `j` is original input `perm[j]`) as tiles: tile `(b, t)` (columns `16 b ..`,
-/// inputs `32 t ..`) at `(b T + t) 512` (`T = K / 32` steps), row `r` (column `16 b + r`)
-/// its 32 inputs; zero rows past column `n`. Read in the order `x` is laid out in.
-pub(in crate::bf16) fn tile_activations(
-    x: &[f32],
-    n: usize,
-    k: usize,
-    layout: XLayout,
-    perm: Option<&[u32]>,
-) -> AlignedVec<u16> {
-    let steps = k / STEP;
-    let src = |j: usize| perm.map_or(j, |p| p[j] as usize);
-    let mut out = AlignedVec::<u16>::zeroed(n.div_ceil(COLS) * steps * TILE_U16);
-    let at = |j: usize, r: usize| ((j / STEP) * COLS + r) * STEP + j % STEP;
-    out.par_chunks_mut(steps * TILE_U16)
-        .enumerate()
-        .for_each(|(b, block)| {
-            let cols = COLS.min(n - b * COLS);
-            match layout {
-                XLayout::KbyN => {
-                    for j in 0..k {
-                        let row = &x[src(j) * n + b * COLS..][..cols];
-                        for (r, v) in row.iter().enumerate() {
-                            block[at(j, r)] = bf16::from_f32(*v).to_bits();
-                        }
-                    }
-                }
-                XLayout::NbyK => {
-                    for r in 0..cols {
-                        let col = &x[(b * COLS + r) * k..][..k];
-                        for j in 0..k {
-                            block[at(j, r)] = bf16::from_f32(col[src(j)]).to_bits();
-                        }
-                    }
-                }
-            }
-        });
-    out
+/// float32 values rounded to the nearest bfloat16 (ties to even), as float32 (see
+/// [`super::avx2`]'s `round_bf16`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn round_bf16(v: __m512) -> __m512 {
+    let b = _mm512_castps_si512(v);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    let r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb);
+    _mm512_castsi512_ps(_mm512_and_si512(
+        r,
+        _mm512_set1_epi32(0xffff_0000_u32 as i32),
+    ))
 }
 
-/// Decodes steps `t0 .. t0 + steps` of row block `rb` into `out` (`steps` x [`STEP_U16`]):
-/// per step, the weight tiles of the four parts (see the module docs).
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub(in crate::bf16) unsafe fn decode(
-    job: &Job<'_>,
-    rb: usize,
-    t0: usize,
-    steps: usize,
-    out: &mut [u16],
-) {
+/// Decodes inputs `j0 .. j0 + len` (`len` a multiple of 8) of row block `rb` into `out`:
+/// input `j0 + j`, part `s` at `(j PARTS + s) 16`, its 16 rows' weights `bf16((v[q] - z) s)`.
+#[inline(never)]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn decode(job: &Job<'_>, rb: usize, j0: usize, len: usize, out: &mut [f32]) {
     let (lay, g_size) = (job.lay, job.pw.group_size());
-    assert!(out.len() >= steps * STEP_U16);
+    assert!(out.len() >= len * ROW_BLOCK && len.is_multiple_of(CHUNK));
     // SAFETY: 16 floats.
     let table = unsafe { _mm512_loadu_ps(job.values.as_ptr()) };
-    // Word 2r of the result is word r (input 2j of row r), word 2r + 1 is word 16 + r.
-    let pair = _mm512_set_epi16(
-        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
-        19, 3, 18, 2, 17, 1, 16, 0,
-    );
-    let shift = |bits: u32| _mm512_set1_epi32(bits as i32);
-    for t in 0..steps {
-        let j0 = (t0 + t) * STEP;
-        let g = j0 / g_size;
-        let c0 = (j0 % g_size) / CHUNK;
+    for cc in 0..len / CHUNK {
+        let j = j0 + cc * CHUNK;
+        let (g, c0) = (j / g_size, (j % g_size) / CHUNK);
         for s in 0..PARTS {
             let ti = (g * lay.row_blocks + rb) * ROW_BLOCK + s * SUB;
             // SAFETY: 64 tiled values per (group, row block).
             let (sc, z) = unsafe { (load16(job.scales, ti), job.zeros.map(|z| load16(z, ti))) };
-            let words = &lay.data[lay.part(g, rb, s) + c0 * SUB * 4..][..STEP / CHUNK * 64];
-            let dst = &mut out[(t * PARTS + s) * TILE_U16..][..TILE_U16];
-            for (cc, word) in words.chunks_exact(64).enumerate() {
-                // SAFETY: 64 bytes, aligned (the layout's chunks are 64-byte words).
-                let v = unsafe { _mm512_load_si512(word.as_ptr() as *const __m512i) };
-                for j in 0..4u32 {
-                    // `vpermps` reads the low 4 bits of each dword: the low nibble of byte
-                    // `j`, then (shifted 4 more) its high nibble.
-                    let lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, shift(8 * j)), table);
-                    let hi = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, shift(8 * j + 4)), table);
-                    let (lo, hi) = match z {
-                        Some(z) => (_mm512_sub_ps(lo, z), _mm512_sub_ps(hi, z)),
-                        None => (lo, hi),
-                    };
-                    let (lo, hi) = (_mm512_mul_ps(lo, sc), _mm512_mul_ps(hi, sc));
-                    // SAFETY: 32 bfloat16 bits reinterpreted as 16-bit integers (same size).
-                    let b: __m512i = unsafe { std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo)) };
-                    let row = _mm512_permutexvar_epi16(pair, b);
-                    let o = (cc * 4 + j as usize) * 32;
-                    // SAFETY: 32 values of the tile's row `4 cc + j`.
-                    unsafe {
-                        _mm512_storeu_si512(dst[o..o + 32].as_mut_ptr() as *mut __m512i, row)
-                    };
-                }
+            let word = &lay.data[lay.part(g, rb, s) + c0 * SUB * 4..][..SUB * 4];
+            // SAFETY: 64 bytes, aligned (the layout's chunks are 64-byte words).
+            let v = unsafe { _mm512_load_si512(word.as_ptr() as *const __m512i) };
+            for i in 0..CHUNK {
+                // `vpermps` reads the low 4 bits of each dword: input `i`'s code.
+                let idx = _mm512_srlv_epi32(v, _mm512_set1_epi32(4 * i as i32));
+                let val = _mm512_permutexvar_ps(idx, table);
+                let val = z.map_or(val, |z| _mm512_sub_ps(val, z));
+                let w = round_bf16(_mm512_mul_ps(val, sc));
+                let at = ((cc * CHUNK + i) * PARTS + s) * SUB;
+                // SAFETY: 16 floats inside `out` (asserted).
+                unsafe { _mm512_storeu_ps(out[at..at + SUB].as_mut_ptr(), w) };
             }
         }
     }
 }
 
-/// Adds steps `0 .. steps` of columns `c0 .. c0 + C` to their sums in `ys`
-/// (`[column][64 rows]`): weights from `w` (decoded steps, [`decode`]), activations from
-/// `acts` (the call's tiles, [`tile_activations`], of `t_all` steps), steps `t0 ..`.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+/// Adds inputs `j0 .. j0 + len` of columns `c0 .. c0 + C` to their sums in `ys`
+/// (`[column][64 rows]`): weights from `w` ([`decode`]), activations from `a` (`(K, n)`
+/// row-major). The sums of the four parts stay in registers.
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
 unsafe fn columns<const C: usize>(
     ys: &mut [f32],
-    acts: &[u16],
-    t_all: usize,
-    t0: usize,
+    a: &[f32],
+    n: usize,
+    j0: usize,
+    len: usize,
     c0: usize,
-    w: &[u16],
-    steps: usize,
+    w: &[f32],
 ) {
-    assert!(w.len() >= steps * STEP_U16);
-    assert!(ys.len() >= (c0 + C) * ROW_BLOCK);
-    // Activation pair `j` of column `c` in step `t0 + t`: the dword at `col[c] + t 512 + 2j`.
-    let col: [usize; C] = std::array::from_fn(|i| {
-        let c = c0 + i;
-        ((c / COLS) * t_all + t0) * TILE_U16 + (c % COLS) * STEP
-    });
-    assert!(col
-        .iter()
-        .all(|&o| o + (steps - 1) * TILE_U16 + STEP <= acts.len()));
-    let (y, a, w) = (ys.as_mut_ptr(), acts.as_ptr(), w.as_ptr());
-    let mut sum = [[_mm512_setzero_ps(); C]; PARTS];
-    for (s, part) in sum.iter_mut().enumerate() {
-        for (i, v) in part.iter_mut().enumerate() {
-            // SAFETY: inside `ys` (asserted).
-            *v = unsafe { _mm512_loadu_ps(y.add((c0 + i) * ROW_BLOCK + s * SUB)) };
-        }
-    }
-    for t in 0..steps {
-        for j in 0..STEP / 2 {
-            // SAFETY: step `t` of the decoded weights, row `j` of each part's tile (asserted).
-            let wv: [__m512bh; PARTS] = std::array::from_fn(|s| unsafe {
-                std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                    w.add((t * PARTS + s) * TILE_U16 + j * 32) as *const __m512i,
-                ))
-            });
+    assert!(w.len() >= len * ROW_BLOCK && ys.len() >= (c0 + C) * ROW_BLOCK);
+    assert!(c0 + C <= n && (j0 + len) * n <= a.len() && len >= 1);
+    let (y, a, w) = (ys.as_mut_ptr(), a.as_ptr(), w.as_ptr());
+    let at = |i: usize, s: usize| (c0 + i) * ROW_BLOCK + s * SUB;
+    // SAFETY (loads and stores of the sums): inside `ys` (asserted).
+    let mut s0: [__m512; C] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(y.add(at(i, 0))) });
+    let mut s1: [__m512; C] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(y.add(at(i, 1))) });
+    let mut s2: [__m512; C] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(y.add(at(i, 2))) });
+    let mut s3: [__m512; C] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(y.add(at(i, 3))) });
+    for j in 0..len {
+        // SAFETY: input `j` of the decoded weights; row `j0 + j` of the activations,
+        // columns `c0 ..` (asserted).
+        unsafe {
+            let wp = w.add(j * ROW_BLOCK);
+            let w0 = _mm512_loadu_ps(wp);
+            let w1 = _mm512_loadu_ps(wp.add(SUB));
+            let w2 = _mm512_loadu_ps(wp.add(2 * SUB));
+            let w3 = _mm512_loadu_ps(wp.add(3 * SUB));
+            let ap = a.add((j0 + j) * n + c0);
             for i in 0..C {
-                // SAFETY: inside the activation tiles (asserted); a dword of two bfloat16.
-                let pair = unsafe {
-                    (a.add(col[i] + t * TILE_U16 + 2 * j) as *const i32).read_unaligned()
-                };
-                let x: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(pair)) };
-                for s in 0..PARTS {
-                    sum[s][i] = _mm512_dpbf16_ps(sum[s][i], wv[s], x);
-                }
+                let x = _mm512_set1_ps(*ap.add(i));
+                s0[i] = _mm512_fmadd_ps(w0, x, s0[i]);
+                s1[i] = _mm512_fmadd_ps(w1, x, s1[i]);
+                s2[i] = _mm512_fmadd_ps(w2, x, s2[i]);
+                s3[i] = _mm512_fmadd_ps(w3, x, s3[i]);
             }
         }
     }
-    for (s, part) in sum.iter().enumerate() {
-        for (i, v) in part.iter().enumerate() {
-            // SAFETY: inside `ys` (asserted).
-            unsafe { _mm512_storeu_ps(y.add((c0 + i) * ROW_BLOCK + s * SUB), *v) };
+    for i in 0..C {
+        // SAFETY: inside `ys` (asserted).
+        unsafe {
+            _mm512_storeu_ps(y.add(at(i, 0)), s0[i]);
+            _mm512_storeu_ps(y.add(at(i, 1)), s1[i]);
+            _mm512_storeu_ps(y.add(at(i, 2)), s2[i]);
+            _mm512_storeu_ps(y.add(at(i, 3)), s3[i]);
         }
     }
 }
 
-/// The sums of row block `rb` into `s.ys` (`[column][64 rows]`, columns padded to 16);
-/// [`ready`] must be true and `tiles` the call's activation tiles.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub(in crate::bf16) unsafe fn block(job: &Job<'_>, tiles: &[u16], rb: usize, s: &mut Scratch) {
+/// The sums of row block `rb` into `s.ys` (`[column][64 rows]`); [`ready`] must be true and
+/// `a` the call's activations (`(K, N)` row-major, bfloat16 values).
+#[target_feature(enable = "avx512f,f16c")]
+pub(in crate::bf16) unsafe fn block(job: &Job<'_>, a: &[f32], rb: usize, s: &mut Scratch) {
     let (k, n) = (job.pw.k(), job.n);
-    let steps = k / STEP;
-    assert!(s.tiles.len() >= CHUNK_STEPS * STEP_U16);
     s.ys.fill(0.0);
-    let mut t0 = 0;
-    while t0 < steps {
-        let st = (steps - t0).min(CHUNK_STEPS);
-        // SAFETY: the features are enabled here; `s.tiles` holds `st` steps (asserted).
-        unsafe { decode(job, rb, t0, st, &mut s.tiles) };
+    let mut j0 = 0;
+    while j0 < k {
+        let len = (k - j0).min(DECODE_INPUTS);
+        // SAFETY: the features are enabled here; the bounds are asserted inside.
+        unsafe { decode(job, rb, j0, len, &mut s.w) };
         let mut c0 = 0;
         while c0 < n {
-            let (ys, w) = (&mut s.ys[..], &s.tiles[..]);
+            let (ys, w) = (&mut s.ys[..], &s.w[..]);
             // SAFETY: the features are enabled here; the bounds are asserted inside.
             unsafe {
                 match n - c0 {
-                    1 => columns::<1>(ys, tiles, steps, t0, c0, w, st),
-                    2 => columns::<2>(ys, tiles, steps, t0, c0, w, st),
-                    3 => columns::<3>(ys, tiles, steps, t0, c0, w, st),
-                    _ => columns::<COL_GROUP>(ys, tiles, steps, t0, c0, w, st),
+                    1 => columns::<1>(ys, a, n, j0, len, c0, w),
+                    2 => columns::<2>(ys, a, n, j0, len, c0, w),
+                    3 => columns::<3>(ys, a, n, j0, len, c0, w),
+                    4 => columns::<4>(ys, a, n, j0, len, c0, w),
+                    5 => columns::<5>(ys, a, n, j0, len, c0, w),
+                    _ => columns::<COL_GROUP>(ys, a, n, j0, len, c0, w),
                 }
             }
             c0 += COL_GROUP;
         }
-        t0 += st;
+        j0 += len;
     }
 }
