@@ -78,6 +78,9 @@ pub const AUTO_MIN_N_AVX512_BF16: usize = 12;
 /// tables, even at N = 16 and 1.3x faster at N = 64).
 pub const AUTO_MIN_N_AVX2: usize = 16;
 
+/// Inputs the portable kernel decodes at a time (64 rows x 64 inputs of float32, 16 KiB).
+const PORTABLE_INPUTS: usize = 64;
+
 /// The kernel of a `bf16` call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -331,6 +334,15 @@ pub fn round(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
 }
 
+/// [`round`] for values that are not NaN (what the decoders produce), on the bits: the
+/// rounding increment `0x7fff + lsb`, then the low 16 bits cleared (the vector kernels' way;
+/// infinities stay infinite, and the largest values round up to infinity as in [`round`]).
+#[inline(always)]
+fn round_finite(x: f32) -> f32 {
+    let b = x.to_bits();
+    f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+}
+
 /// `y = Wd @ X` in `bf16` mode into `y` (overwritten; `(M, N)` or `(N, M)` row-major as
 /// `y_layout`), `x` `(K, N)` or `(N, K)` row-major as `layout` in the original column order.
 /// Runs on the library pool (or the current one). Errors: the weights do not qualify, the
@@ -519,7 +531,8 @@ impl<'a> Job<'a> {
     }
 
     /// The weights of row `row` (of the whole matrix) in packed column order, as float32
-    /// (bfloat16 values), from the dense layout: `bf16((v[q] - z) * s)`.
+    /// (bfloat16 values), from the dense layout: `bf16((v[q] - z) * s)` (the tests' oracle).
+    #[cfg(test)]
     fn row_weights(&self, row: usize, out: &mut [f32]) {
         let (g_size, lay) = (self.pw.group_size(), self.lay);
         let (rb, rr) = (row / ROW_BLOCK, row % ROW_BLOCK);
@@ -540,26 +553,55 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// The scalar kernel: per row, the columns' sums in ascending input order (vectorized
-    /// across columns: each lane is one column's own sequence of additions).
-    fn scalar_block(&self, a: &[f32], rb: usize, s: &mut Scratch) {
-        let (m, k, n) = (self.pw.m(), self.pw.k(), self.n);
-        let rows = (m - rb * ROW_BLOCK).min(ROW_BLOCK);
-        let acc = &mut s.acc;
-        for r in 0..rows {
-            let row = rb * ROW_BLOCK + r;
-            self.row_weights(row, &mut s.w);
-            acc.fill(0.0);
-            for (w, xs) in s.w.iter().zip(a.chunks_exact(n)) {
-                for (y, x) in acc.iter_mut().zip(xs) {
-                    *y += w * x;
+    /// Decodes inputs `j0 .. j0 + len` (`len` a multiple of 8) of row block `rb` into `out`:
+    /// input `j0 + j` of row `r` at `j 64 + r` (rows past `M` hold the layout's padding).
+    fn decode_block(&self, rb: usize, j0: usize, len: usize, out: &mut [f32]) {
+        let (g_size, lay) = (self.pw.group_size(), self.lay);
+        for cc in 0..len / CHUNK {
+            let j = j0 + cc * CHUNK;
+            let (g, c0) = (j / g_size, (j % g_size) / CHUNK);
+            let out = &mut out[cc * CHUNK * ROW_BLOCK..][..CHUNK * ROW_BLOCK];
+            for sub in 0..ROW_BLOCK / SUB {
+                let words = &lay.data[lay.part(g, rb, sub) + c0 * SUB * 4..][..SUB * 4];
+                for (r, word) in words.chunks_exact(4).enumerate() {
+                    let rr = sub * SUB + r;
+                    let t = (g * lay.row_blocks + rb) * ROW_BLOCK + rr;
+                    let z = self.zeros.map_or(0.0, |z| z.at(t));
+                    let s = self.scales.at(t);
+                    let codes = u32::from_le_bytes(word.try_into().expect("4 bytes"));
+                    for i in 0..CHUNK {
+                        let q = (codes >> (4 * i)) as usize & 15;
+                        out[i * ROW_BLOCK + rr] = round_finite((self.values[q] - z) * s);
+                    }
                 }
             }
-            for (c, v) in acc.iter().enumerate() {
-                s.ys[c * ROW_BLOCK + r] = *v;
-            }
         }
-        debug_assert_eq!(k, s.w.len());
+    }
+
+    /// The portable kernel: per row block, the weights decoded [`PORTABLE_INPUTS`] inputs at
+    /// a time ([`Self::decode_block`]), then per column and input the 64 rows' sums in one
+    /// loop that the compiler vectorizes (SSE2, NEON), each row's sum still adding its
+    /// products in ascending input order, one rounding each (Rust never fuses the multiply
+    /// and the add).
+    fn scalar_block(&self, a: &[f32], rb: usize, s: &mut Scratch) {
+        let (k, n) = (self.pw.k(), self.n);
+        s.ys.fill(0.0);
+        let mut j0 = 0;
+        while j0 < k {
+            let len = (k - j0).min(PORTABLE_INPUTS);
+            self.decode_block(rb, j0, len, &mut s.w);
+            for (c, ys) in s.ys.chunks_exact_mut(ROW_BLOCK).take(n).enumerate() {
+                let mut sum: [f32; ROW_BLOCK] = ys.try_into().expect("64 rows");
+                for (j, w) in s.w.chunks_exact(ROW_BLOCK).take(len).enumerate() {
+                    let x = a[(j0 + j) * n + c];
+                    for (y, w) in sum.iter_mut().zip(w) {
+                        *y += w * x;
+                    }
+                }
+                ys.copy_from_slice(&sum);
+            }
+            j0 += len;
+        }
     }
 }
 
@@ -568,10 +610,8 @@ struct Scratch {
     /// Sums of a row block, `[column][64 rows]` (the AMX kernel's columns padded to 16;
     /// aligned, as tile loads and stores that split cache lines cost about twice as much).
     ys: crate::aligned::AlignedVec<f32>,
-    /// Scalar kernel: one row's weights and its columns' sums; AVX-512 and AVX2 kernels: the
-    /// decoded weights of a run of inputs.
+    /// Portable, AVX-512 and AVX2 kernels: the decoded weights of a run of inputs.
     w: Vec<f32>,
-    acc: Vec<f32>,
     /// AMX and AVX-512 BF16 kernels: the decoded weights of one chunk of steps.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     tiles: crate::aligned::AlignedVec<u16>,
@@ -579,26 +619,23 @@ struct Scratch {
 
 impl Scratch {
     fn new(job: &Job<'_>) -> Scratch {
-        let (k, n) = (job.pw.k(), job.n);
+        let n = job.n;
         match job.kernel {
             Kernel::Scalar => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n * ROW_BLOCK),
-                w: vec![0f32; k],
-                acc: vec![0f32; n],
+                w: vec![0f32; PORTABLE_INPUTS * ROW_BLOCK],
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n * ROW_BLOCK),
                 w: vec![0f32; avx2::DECODE_INPUTS * ROW_BLOCK],
-                acc: Vec::new(),
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n * ROW_BLOCK),
                 w: vec![0f32; avx512::DECODE_INPUTS * ROW_BLOCK],
-                acc: Vec::new(),
                 tiles: crate::aligned::AlignedVec::zeroed(0),
             },
             #[cfg(not(target_arch = "x86_64"))]
@@ -606,7 +643,6 @@ impl Scratch {
             Kernel::Amx | Kernel::Avx512Bf16 => Scratch {
                 ys: crate::aligned::AlignedVec::zeroed(n.next_multiple_of(COLS) * ROW_BLOCK),
                 w: Vec::new(),
-                acc: Vec::new(),
                 #[cfg(target_arch = "x86_64")]
                 tiles: crate::aligned::AlignedVec::zeroed(dpbf16::CHUNK_STEPS * dpbf16::STEP_U16),
                 #[cfg(not(target_arch = "x86_64"))]
