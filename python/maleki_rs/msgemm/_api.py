@@ -800,9 +800,10 @@ def msgemm(
         Kernels: Intel AMX (``tdpbf16ps``, backend ``"amx"``), AVX-512 (``"avx512"``: FMA,
         ``vfmadd231ps``; on AMD CPUs with AVX-512 BF16 (Zen 4 and later) ``vdpbf16ps``, which
         does twice the multiplies per instruction there, against a quarter of the FMA rate on
-        Intel's), AVX2 and FMA (``"avx2"``), and a portable one (``"scalar"``, which the compiler
-        vectorizes: nf4 g64 4096 x 4096, N = 16, 2 threads, 17 ms against 2.7 on AVX-512); ``"auto"`` takes the first of them the CPU has
-        (:func:`plan_info` names it: ``bf16_kernel``). The FMA kernels give the scalar
+        Intel's), AVX2 and FMA (``"avx2"``), and a portable one (``"scalar"``, which the
+        compiler vectorizes: nf4 g64 4096 x 4096, N = 16, 2 threads, 17 ms against 2.7 on
+        AVX-512); ``"auto"`` takes the first of them the CPU has (:func:`plan_info` names it:
+        ``bf16_kernel``). The FMA kernels give the scalar
         kernel's bits, so the same result on every such CPU, wherever no product of a weight
         and an activation is below ``2^-126`` in magnitude (FMA does not round such products,
         which the scalar kernel does; ``scalar_order``). AMX and ``vdpbf16ps`` add in their

@@ -23,10 +23,11 @@
 //! does, and the AVX-512 BF16 kernel ([`dpbf16`], the `avx512` backend's on AMD CPUs) a pair
 //! of inputs per instruction as `vdpbf16ps` does: not bit for bit that sequence (on this
 //! project's Xeon (AMX-BF16) about two thirds of the outputs differ from it in the last
-//! bits), treating subnormal inputs as zero and flushing subnormal sums. All stay within the float32 bound `K 2^-24 sum_k |w a|`
-//! of the float64 sum of the same bfloat16 operands (the tests' oracle), and each is
-//! deterministic for any number of threads. Against the exact `Wd @ x`, each product adds
-//! at most `2^-8 + 2^-16` of its magnitude (two bfloat16 roundings).
+//! bits), treating subnormal inputs as zero and flushing subnormal sums. All stay within the
+//! float32 bound `K 2^-24 sum_k |w a|` of the float64 sum of the same bfloat16 operands (the
+//! tests' oracle), and each is deterministic for any number of threads. Against the exact
+//! `Wd @ x`, each product adds at most `2^-8 + 2^-16` of its magnitude (two bfloat16
+//! roundings).
 //!
 //! Applies to codebooks of at most 16 levels (every format but fp8) and group sizes that are
 //! multiples of [`STEP`] (32 inputs: a tile step shares one scale per row).
