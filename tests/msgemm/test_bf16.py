@@ -142,7 +142,7 @@ def test_threads_do_not_change_the_bits(one_and_two_threads):
 def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it():
     pw = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "nf4", 64)
     # As many columns as the highest threshold.
-    x = np.random.default_rng(4).standard_normal((256, max(MIN_N.values()))).astype(np.float32)
+    x = np.random.default_rng(4).standard_normal((256, max(MIN_N_OF.values()))).astype(np.float32)
     for n in (2, 5, 6, 7, 8, 11, 12, 15, 16, 40):
         info = mg.plan_info(pw, n=n)
         assert info["dense_bf16"] == (AUTO_MIN_N is not None and n >= AUTO_MIN_N), n
