@@ -1,5 +1,6 @@
-//! The `bf16` kernel on AVX2 and FMA, for x86-64 CPUs without AVX-512 BF16 (Intel from
-//! Haswell to Ice Lake, AMD Zen 1 to 3). It adds the products in the scalar kernel's order
+//! The `bf16` kernel on AVX2 and FMA, for x86-64 CPUs without AVX-512 (Intel's desktop and
+//! laptop CPUs from Haswell on, AMD Zen 1 to 3); AVX-512 CPUs run the same design on 16 lanes
+//! ([`super::avx512`]). It adds the products in the scalar kernel's order
 //! (ascending input, one rounding per addition) with `vfmadd231ps`; a product of two
 //! bfloat16 values is exact in float32 unless it falls below the normal range, so its sums
 //! are the scalar kernel's, bit for bit, wherever no product is below `2^-126` in magnitude.
