@@ -22,18 +22,21 @@ def pw():
 
 
 def test_one_and_two_threads_give_identical_bits(pw, one_and_two_threads):
+    # A batch and a GEMV (which runs on its caller on 1-2 threads, `threads=` given or not).
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((512, 7)).astype(np.float32)
-    for table in (None, *mg.TABLES):  # None: the library's choice (a batch: `i16` where it runs densely)
-        for backend in [b for b in BACKENDS if b != "reference"]:
-            if not mg.backend_supports(pw, backend, n=7, table=table):
-                continue  # a SIMD kernel need not implement every precision (KERNELS.md)
-            maleki_rs.set_num_threads(1)
-            y1 = mg.msgemm(pw, x, table=table, backend=backend)
-            maleki_rs.set_num_threads(2)
-            y2 = mg.msgemm(pw, x, table=table, backend=backend)
-            y3 = mg.msgemm(pw, x, table=table, backend=backend, threads=3)
-            assert y1.view(np.uint32).tolist() == y2.view(np.uint32).tolist() == y3.view(np.uint32).tolist()
+    for x in (rng.standard_normal((512, 7)).astype(np.float32), rng.standard_normal(512).astype(np.float32)):
+        n = 1 if x.ndim == 1 else x.shape[1]
+        for table in (None, *mg.TABLES):  # None: the library's choice (a batch: `i16` where it runs densely)
+            for backend in [b for b in BACKENDS if b != "reference"]:
+                if not mg.backend_supports(pw, backend, n=n, table=table):
+                    continue  # a SIMD kernel need not implement every precision (KERNELS.md)
+                maleki_rs.set_num_threads(1)
+                ys = [mg.msgemm(pw, x, table=table, backend=backend)]
+                maleki_rs.set_num_threads(2)
+                ys.append(mg.msgemm(pw, x, table=table, backend=backend))
+                ys += [mg.msgemm(pw, x, table=table, backend=backend, threads=t) for t in (1, 2, 3)]
+                bits = [y.view(np.uint32).tolist() for y in ys]
+                assert all(b == bits[0] for b in bits), (n, table, backend)
 
 
 def test_quantize_is_thread_independent(one_and_two_threads):

@@ -6,6 +6,7 @@
 //! Cores themselves just use rayon's parallel iterators; callers run them inside
 //! [`install`] (or [`run_monitored`]) so those iterators land on this pool.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -98,8 +99,12 @@ fn leak_if_stale<T>(slot: &mut Option<(u64, T)>, generation: u64) {
     }
 }
 
-/// The pool, built on first use with [`num_threads`] workers.
+/// The pool, built on first use with [`num_threads`] workers (on a thread inside
+/// [`with_pool`], that call's pool).
 pub fn pool() -> Arc<ThreadPool> {
+    if let Some(p) = STAND_IN.with(|s| s.borrow().clone()) {
+        return p;
+    }
     let generation = FORK_GENERATION.load(Ordering::SeqCst);
     let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
     leak_if_stale(&mut guard, generation);
@@ -147,6 +152,32 @@ const SIZED_KEPT: usize = 4;
 /// safe: it only bumps an atomic counter.
 pub fn mark_forked() {
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
+}
+
+thread_local! {
+    /// The pool that stands in for the library pool on this thread ([`with_pool`]).
+    static STAND_IN: RefCell<Option<Arc<ThreadPool>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` on the calling thread with `p` standing in for the library pool: [`pool`],
+/// [`install`] and [`join_here`] called from this thread (not from `p`'s workers, which use
+/// their own pool anyway) use `p` until `f` returns or unwinds.
+///
+/// For a call with its own thread count (`threads=`) into a core that hands work to the pool
+/// itself, such as msgemm's: a GEMV there runs on its caller (and at most one worker) when the
+/// pool has 1 or 2 threads, which [`ThreadPool::install`] would rule out by moving the whole
+/// call onto a worker (each wake-up of a sleeping worker costs tens of microseconds on a VM).
+pub fn with_pool<R>(p: Arc<ThreadPool>, f: impl FnOnce() -> R) -> R {
+    /// Puts the previous stand-in back, also when `f` unwinds.
+    struct Restore(Option<Arc<ThreadPool>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            STAND_IN.with(|s| *s.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(STAND_IN.with(|s| s.borrow_mut().replace(p)));
+    f()
 }
 
 /// Runs `f` on the library pool; rayon iterators inside use that pool.
@@ -377,6 +408,30 @@ mod tests {
     use super::*;
     use crate::progress::Progress;
     use rayon::prelude::*;
+
+    #[test]
+    fn with_pool_stands_in_on_this_thread_only() {
+        let p = sized_pool(3).unwrap();
+        let q = sized_pool(5).unwrap();
+        let library = pool();
+        with_pool(Arc::clone(&p), || {
+            assert!(Arc::ptr_eq(&pool(), &p));
+            assert_eq!(install(rayon::current_num_threads), 3);
+            // Nested: the inner pool, then the outer one again.
+            with_pool(Arc::clone(&q), || assert!(Arc::ptr_eq(&pool(), &q)));
+            assert!(Arc::ptr_eq(&pool(), &p));
+            // Another thread keeps the library pool.
+            let other = std::thread::spawn(pool).join().unwrap();
+            assert!(Arc::ptr_eq(&other, &library));
+        });
+        assert!(Arc::ptr_eq(&pool(), &library));
+        // Put back when `f` unwinds too.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_pool(Arc::clone(&q), || panic!("boom"))
+        }));
+        assert!(unwound.is_err());
+        assert!(Arc::ptr_eq(&pool(), &library));
+    }
 
     #[test]
     fn join_here_runs_a_here_and_b_on_the_pool() {

@@ -33,35 +33,26 @@ fn to_array2<T: numpy::Element>(
     Ok(a.into_pyarray(py))
 }
 
-/// Runs `job` with the GIL released on the library pool, or on a pool of `threads` threads.
-fn run_on<T: Send>(
-    py: Python<'_>,
-    threads: Option<usize>,
-    job: impl FnOnce() -> CoreResult<T> + Send,
-) -> PyResult<T> {
-    match threads {
-        None => run_quick(py, job),
-        Some(t) => {
-            let pool = maleki_common::pool::sized_pool(t).map_err(to_pyerr)?;
-            py.detach(|| pool.install(job)).map_err(to_pyerr)
-        }
-    }
-}
-
-/// Runs a `gemm` core call with the GIL released: from this thread on the library pool (the
-/// core hands the work to the pool itself, except a GEMV on 1-2 threads, which it runs here
-/// and on at most one worker: `gemm::gemv_here`), or on a pool of `threads` threads.
-/// From a worker of some rayon pool, on the library pool.
+/// Runs a `gemm` core call with the GIL released, on the library pool or (`threads`) on a
+/// pool of that many threads. Called off every pool, the core runs on this thread and hands
+/// work to that pool itself (a GEMV on 1-2 threads runs here and on at most one worker:
+/// `gemm::gemv_here`); from a worker of some rayon pool (a polars UDF, say) it would run on
+/// that pool, so the call is moved onto ours instead.
 fn run_gemm<T: Send>(
     py: Python<'_>,
     threads: Option<usize>,
     job: impl FnOnce() -> CoreResult<T> + Send,
 ) -> PyResult<T> {
-    match threads {
-        // Called from a worker of another rayon pool (a polars UDF, say), the core would run
-        // on that pool: hand it to ours instead.
-        None if !maleki_common::pool::on_a_pool() => py.detach(job).map_err(to_pyerr),
-        _ => run_on(py, threads, job),
+    use maleki_common::pool;
+    let sized = threads
+        .map(pool::sized_pool)
+        .transpose()
+        .map_err(to_pyerr)?;
+    match sized {
+        None if !pool::on_a_pool() => py.detach(job).map_err(to_pyerr),
+        None => run_quick(py, job),
+        Some(p) if !pool::on_a_pool() => py.detach(|| pool::with_pool(p, job)).map_err(to_pyerr),
+        Some(p) => py.detach(|| p.install(job)).map_err(to_pyerr),
     }
 }
 
