@@ -105,6 +105,15 @@ class TestValidate:
             validate.check_int(True, "k")
         with pytest.raises(ValueError, match="k: must be <= 3"):
             validate.check_int(4, "k", max=3)
+        # Without bounds, the 64-bit range the core takes (not a bare OverflowError later).
+        assert validate.check_int(2**63 - 1, "k") == 2**63 - 1
+        assert validate.check_int(-(2**63), "k") == -(2**63)
+        with pytest.raises(ValueError, match=r"k: must be below 2\*\*63"):
+            validate.check_int(2**63, "k")
+        with pytest.raises(ValueError, match=r"k: must be >= -2\*\*63"):
+            validate.check_int(-(2**63) - 1, "k")
+        assert validate.check_int(2**64, "k", max=2**65) == 2**64  # explicit bounds rule
+        assert validate.check_float(1e300, "x") == 1e300
         assert validate.check_float(2, "tol", min=0, min_exclusive=True) == 2.0
         with pytest.raises(ValueError, match="must be > 0"):
             validate.check_float(0.0, "tol", min=0, min_exclusive=True)

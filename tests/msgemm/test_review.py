@@ -88,7 +88,7 @@ def test_count_model_beyond_64_bits():
     assert mg.best_depth(2**62, 16, max_depth=20) == _exact_best_depth(2**62, 16, 20)
     exact = 17 / (1 + sum(16**j for j in range(2, 17)) / 4096 + 16**17 / 4096)
     assert mg.model_ratio(4096, 16, 17) == pytest.approx(exact, rel=1e-12)
-    for m, k, n in [(2**62, 2**20, 2**10), (2**63, 2**63, 2**63)]:
+    for m, k, n in [(2**62, 2**20, 2**10), (2**63 - 1, 2**63 - 1, 2**63 - 1)]:
         with pytest.raises(ValueError, match="64-bit"):
             mg.op_counts(m, k, n, group_size=None)
 
@@ -161,3 +161,76 @@ def test_loaders_check_every_shape():
         mg.PackedWeights.from_matmulnbits(B, s.T, K=64, block_size=32)
     with pytest.raises(ValueError, match="B: expected shape"):
         mg.PackedWeights.from_matmulnbits(B.reshape(4, 1, 32), s.reshape(-1), K=64, block_size=32)
+
+
+# Found by the adversarial review of stop 32.
+
+
+def test_linear_out_may_share_memory_with_bias(pw):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    for backend in [b for b in BACKENDS if mg.backend_supports(pw, b, n=1, table="f32")]:
+        b = rng.standard_normal(64).astype(np.float32)
+        want = mg.linear(x, pw, b.copy(), table="f32", backend=backend)
+        got = mg.linear(x, pw, b, table="f32", backend=backend, out=b.reshape(1, 64))  # out is the bias
+        np.testing.assert_array_equal(got, want)
+
+
+def test_wide_batches_on_weights_of_one_group_are_exact():
+    # One group (K = G = 8): the caller runs such batches a column at a time, or hands them
+    # to the pool; either way each column is its GEMV. (Batches of thousands of columns used
+    # to search their run length one count at a time: seconds per call.)
+    rng = np.random.default_rng(9)
+    p = mg.PackedWeights.from_arrays(rng.integers(0, 16, (8, 8)), np.ones((8, 1)))
+    x = rng.integers(-8, 8, (8, 3000)).astype(np.float32)
+    for _ in range(2):  # the second call runs with the weights' caches built
+        np.testing.assert_array_equal(mg.msgemm(p, x, table="f32"), p.dequantize() @ x)
+
+
+def test_float64_weights_beyond_float32_are_rejected():
+    with pytest.raises(ValueError, match="beyond float32"):
+        mg.quantize(np.full((2, 64), 1e39), "int4", 32)
+    big = float(np.finfo(np.float32).max) * 1.5
+    with pytest.raises(ValueError, match=r"beyond float32.*\(1, 5\)"):
+        mg.quantize(np.where(np.arange(128).reshape(2, 64) == 69, big, 1.0), "nf4", 32)
+    # Loaded scales whose weights s * v leave float32: refused by every loader.
+    with pytest.raises(ValueError, match=r"scales: row 1, group 0: .* beyond float32"):
+        mg.PackedWeights.from_arrays(np.zeros((2, 64), np.uint8), np.array([[1.0], [3e38]]), format="int4")
+    with pytest.raises(ValueError, match="beyond float32"):
+        mg.PackedWeights.from_arrays(np.zeros((1, 64), np.uint8), np.array([[3e38]]), np.array([[2.0]]),
+                                     format="uint4")
+    # At the edge: -8 * 4.2e37 = -3.4e38 still fits.
+    edge = mg.PackedWeights.from_arrays(np.zeros((1, 64), np.uint8), np.array([[4.2e37]]), format="int4")
+    assert np.isfinite(edge.dequantize(np.float32)).all()
+
+
+def test_integers_beyond_64_bits_name_their_parameter(pw):
+    with pytest.raises(ValueError, match="M: must be below 2\\*\\*63"):
+        mg.op_counts(2**64, 128)
+    with pytest.raises(ValueError, match="M: must be below"):
+        mg.best_depth(2**63, 16)
+    with pytest.raises(ValueError, match="n: must be below"):
+        mg.plan_info(pw, n=2**64)
+    with pytest.raises(TypeError, match="V: expected a level count"):
+        mg.best_depth(64, True)
+    with pytest.raises(TypeError, match="V: expected a level count"):
+        mg.best_depth(64, 16.0)
+
+
+def test_gptq_group_size_minus_one_is_per_channel():
+    rng = np.random.default_rng(10)
+    qw = _pack_along(rng.integers(0, 16, size=(128, 32)), 4, 0)
+    qz = _pack_along(rng.integers(0, 15, size=(1, 32)), 4, 1)
+    sc = rng.uniform(0.5, 1, size=(1, 32)).astype(np.float32)
+    a = mg.PackedWeights.from_gptq(qw, qz, sc, group_size=-1)
+    b = mg.PackedWeights.from_gptq(qw, qz, sc)
+    assert a.group_size == b.group_size == 128
+    np.testing.assert_array_equal(a.dequantize(), b.dequantize())
+
+
+def test_dequantize_refuses_an_unaligned_out(pw):
+    raw = np.zeros(64 * 64 * 4 + 1, np.uint8)
+    out = raw[1:].view(np.float32).reshape(64, 64)
+    assert not out.flags.aligned and out.flags.c_contiguous
+    with pytest.raises(ValueError, match="aligned"):
+        pw.dequantize(np.float32, out=out)

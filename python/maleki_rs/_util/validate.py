@@ -135,7 +135,8 @@ def as_int_array(
 
 
 def check_int(value: Any, name: str, *, min: int | None = None, max: int | None = None) -> int:
-    """Returns ``value`` as a Python int; rejects bools, floats and out-of-range values."""
+    """Returns ``value`` as a Python int; rejects bools, floats and out-of-range values
+    (without ``max`` / ``min``, values beyond 64-bit signed integers, which the core takes)."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected an integer, got bool {value!r}")
     if not isinstance(value, numbers.Integral):
@@ -148,7 +149,14 @@ def check_int(value: Any, name: str, *, min: int | None = None, max: int | None 
         raise ValueError(f"{name}: must be >= {min}, got {value}")
     if max is not None and value > max:
         raise ValueError(f"{name}: must be <= {max}, got {value}")
+    if max is None and value > _INT_MAX:
+        raise ValueError(f"{name}: must be below 2**63, got {value}")
+    if min is None and value < -_INT_MAX - 1:
+        raise ValueError(f"{name}: must be >= -2**63, got {value}")
     return value
+
+
+_INT_MAX = 2**63 - 1
 
 
 def check_float(

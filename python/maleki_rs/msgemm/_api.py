@@ -357,8 +357,8 @@ class PackedWeights:
                 raise TypeError(f"out: expected dtype float32 or float64, got {out.dtype}")
             if out.shape != self.shape:
                 raise ValueError(f"out: expected shape {self.shape}, got {out.shape}")
-            if not out.flags.c_contiguous or not out.flags.writeable:
-                raise ValueError("out: must be a writeable C-contiguous array")
+            if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+                raise ValueError("out: must be a writeable, aligned, C-contiguous array")
             (self._raw.dequantize_into_f32 if out.dtype == np.float32 else self._raw.dequantize_into_f64)(out)
             return out
         dt = np.dtype(dtype)
@@ -478,7 +478,8 @@ class PackedWeights:
         bits : {2, 3, 4}
         group_size : int, optional
             Needed without ``g_idx`` when ``groups > 1`` (default ``K // groups``). With ``g_idx``
-            it is checked: every group must then hold ``group_size`` inputs.
+            it is checked: every group must then hold ``group_size`` inputs. ``-1`` (the
+            per-channel setting of GPTQ configs) is the same as the default.
         zero_offset : int
             Added to the stored zero points: 1 for the classic GPTQ format (stores ``z - 1``),
             0 for ``gptq_v2`` checkpoints.
@@ -498,7 +499,9 @@ class PackedWeights:
         if (m * b) % 32 == 0 and qz.shape != (sc.shape[0], m * b // 32):
             raise ValueError(f"qzeros: expected shape ({sc.shape[0]}, {m * b // 32}) (groups, M * bits / 32), "
                              f"got {qz.shape}")
-        g = None if group_size is None else check_int(group_size, "group_size", min=1)
+        # -1: GPTQ configs' per-channel setting, one group per row (as None derives it).
+        per_channel = isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool) and group_size == -1
+        g = None if group_size is None or per_channel else check_int(group_size, "group_size", min=1)
         if g is None and gi is None:
             g = k // sc.shape[0] if sc.shape[0] and k % sc.shape[0] == 0 else None
         if g is not None and gi is not None and gi.size == k and gi.min() >= 0:
@@ -933,6 +936,8 @@ def linear(
     lead = arr.shape[:-1]
     if out is not None:
         _check_out(out, (*lead, m))
+        if b32 is not None and np.may_share_memory(out, b32):
+            b32 = b32.copy()  # the product overwrites out before the bias is added
     x32 = _to_f32(arr)
     x2 = x32.reshape(-1, k)  # (B, K): X transposed, as the kernel wants it
     if bk == "reference":
@@ -963,6 +968,8 @@ def _levels_of(format: Any, codebook: Any, name: str = "format") -> tuple[int, f
         while v ** (dmax + 1) <= 65536:
             dmax += 1
         return v, 0.0, dmax
+    if not isinstance(format, str):
+        raise TypeError(f"{name}: expected a level count (int) or a format name, got {type(format).__name__} {format!r}")
     fmt, cb = _check_format(format, codebook)
     v, _, dmax, _, shift = _m.format_info(fmt, cb)
     return int(v), shift, int(dmax)

@@ -913,25 +913,26 @@ fn batch_here(
         ),
     };
     // The columns in runs of as many as one table set per K slice holds (all of them when
-    // they fit): each run reads the weights once.
+    // they fit): each run reads the weights once. Weights of a single group run a column at a
+    // time, which only pays for a few columns (the pool then splits them between threads).
+    let per_run = caller_columns(pw, opts)?;
+    if per_run == 1 && n > CALLER_BATCH_MAX {
+        return Ok(false);
+    }
     let span = pw.m().div_ceil(crate::layout::ROW_BLOCK) * crate::layout::ROW_BLOCK;
     let mut ys = vec![0f32; n * span];
     let mut c0 = 0;
     while c0 < n {
-        let mut c = n - c0;
-        while caller_run(
+        let c = per_run.min(n - c0);
+        let ran = caller_run(
             pw,
             &xt[c0 * k..(c0 + c) * k],
             c,
             opts,
             &mut ys[c0 * span..(c0 + c) * span],
-        )?
-        .is_none()
-        {
-            if c == 1 {
-                return Ok(false);
-            }
-            c -= 1;
+        )?;
+        if ran.is_none() {
+            return Ok(false);
         }
         c0 += c;
     }
@@ -1116,6 +1117,23 @@ fn gemv_here(
 /// (it may still decline one: caches of another depth, the caller slot taken, ...).
 fn caller_may_run(threads: usize, pw: &PackedWeights, opts: &GemmOptions) -> bool {
     threads <= 2 && opts.backend != Backend::Reference && pw.used_codes_ready()
+}
+
+/// The most columns one [`caller_run`] takes: as many as one table set holds for the longer K
+/// slice (computed, not searched: trying every count from `N` down cost a plan per try, which
+/// made batches of thousands of columns on small weights take seconds); 1 for weights of a
+/// single group, whose runs take one column. At least 1 (a column that exceeds a set is
+/// declined by [`caller_run`] itself).
+fn caller_columns(pw: &PackedWeights, opts: &GemmOptions) -> Result<usize> {
+    let plan = plan(pw, 1, opts)?;
+    let (run, _) = execution_plan(pw, &plan, opts.backend)?;
+    let slices = k_slices(&run);
+    if slices.len() < 2 {
+        return Ok(1);
+    }
+    let longest = slices.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
+    let bytes = table::block_bytes(&run).max(1) * longest;
+    Ok((TABLE_BUDGET / bytes).max(1))
 }
 
 /// The K-sliced run of [`gemv_here`] for `n` columns at once (inputs checked by the caller):
@@ -1410,6 +1428,35 @@ mod tests {
             for _ in 0..callers {
                 rx.recv_timeout(std::time::Duration::from_secs(60))
                     .expect("a caller failed or hung");
+            }
+        }
+    }
+
+    #[test]
+    fn caller_columns_is_the_longest_run_of_one_table_set() {
+        // The old search, by brute force: the largest column count whose tables for every K
+        // slice form a single chunk (1 for weights of a single slice).
+        for k in [128, 512, 4096] {
+            for (name, pw) in caller_cases(64, k) {
+                for opts in caller_options() {
+                    let Ok(plan) = plan(&pw, 1, &opts) else {
+                        continue;
+                    };
+                    let (run, _) = execution_plan(&pw, &plan, opts.backend).unwrap();
+                    let slices = k_slices(&run);
+                    let fits = |c: usize| {
+                        slices
+                            .iter()
+                            .all(|s| table_chunks(&run, c, s.clone()).len() == 1)
+                    };
+                    let want = if slices.len() < 2 {
+                        1
+                    } else {
+                        (1..=4096).rev().find(|&c| fits(c)).unwrap_or(1)
+                    };
+                    let got = caller_columns(&pw, &opts).unwrap();
+                    assert_eq!(got, want, "{name} K={k} {opts:?}");
+                }
             }
         }
     }

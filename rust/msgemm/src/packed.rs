@@ -194,6 +194,41 @@ fn check_per_group(name: &str, vals: &[f32], m: usize, groups: usize) -> Result<
     Ok(())
 }
 
+/// Refuses scales and zero points that let a weight `s * (v - z)` leave float32's range for
+/// some code `v` of the codebook (the kernels compute in float32, and `dequantize` to float32
+/// would give inf), as `quantize` refuses such weights.
+fn check_weight_range(
+    codebook: &Codebook,
+    scales: &[f32],
+    zeros: Option<&[f32]>,
+    groups: usize,
+) -> Result<()> {
+    let valid = (0..codebook.levels()).filter(|&c| codebook.valid_code(c as u8));
+    let (lo, hi) = valid
+        .map(|c| f64::from(codebook.values()[c]))
+        .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    for (i, &s) in scales.iter().enumerate() {
+        let z = zeros.map_or(0.0, |z| f64::from(z[i]));
+        let largest = f64::from(s).abs() * (hi - z).abs().max((lo - z).abs());
+        if largest > f64::from(f32::MAX) {
+            return Err(Error::invalid(
+                if zeros.is_some() {
+                    "scales / zeros"
+                } else {
+                    "scales"
+                },
+                format!(
+                    "row {}, group {}: the weights s * (v - z) reach {largest:.3e}, beyond \
+                     float32's 3.4e38",
+                    i / groups,
+                    i % groups
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_perm(perm: &[u32], k: usize) -> Result<()> {
     if perm.len() != k {
         return Err(Error::shape(
@@ -332,6 +367,7 @@ impl PackedWeights {
         if let Some(p) = &k_perm {
             check_perm(p, k)?;
         }
+        check_weight_range(&codebook, &scales, zeros.as_deref(), groups)?;
         // An identity permutation is no permutation.
         let k_perm = k_perm.filter(|p| p.iter().enumerate().any(|(i, &j)| i as u32 != j));
         Ok(PackedWeights {

@@ -336,11 +336,14 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(
             format!("{} values", w.len()),
         ));
     }
-    if let Some(i) = w.iter().position(|&x| !x.into().is_finite()) {
+    // Float64 weights past float32's range are refused as float32 ones are (those arrive as
+    // inf): the kernels compute in float32, and `dequantize` to float32 would give inf.
+    let beyond = |v: f64| !v.is_finite() || v.abs() > f64::from(f32::MAX);
+    if let Some(i) = w.iter().position(|&x| beyond(x.into())) {
         return Err(Error::invalid(
             "w",
             format!(
-                "contains a non-finite value at index ({}, {})",
+                "contains a non-finite value (NaN, inf, or beyond float32's 3.4e38) at index ({}, {})",
                 i / k,
                 i % k
             ),
@@ -586,7 +589,7 @@ mod tests {
         assert!(e.contains("overflows float16"), "{e}");
         let huge = vec![1e300f64; m * k];
         let e = quantize(&huge, m, k, &opts16).unwrap_err().to_string();
-        assert!(e.contains("overflows float32"), "{e}");
+        assert!(e.contains("beyond float32") && e.contains("(0, 0)"), "{e}");
         // An MX scale below float16's range: 2^-30.
         let w = vec![2f64.powi(-28); m * k];
         let opts = QuantizeOptions {
