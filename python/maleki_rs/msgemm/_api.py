@@ -823,7 +823,9 @@ def msgemm(
         default.
     threads : int, optional
         Run on a pool of this many threads (default: the library pool, see
-        :func:`maleki_rs.set_num_threads`). Results are identical for any thread count.
+        :func:`maleki_rs.set_num_threads`). Results are identical for any thread count. As
+        with the library pool, a GEMV or small batch on 1 or 2 threads runs on the calling
+        thread (and at most one worker), which saves waking a sleeping worker.
     out : ndarray, optional
         float32 C-contiguous array of the result's shape to write into.
     count : bool
