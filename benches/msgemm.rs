@@ -93,7 +93,7 @@ fn bench_tables(c: &mut Criterion) {
         mirror: false,
     };
     let p = plan(&pw, 1, &opts).unwrap();
-    let xt = transpose_permute(&pw, &x, 1, XLayout::KbyN);
+    let xt = transpose_permute(&pw, &x, 1, XLayout::KbyN).unwrap();
     let mut group = c.benchmark_group("msgemm_tables_k4096_int4_d2_i8");
     for k in kernels::registered().into_iter().filter(|k| k.available()) {
         group.bench_function(k.backend().name(), |b| {

@@ -66,6 +66,61 @@ def test_exceptions_subclass_the_expected_builtins():
         assert issubclass(getattr(exceptions, name), exceptions.MalekiError)
 
 
+_OUT_OF_MEMORY = """
+import resource, sys
+import numpy as np
+import maleki_rs.msgemm as mg
+
+def vm_bytes():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+
+m, k = 16384, 16384  # 128 MiB of int4 weights; their unpacked codes and caches are larger
+codes = np.full((m, k), 9, np.uint8)
+pw = mg.PackedWeights.from_arrays(codes, np.ones((m, k // 128), np.float32), format="int4")
+del codes
+x = np.ones(k, np.float32)
+small = mg.quantize(np.ones((64, 128), np.float32), format="int4")  # starts the thread pool
+mg.msgemm(small, x[:128]); mg.msgemm(small, np.ones((128, 16), np.float32))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + int(sys.argv[1]) * 2**20, hard))
+for name, call in [("gemv", lambda: mg.msgemm(pw, x, depth=3)),
+                   ("batch", lambda: mg.msgemm(pw, np.ones((k, 16), np.float32))),
+                   ("codes", lambda: pw.codes)]:
+    try:
+        call()
+        print(name, "ran")
+    except MemoryError as e:
+        print(name, "MemoryError:", e)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+print("after", mg.msgemm(pw, x)[0])  # the caches that failed are built now
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
+def test_running_out_of_memory_raises_memory_error():
+    # Rust aborts the process when an allocation fails; the caches and copies that grow with
+    # the data are allocated fallibly instead, so a process short of memory gets MemoryError
+    # (the address-space limit makes their allocations fail) and can go on once memory is back.
+    # 48 MiB to spare: the 256 MiB of unpacked codes the caches are built from do not fit;
+    # 320 MiB: they do, but not with the 128 MiB tile or dense layout built from them.
+    for spare, fails in [(48, {"gemv": "codes", "batch": "codes", "codes": "codes"}),
+                         (320, {"gemv": "tile layout", "batch": "layout", "codes": None})]:
+        out = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY, str(spare)], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        lines = out.stdout.splitlines()
+        for name, what in fails.items():
+            line = next(l for l in lines if l.startswith(name + " "))
+            if what is None:
+                assert line == name + " ran", line
+            else:
+                assert line.startswith(name + " MemoryError: out of memory: could not allocate"), line
+                assert line.endswith(what + " of the weights" if "layout" in what else "unpacked codes"), line
+        # Every code is 9 (int4 value 1, scale 1): each output is K.
+        assert lines[-1] == "after 16384.0", lines
+
+
 def test_unknown_attribute_raises_attribute_error():
     with pytest.raises(AttributeError):
         maleki_rs.not_a_subsystem  # noqa: B018

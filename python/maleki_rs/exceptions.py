@@ -3,6 +3,8 @@
 Every class derives from :class:`MalekiError` *and* from the builtin a caller would expect,
 so ``except ValueError`` keeps working. Bad arguments raise plain ``ValueError`` /
 ``TypeError`` naming the argument; the classes below are for failures of the problem itself.
+A buffer that does not fit in memory (the caches msgemm builds for large weights, say) raises
+the builtin ``MemoryError``, naming the buffer and its size; the process goes on.
 The compiled core maps its errors onto these classes in exactly one place
 (``rust/maleki-py/src/errors.rs``).
 """

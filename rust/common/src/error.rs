@@ -2,7 +2,8 @@
 //!
 //! The Python bindings map each variant exactly once (see `rust/maleki-py/src/errors.rs`):
 //! argument and shape errors become `ValueError`, dtype errors `TypeError`, and the domain
-//! variants become the exceptions of `maleki_rs.exceptions`.
+//! variants become the exceptions of `maleki_rs.exceptions`; a failed allocation is
+//! `MemoryError`.
 
 use std::fmt;
 
@@ -55,6 +56,9 @@ pub enum Error {
     /// or the exception raised by the progress callback.
     #[error("cancelled")]
     Cancelled,
+    /// An allocation failed: the buffer named `what` needed `bytes` bytes (`MemoryError`).
+    #[error("out of memory: could not allocate {bytes} bytes for {what}")]
+    OutOfMemory { what: String, bytes: usize },
 }
 
 impl Error {

@@ -7,8 +7,11 @@
 //! * [`rng`]: seeded random streams keyed by `(seed, item)`, so results never depend
 //!   on the number of threads;
 //! * [`progress`]: the progress/cancel trait long-running cores report through;
-//! * [`pool`]: the library-owned rayon thread pool (never rayon's global pool).
+//! * [`pool`]: the library-owned rayon thread pool (never rayon's global pool);
+//!
+//! and [`alloc`], allocation of data-sized buffers that fails with an error, not an abort.
 
+pub mod alloc;
 pub mod error;
 pub mod pool;
 pub mod progress;

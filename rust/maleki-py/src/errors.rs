@@ -3,10 +3,13 @@
 //! Argument and shape errors are `ValueError`, dtype errors `TypeError`; domain errors are the
 //! classes of `maleki_rs.exceptions` (defined in Python so that each can subclass both
 //! `MalekiError` and the matching builtin). `Cancelled` becomes `KeyboardInterrupt` unless the
-//! caller has a more precise Python exception to raise (see `progress.rs`).
+//! caller has a more precise Python exception to raise (see `progress.rs`); `OutOfMemory` is
+//! `MemoryError`.
 
 use maleki_common::Error;
-use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyKeyboardInterrupt, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -38,5 +41,6 @@ pub fn to_pyerr(e: Error) -> PyErr {
         Error::Infeasible(_) => domain(&INFEASIBLE, "InfeasibleError", msg),
         Error::Deadlock(_) => domain(&DEADLOCK, "DeadlockError", msg),
         Error::Cancelled => PyKeyboardInterrupt::new_err("cancelled"),
+        Error::OutOfMemory { .. } => PyMemoryError::new_err(msg),
     }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, RwLock};
 
+use maleki_common::alloc;
 use maleki_common::Result as CoreResult;
 use maleki_msgemm::bf16;
 use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
@@ -200,7 +201,8 @@ impl Packed {
             )));
         }
         let cb = codebook_of(format, codebook).map_err(to_pyerr)?;
-        let b = slice(&packed, "packed")?.to_vec();
+        let b =
+            alloc::copied_vec(slice(&packed, "packed")?, "the packed weights").map_err(to_pyerr)?;
         let (s, z, p) = owned_group_data(&scales, zeros.as_ref(), k_perm.as_ref())?;
         run_quick(py, || {
             PackedWeights::from_packed(cb, m, k, k / groups, b, s, z, p)
@@ -400,7 +402,8 @@ impl Packed {
     }
     fn packed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
         let pw = self.get();
-        to_array2(py, pw.packed().to_vec(), pw.m(), pw.row_bytes())
+        let bytes = alloc::copied_vec(pw.packed(), "the packed weights").map_err(to_pyerr)?;
+        to_array2(py, bytes, pw.m(), pw.row_bytes())
     }
     fn scales<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let pw = self.get();
@@ -419,7 +422,7 @@ impl Packed {
     }
     fn codes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<u8>>> {
         let pw = self.get();
-        let c = run_quick(py, || Ok(pw.codes()))?;
+        let c = run_quick(py, || pw.codes())?;
         to_array2(py, c, pw.m(), pw.k())
     }
     /// Dequantizes into `out` (M, K) float32 C-contiguous: the float64 values rounded once.
@@ -646,7 +649,7 @@ fn gemm<'py>(
         }
         None => {
             let y = run_gemm(py, threads, || {
-                let mut y = vec![0f32; m * n];
+                let mut y = alloc::zeroed_vec::<f32>(m * n, "the output")?;
                 run(&mut y)?;
                 Ok(y)
             })?;

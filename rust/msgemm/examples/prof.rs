@@ -138,7 +138,9 @@ fn main() {
         let p = plan(&pw, n, &opts).unwrap();
         // The plan and kernel a call runs (the mirror plan where it gives the same bits).
         let (p, kern) = maleki_msgemm::gemm::execution_plan(&pw, &p, backend).unwrap();
-        let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned();
+        let xt = transpose_permute(&pw, &x, n, XLayout::KbyN)
+            .unwrap()
+            .into_owned();
         let mut set = TableSet::zeroed(&p, 0..p.groups, 0..n);
         if std::env::var("BUILD_ONLY").is_ok() {
             // Only the table build, on this thread (for a sampling profiler).
@@ -200,7 +202,11 @@ fn main() {
             std::hint::black_box(plan(&pw, n, &opts).unwrap());
         });
         let ttr = tmin(r, || {
-            std::hint::black_box(transpose_permute(&pw, &x, n, XLayout::KbyN).into_owned());
+            std::hint::black_box(
+                transpose_permute(&pw, &x, n, XLayout::KbyN)
+                    .unwrap()
+                    .into_owned(),
+            );
         });
         let tsel = tmin(r, || {
             std::hint::black_box(kernels::select(backend, &p).unwrap());

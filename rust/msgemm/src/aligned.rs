@@ -41,6 +41,16 @@ impl<T: Pod> AlignedVec<T> {
         }
     }
 
+    /// `len` zero values, or [`maleki_common::Error::OutOfMemory`] naming `what`: for the
+    /// buffers that grow with the weights or the activations.
+    pub fn try_zeroed(len: usize, what: &str) -> maleki_common::Result<Self> {
+        Ok(AlignedVec {
+            lines: maleki_common::alloc::zeroed_vec(len.div_ceil(Self::PER_LINE), what)?,
+            len,
+            _values: PhantomData,
+        })
+    }
+
     /// A copy of `values`.
     pub fn from_slice(values: &[T]) -> Self {
         let mut v = Self::zeroed(values.len());

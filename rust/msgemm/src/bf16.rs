@@ -35,7 +35,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use maleki_common::{pool, Error, Result};
+use maleki_common::{alloc, pool, Error, Result};
 
 use crate::dense::{columns_to_rows, DenseLayout, CHUNK, SUB};
 use crate::gemm::{check_inputs, check_result, GemmOptions, XLayout, YLayout};
@@ -384,8 +384,7 @@ pub fn gemm_with_kernel(
     check_inputs(pw, x, n, layout, Some(y.len()))?;
     let run = |y: &mut [f32]| -> Result<()> {
         let job = Job::new(pw, x, n, layout, kernel)?;
-        job.run(y, y_layout);
-        Ok(())
+        job.run(y, y_layout)
     };
     if pool::on_a_pool() {
         run(y)?;
@@ -434,7 +433,7 @@ impl<'a> Job<'a> {
         };
         let acts = match kernel {
             Kernel::Scalar | Kernel::Avx512 | Kernel::Avx2 => {
-                let mut a = vec![0f32; k * n];
+                let mut a = alloc::zeroed_vec::<f32>(k * n, "the rounded activations")?;
                 a.par_chunks_mut(n).enumerate().for_each(|(j, row)| {
                     for (c, v) in row.iter_mut().enumerate() {
                         *v = round(at(c, j));
@@ -445,7 +444,7 @@ impl<'a> Job<'a> {
             Kernel::Amx | Kernel::Avx512Bf16 => {
                 #[cfg(target_arch = "x86_64")]
                 {
-                    Acts::Tiles(dpbf16::tile_activations(x, n, k, layout, pw.k_perm()))
+                    Acts::Tiles(dpbf16::tile_activations(x, n, k, layout, pw.k_perm())?)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 {
@@ -467,8 +466,9 @@ impl<'a> Job<'a> {
         })
     }
 
-    /// The whole product into `y`, row blocks in parallel.
-    fn run(&self, y: &mut [f32], y_layout: YLayout) {
+    /// The whole product into `y`, row blocks in parallel (an error only when the output
+    /// columns of `NbyM` do not fit in memory).
+    fn run(&self, y: &mut [f32], y_layout: YLayout) -> Result<()> {
         let (m, n) = (self.pw.m(), self.n);
         let scratch = || Scratch::new(self);
         match y_layout {
@@ -485,7 +485,7 @@ impl<'a> Job<'a> {
             ),
             YLayout::NbyM => {
                 let rbs = m.div_ceil(ROW_BLOCK);
-                let mut cols = vec![0f32; rbs * ROW_BLOCK * n];
+                let mut cols = alloc::zeroed_vec::<f32>(rbs * ROW_BLOCK * n, "the output columns")?;
                 cols.par_chunks_mut(ROW_BLOCK * n)
                     .enumerate()
                     .for_each_init(scratch, |s, (rb, out)| {
@@ -497,6 +497,7 @@ impl<'a> Job<'a> {
                     .for_each(|(c, out)| columns_to_rows(&cols, n, c, out));
             }
         }
+        Ok(())
     }
 
     /// The sums of row block `rb` into `s.ys` (`[column][64 rows]`).

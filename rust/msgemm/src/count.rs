@@ -222,7 +222,7 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
     let (m, k, n, v) = (plan.m, plan.k, plan.n, plan.levels);
     let tp = plan.tuples;
     let gsz = plan.group_size;
-    let codes = pw.codes();
+    let codes = pw.codes()?;
     let scales = pw.scales();
     let shift = plan.mirror.map_or(0.0, |mi| mi.shift);
     let zeros: Option<Vec<f32>> = if plan.zero_term {

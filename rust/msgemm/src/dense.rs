@@ -35,7 +35,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use maleki_common::{pool, Error, Result};
+use maleki_common::{alloc, pool, Error, Result};
 
 use crate::aligned::AlignedVec;
 use crate::gemm::{check_plan_call, job_zeros, k_slices, GemmOptions, YLayout};
@@ -83,15 +83,18 @@ impl DenseLayout {
     }
 
     /// Builds the layout from unpacked codes `(M, K)` row-major (every code < 16;
-    /// `group_size` a multiple of [`CHUNK`]).
-    pub fn build(codes: &[u8], m: usize, k: usize, group_size: usize) -> DenseLayout {
+    /// `group_size` a multiple of [`CHUNK`]). Fails only when its buffer cannot be allocated.
+    pub fn build(codes: &[u8], m: usize, k: usize, group_size: usize) -> Result<DenseLayout> {
         assert!(group_size.is_multiple_of(CHUNK) && k.is_multiple_of(group_size));
         assert_eq!(codes.len(), m * k);
         let groups = k / group_size;
         let row_blocks = m.div_ceil(ROW_BLOCK);
         let chunks = group_size / CHUNK;
         let mut lay = DenseLayout {
-            data: AlignedVec::zeroed(groups * row_blocks * ROW_BLOCK * group_size / 2),
+            data: AlignedVec::try_zeroed(
+                groups * row_blocks * ROW_BLOCK * group_size / 2,
+                "the dense layout of the weights",
+            )?,
             groups,
             row_blocks,
             chunks,
@@ -123,7 +126,7 @@ impl DenseLayout {
                     }
                 });
         }
-        lay
+        Ok(lay)
     }
 }
 
@@ -383,9 +386,9 @@ struct Acts {
 impl Acts {
     /// From X transposed and permuted (`(N, K)` row-major), for the kernel `kind`: on the
     /// current pool when `parallel`, else on the calling thread without rayon.
-    fn new(plan: &Plan, xt: &[f32], c0: i32, kind: Kind, parallel: bool) -> Acts {
+    fn new(plan: &Plan, xt: &[f32], c0: i32, kind: Kind, parallel: bool) -> Result<Acts> {
         let (k, g_size, groups, n) = (plan.k, plan.group_size, plan.groups, plan.n);
-        let mut xq = vec![0i8; n * k + CHUNK];
+        let mut xq = alloc::zeroed_vec::<i8>(n * k + CHUNK, "the int8 activations")?;
         let mut tsc = vec![0f32; n * groups];
         let mut zsum = vec![0f32; n * groups];
         let mut corr = vec![0i32; n * groups];
@@ -429,16 +432,16 @@ impl Acts {
         }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         if kind == Kind::Amx {
-            xq = amx::tile_activations(&xq, n, k, plan.group_size / CHUNK);
+            xq = amx::tile_activations(&xq, n, k, plan.group_size / CHUNK)?;
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         let _ = kind;
-        Acts {
+        Ok(Acts {
             xq,
             tsc,
             zsum,
             corr,
-        }
+        })
     }
 }
 
@@ -481,7 +484,7 @@ pub fn run(
     y_layout: YLayout,
 ) -> Result<()> {
     let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
-    let acts = Acts::new(plan, xt, ints.c0, kind, true);
+    let acts = Acts::new(plan, xt, ints.c0, kind, true)?;
     let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
     match y_layout {
@@ -490,7 +493,8 @@ pub fn run(
             |ys, (rb, out)| blocks.rows(rb, out, ys),
         ),
         YLayout::NbyM => {
-            let mut cols = vec![0f32; plan.row_blocks * ROW_BLOCK * n];
+            let mut cols =
+                alloc::zeroed_vec::<f32>(plan.row_blocks * ROW_BLOCK * n, "the output columns")?;
             cols.par_chunks_mut(ROW_BLOCK * n)
                 .enumerate()
                 .for_each_init(
@@ -520,7 +524,7 @@ pub fn run_here(
     two: bool,
 ) -> Result<()> {
     let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
-    let acts = Acts::new(plan, xt, ints.c0, kind, false);
+    let acts = Acts::new(plan, xt, ints.c0, kind, false)?;
     let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
     let half = if two {

@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use maleki_common::{pool, Error, Result};
+use maleki_common::{alloc, pool, Error, Result};
 use rayon::prelude::*;
 
 use crate::count::{self, OpCounts};
@@ -363,18 +363,20 @@ pub(crate) fn check_result(y: &[f32]) -> Result<()> {
 }
 
 /// X to `(N, K)` row-major in packed column order (no copy when X already is, e.g. N = 1 or
-/// [`XLayout::NbyK`], without a permutation).
+/// [`XLayout::NbyK`], without a permutation; an error only when the copy does not fit in
+/// memory).
 pub fn transpose_permute<'a>(
     pw: &PackedWeights,
     x: &'a [f32],
     n: usize,
     layout: XLayout,
-) -> Cow<'a, [f32]> {
+) -> Result<Cow<'a, [f32]>> {
+    const WHAT: &str = "the transposed activations";
     let k = pw.k();
-    match (n, layout, pw.k_perm()) {
+    Ok(match (n, layout, pw.k_perm()) {
         (1, _, None) | (_, XLayout::NbyK, None) => Cow::Borrowed(x),
         (_, XLayout::NbyK, Some(perm)) => {
-            let mut xt = vec![0f32; n * k];
+            let mut xt = alloc::zeroed_vec::<f32>(n * k, WHAT)?;
             xt.par_chunks_mut(k)
                 .zip(x.par_chunks(k))
                 .for_each(|(row, src)| {
@@ -390,7 +392,7 @@ pub fn transpose_permute<'a>(
             // every value; 16 columns at a time write 16 rows `4 K` bytes apart, which share
             // one set of the L1 cache when K is a multiple of 1024).
             const T: usize = 16;
-            let mut xt = vec![0f32; n * k];
+            let mut xt = alloc::zeroed_vec::<f32>(n * k, WHAT)?;
             xt.par_chunks_mut(T * k).enumerate().for_each(|(b, rows)| {
                 let c0 = b * T;
                 let width = rows.len() / k;
@@ -411,7 +413,7 @@ pub fn transpose_permute<'a>(
             });
             Cow::Owned(xt)
         }
-    }
+    })
 }
 
 /// Table sets of `ncols` columns `0..ncols`: `(group range, column range)` chunks under
@@ -668,7 +670,7 @@ pub fn run_plan(
     }
     run_groups(pw, plan, kernel, xt, y, y_layout, first.clone(), 1)?;
     if !rest.is_empty() {
-        let mut other = vec![0f32; y.len()];
+        let mut other = alloc::zeroed_vec::<f32>(y.len(), "the partial outputs")?;
         for s in rest {
             run_groups(pw, plan, kernel, xt, &mut other, y_layout, s.clone(), 1)?;
             add_into(y, &other);
@@ -1259,7 +1261,7 @@ fn gemm_on_pool(
 ) -> Result<Plan> {
     check_inputs(pw, x, n, layout, Some(y.len()))?;
     let plan = plan(pw, n, opts)?;
-    let xt = transpose_permute(pw, x, n, layout);
+    let xt = transpose_permute(pw, x, n, layout)?;
     if opts.backend == Backend::Reference {
         let (out, _) = count::reference_gemm(pw, &plan, &xt)?;
         match y_layout {
@@ -1289,7 +1291,7 @@ fn gemm_on_pool(
 
 /// `Wd @ X` for X `(K, N)` row-major, as a new `(M, N)` row-major vector.
 pub fn gemm(pw: &PackedWeights, x: &[f32], n: usize, opts: &GemmOptions) -> Result<Vec<f32>> {
-    let mut y = vec![0f32; pw.m() * n];
+    let mut y = alloc::zeroed_vec::<f32>(pw.m() * n, "the output")?;
     gemm_into(pw, x, n, XLayout::KbyN, opts, &mut y)?;
     Ok(y)
 }
@@ -1310,7 +1312,7 @@ pub fn gemm_counted(
     }
     check_inputs(pw, x, n, layout, None)?;
     let plan = plan(pw, n, opts)?;
-    let xt = transpose_permute(pw, x, n, layout);
+    let xt = transpose_permute(pw, x, n, layout)?;
     let (y, c) = count::reference_gemm(pw, &plan, &xt)?;
     check_result(&y)?;
     Ok((y, c, plan))
@@ -1362,7 +1364,7 @@ mod tests {
             m,
             k,
             128,
-            &base.codes(),
+            &base.codes().unwrap(),
             base.scales().to_vec(),
             None,
             Some((0..k as u32).rev().collect()),

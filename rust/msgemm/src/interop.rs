@@ -153,7 +153,7 @@ pub fn from_gptq(
         }
     };
     // Codes (M, K) in packed (group) order.
-    let mut codes = vec![0u8; m * k];
+    let mut codes = maleki_common::alloc::zeroed_vec::<u8>(m * k, "the codes")?;
     let mut col = vec![0i32; kw];
     for row in 0..m {
         for (w, c) in col.iter_mut().enumerate() {
@@ -241,7 +241,7 @@ pub fn from_awq(
             .expect("order covers 0..8");
         ((word as u32 >> (4 * i)) & 15) as u8
     };
-    let mut codes = vec![0u8; m * k];
+    let mut codes = maleki_common::alloc::zeroed_vec::<u8>(m * k, "the codes")?;
     for kk in 0..k {
         for row in 0..m {
             codes[row * k + kk] = unpack(qweight[kk * mw + row / 8], row);

@@ -17,8 +17,13 @@
 
 use rayon::prelude::*;
 
+use maleki_common::Result;
+
 use crate::aligned::AlignedVec;
 use crate::format::Mirror;
+
+/// The name of the tile layout's buffer in out-of-memory errors.
+const WHAT: &str = "the tile layout of the weights";
 
 /// Rows per block: one 64-byte vector of indices.
 pub const ROW_BLOCK: usize = 64;
@@ -123,7 +128,7 @@ impl TileLayout {
 
     /// Builds the layout from unpacked codes `(M, K)` row-major (`K = groups * G`), each code
     /// `c` read as `labels[c]` when labels are given (tables in label space, see
-    /// [`crate::plan::Plan::labels`]).
+    /// [`crate::plan::Plan::labels`]). Fails only when its buffer cannot be allocated.
     pub fn build(
         codes: &[u8],
         m: usize,
@@ -132,7 +137,7 @@ impl TileLayout {
         levels: usize,
         depth: usize,
         labels: Option<&[u8]>,
-    ) -> TileLayout {
+    ) -> Result<TileLayout> {
         let ident: Vec<u8> = (0..=255u8).collect();
         let label = labels.unwrap_or(&ident);
         let groups = k / group_size;
@@ -170,19 +175,19 @@ impl TileLayout {
         }
         let shape = (m, group_size, row_blocks, tuples);
         let data = if wide {
-            let mut v = AlignedVec::<u16>::zeroed(groups * slot_len);
+            let mut v = AlignedVec::<u16>::try_zeroed(groups * slot_len, WHAT)?;
             v.par_chunks_mut(slot_len.max(1))
                 .enumerate()
                 .for_each(|(g, out)| fill(out, g, shape, &index, |i| i as u16));
             IndexData::U16(v)
         } else {
-            let mut v = AlignedVec::<u8>::zeroed(groups * slot_len);
+            let mut v = AlignedVec::<u8>::try_zeroed(groups * slot_len, WHAT)?;
             v.par_chunks_mut(slot_len.max(1))
                 .enumerate()
                 .for_each(|(g, out)| fill(out, g, shape, &index, |i| i as u8));
             IndexData::U8(v)
         };
-        TileLayout {
+        Ok(TileLayout {
             tuples,
             groups,
             row_blocks,
@@ -190,7 +195,7 @@ impl TileLayout {
             folded: false,
             labeled: labels.is_some(),
             paired: false,
-        }
+        })
     }
 
     /// [`TileLayout::build`] for the case where each stored byte is an index: packings whose
@@ -205,7 +210,7 @@ impl TileLayout {
         k: usize,
         group_size: usize,
         depth: usize,
-    ) -> TileLayout {
+    ) -> Result<TileLayout> {
         assert!(group_size.is_multiple_of(depth) && k.is_multiple_of(group_size));
         assert!(row_bytes >= k / depth && packed.len() >= m * row_bytes);
         let groups = k / group_size;
@@ -213,7 +218,7 @@ impl TileLayout {
         let tuples = Tuples::new(group_size, depth);
         let pg = tuples.per_group;
         let slot_len = row_blocks * pg * ROW_BLOCK;
-        let mut v = AlignedVec::<u8>::zeroed(groups * slot_len);
+        let mut v = AlignedVec::<u8>::try_zeroed(groups * slot_len, WHAT)?;
         // One group per task; within it, each row's `pg` bytes go to lane `row % 64` of the
         // row block's `pg` slots (rows past M stay zero, as in `build`).
         v.par_chunks_mut(slot_len.max(1))
@@ -230,7 +235,7 @@ impl TileLayout {
                     }
                 }
             });
-        TileLayout {
+        Ok(TileLayout {
             tuples,
             groups,
             row_blocks,
@@ -238,7 +243,7 @@ impl TileLayout {
             folded: false,
             labeled: false,
             paired: false,
-        }
+        })
     }
 
     /// True when a layout of `levels` codes at `depth` can be paired: every index is below 16.
@@ -250,7 +255,7 @@ impl TileLayout {
     /// holds the index of tuple `2p` in its low nibble and of tuple `2p + 1` in its high
     /// nibble (0 when the group has no tuple `2p + 1`). Kernels of 16-entry tables then read
     /// half the bytes (`vpshufb` looks up the low nibble; the high one is a shift away).
-    pub fn pair(&self) -> TileLayout {
+    pub fn pair(&self) -> Result<TileLayout> {
         let IndexData::U8(v) = &self.data else {
             panic!("only byte layouts pair")
         };
@@ -259,7 +264,7 @@ impl TileLayout {
         let pairs = pg.div_ceil(2);
         let (src_len, dst_len) = (pg * ROW_BLOCK, pairs * ROW_BLOCK);
         let blocks = self.groups * self.row_blocks;
-        let mut out = AlignedVec::<u8>::zeroed(blocks * dst_len);
+        let mut out = AlignedVec::<u8>::try_zeroed(blocks * dst_len, WHAT)?;
         out.par_chunks_mut(dst_len.max(1))
             .zip(v.par_chunks(src_len.max(1)))
             .for_each(|(dst, src)| {
@@ -275,7 +280,7 @@ impl TileLayout {
                     }
                 }
             });
-        TileLayout {
+        Ok(TileLayout {
             tuples: self.tuples,
             groups: self.groups,
             row_blocks: self.row_blocks,
@@ -283,7 +288,7 @@ impl TileLayout {
             folded: false,
             labeled: self.labeled,
             paired: true,
-        }
+        })
     }
 
     /// The paired layout of tuples of depth `depth` where a packed byte holds `2 depth` codes in
@@ -297,11 +302,12 @@ impl TileLayout {
         k: usize,
         group_size: usize,
         depth: usize,
-    ) -> TileLayout {
-        let mut lay = TileLayout::from_packed_bytes(packed, row_bytes, m, k, group_size, 2 * depth);
+    ) -> Result<TileLayout> {
+        let mut lay =
+            TileLayout::from_packed_bytes(packed, row_bytes, m, k, group_size, 2 * depth)?;
         lay.tuples = Tuples::new(group_size, depth);
         lay.paired = true;
-        lay
+        Ok(lay)
     }
 
     /// True when the byte indices of mirror tables can be folded: every stored prefix
@@ -407,7 +413,7 @@ mod tests {
         let (m, k, g, v) = (70usize, 12usize, 6usize, 16usize);
         let codes: Vec<u8> = (0..m * k).map(|i| ((i * 11 + 5) % v) as u8).collect();
         for d in [1usize, 2, 3, 4] {
-            let lay = TileLayout::build(&codes, m, k, g, v, d, None);
+            let lay = TileLayout::build(&codes, m, k, g, v, d, None).unwrap();
             assert_eq!(matches!(lay.data, IndexData::U16(_)), d >= 3);
             for row in 0..m {
                 for grp in 0..k / g {
@@ -439,7 +445,7 @@ mod tests {
             let (v, mir) = (cb.levels(), cb.mirror().unwrap());
             assert!(TileLayout::can_fold(v, d, &mir));
             let codes: Vec<u8> = (0..m * k).map(|i| ((i * 7 + 3) % v) as u8).collect();
-            let plain = TileLayout::build(&codes, m, k, g, v, d, None);
+            let plain = TileLayout::build(&codes, m, k, g, v, d, None).unwrap();
             let folded = plain.clone().fold(&mir);
             assert!(folded.folded);
             for row in 0..m {
@@ -477,9 +483,9 @@ mod tests {
             (4, 2, 5),
         ] {
             let codes: Vec<u8> = (0..m * k).map(|i| ((i * 7 + 3) % v) as u8).collect();
-            let plain = TileLayout::build(&codes, m, k, g, v, d, None);
+            let plain = TileLayout::build(&codes, m, k, g, v, d, None).unwrap();
             assert!(TileLayout::can_pair(v, d));
-            let paired = plain.pair();
+            let paired = plain.pair().unwrap();
             assert_eq!(paired.kind(), LayoutKind::Paired);
             assert_eq!(paired.slots_per_group(), plain.tuples.per_group.div_ceil(2));
             for row in 0..m {

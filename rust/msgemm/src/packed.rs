@@ -150,6 +150,16 @@ fn fill<T>(cell: &OnceLock<T>, make: impl FnOnce() -> T) -> &T {
     cell.get().expect("the cell was set just above")
 }
 
+/// [`fill`] for a `make` that can fail (a cache too large for the memory left): its error is
+/// returned and the cell stays empty.
+fn try_fill<T>(cell: &OnceLock<T>, make: impl FnOnce() -> Result<T>) -> Result<&T> {
+    if let Some(v) = cell.get() {
+        return Ok(v);
+    }
+    let _ = cell.set(make()?);
+    Ok(cell.get().expect("the cell was set just above"))
+}
+
 fn check_dims(m: usize, k: usize, group_size: usize) -> Result<()> {
     if m == 0 || k == 0 {
         return Err(Error::invalid(
@@ -293,7 +303,7 @@ impl PackedWeights {
         }
         let packing = codebook.packing();
         let rb = packing.row_bytes(k);
-        let mut packed = vec![0u8; m * rb];
+        let mut packed = maleki_common::alloc::zeroed_vec::<u8>(m * rb, "the packed weights")?;
         packed
             .par_chunks_mut(rb)
             .zip(codes.par_chunks(k))
@@ -465,14 +475,15 @@ impl PackedWeights {
         layouts + floats + used + dense
     }
 
-    /// Unpacked codes `(M, K)` row-major, in packed column order.
-    pub fn codes(&self) -> Vec<u8> {
+    /// Unpacked codes `(M, K)` row-major, in packed column order (fails only when they do not
+    /// fit in memory).
+    pub fn codes(&self) -> Result<Vec<u8>> {
         let (k, rb) = (self.k, self.row_bytes());
-        let mut out = vec![0u8; self.m * k];
+        let mut out = maleki_common::alloc::zeroed_vec::<u8>(self.m * k, "the unpacked codes")?;
         out.par_chunks_mut(k)
             .zip(self.packed.par_chunks(rb))
             .for_each(|(row, bytes)| self.codebook.packing().unpack_row(bytes, row));
-        out
+        Ok(out)
     }
 
     /// The dequantized matrix `(M, K)` in float64, in the original column order:
@@ -590,7 +601,7 @@ impl PackedWeights {
     }
 
     /// A fresh tile layout of `depth`, indices from codes or (given) their labels.
-    fn build_layout(&self, depth: usize, labels: Option<&[u8]>) -> TileLayout {
+    fn build_layout(&self, depth: usize, labels: Option<&[u8]>) -> Result<TileLayout> {
         // The stored bytes are the indices of the natural depth when a byte holds its codes
         // in base V (not for int3, whose 6-bit indices straddle bytes, nor for codebooks of
         // fewer levels than their packing holds): the packed rows transposed, no code unpacked.
@@ -615,7 +626,7 @@ impl PackedWeights {
             );
         }
         TileLayout::build(
-            &self.codes(),
+            &self.codes()?,
             self.m,
             self.k,
             self.group_size,
@@ -628,10 +639,9 @@ impl PackedWeights {
     /// The tile layout for `depth` (built on first use, then cached).
     pub fn layout(&self, depth: usize) -> Result<&TileLayout> {
         self.codebook.check_depth(depth)?;
-        Ok(fill(
-            &self.layouts[LayoutVariant::Plain as usize][depth],
-            || self.build_layout(depth, None),
-        ))
+        try_fill(&self.layouts[LayoutVariant::Plain as usize][depth], || {
+            self.build_layout(depth, None)
+        })
     }
 
     /// The tile layout a kernel reads for `plan` (built on first use, then cached), in the
@@ -647,11 +657,11 @@ impl PackedWeights {
         self.codebook.check_depth(depth)?;
         let cell = &self.layouts[LayoutVariant::of(kind, labels.is_some()) as usize][depth];
         let lay = match kind {
-            LayoutKind::Plain => fill(cell, || {
-                let mut l = self.build_layout(depth, labels);
+            LayoutKind::Plain => try_fill(cell, || {
+                let mut l = self.build_layout(depth, labels)?;
                 l.labeled = true;
-                l
-            }),
+                Ok(l)
+            })?,
             LayoutKind::Folded => {
                 let mirror = plan
                     .mirror
@@ -662,11 +672,11 @@ impl PackedWeights {
                             self.codebook.format().name()
                         ))
                     })?;
-                fill(cell, || {
-                    let mut l = self.build_layout(depth, labels).fold(&mirror);
+                try_fill(cell, || {
+                    let mut l = self.build_layout(depth, labels)?.fold(&mirror);
                     l.labeled = labels.is_some();
-                    l
-                })
+                    Ok(l)
+                })?
             }
             LayoutKind::Paired => {
                 if !TileLayout::can_pair(plan.levels, depth) {
@@ -675,7 +685,7 @@ impl PackedWeights {
                         self.codebook.format().name()
                     )));
                 }
-                fill(cell, || self.build_paired(depth, labels))
+                try_fill(cell, || self.build_paired(depth, labels))?
             }
         };
         if lay.labeled != labels.is_some() {
@@ -689,7 +699,7 @@ impl PackedWeights {
     /// A fresh paired layout of `depth`: straight from the packed bytes where a byte holds two
     /// tuples' codes in base V (16-level formats at depth 1, int2 at depth 2), else by pairing
     /// the plain layout.
-    fn build_paired(&self, depth: usize, labels: Option<&[u8]>) -> TileLayout {
+    fn build_paired(&self, depth: usize, labels: Option<&[u8]>) -> Result<TileLayout> {
         let levels = self.codebook.levels();
         let direct = labels.is_none()
             && levels.pow(depth as u32) == 16
@@ -706,9 +716,9 @@ impl PackedWeights {
                 depth,
             );
         }
-        let mut l = self.build_layout(depth, labels).pair();
+        let mut l = self.build_layout(depth, labels)?.pair()?;
         l.labeled = labels.is_some();
-        l
+        Ok(l)
     }
 
     /// Whether [`used_codes`](Self::used_codes) (which [`crate::gemm::plan`] reads) is
@@ -801,9 +811,9 @@ impl PackedWeights {
                 self.group_size
             )));
         }
-        Ok(fill(&self.dense, || {
-            DenseLayout::build(&self.codes(), self.m, self.k, self.group_size)
-        }))
+        try_fill(&self.dense, || {
+            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size)
+        })
     }
 
     /// The cached decision of [`crate::gemm::auto_precision`] for batches on `backend` with
@@ -892,7 +902,7 @@ mod tests {
                 let scales = vec![1.0f32; m * groups];
                 let pw = PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, None, None)
                     .unwrap();
-                let want = TileLayout::build(&codes, m, k, g, levels, d, None);
+                let want = TileLayout::build(&codes, m, k, g, levels, d, None).unwrap();
                 assert_eq!(pw.layout(d).unwrap(), &want, "{:?} m{m} g{g}", cb.format());
                 fast += usize::from(g % d == 0 && cb.packing() != Packing::Int3);
             }
@@ -951,7 +961,7 @@ mod tests {
         assert_eq!(&w[4..], &[0.0, -4.0, 2.0, 1.5]);
         let w32 = pw.dequantize_f32();
         assert!(w.iter().zip(&w32).all(|(&a, &b)| a as f32 == b));
-        assert_eq!(pw.codes(), codes);
+        assert_eq!(pw.codes().unwrap(), codes);
     }
 
     #[test]

@@ -360,7 +360,7 @@ pub fn quantize<T: Copy + Into<f64> + Sync>(
     let cb = Codebook::for_format(format, opts.codebook.as_deref())?;
     let levels = Levels::new(&cb);
     let groups = k / g;
-    let mut codes = vec![0u8; m * k];
+    let mut codes = maleki_common::alloc::zeroed_vec::<u8>(m * k, "the codes")?;
     let mut scales = vec![0f32; m * groups];
     let mut zeros = vec![0f32; m * groups];
     codes

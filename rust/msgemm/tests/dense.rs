@@ -198,8 +198,8 @@ fn dense_layout_holds_the_codes() {
     let cb = Codebook::new(Format::Uint4).unwrap();
     let (m, k, g) = (70, 48, 16);
     let pw = random_weights(&cb, (m, k, g), false, false, 3);
-    let codes = pw.codes();
-    let lay = DenseLayout::build(&codes, m, k, g);
+    let codes = pw.codes().unwrap();
+    let lay = DenseLayout::build(&codes, m, k, g).unwrap();
     let parts = ROW_BLOCK / SUB;
     for gi in 0..k / g {
         for rb in 0..lay.row_blocks {

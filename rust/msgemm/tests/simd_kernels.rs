@@ -64,7 +64,7 @@ fn with_f16_scales(pw: &PackedWeights) -> PackedWeights {
         pw.m(),
         pw.k(),
         pw.group_size(),
-        &pw.codes(),
+        &pw.codes().unwrap(),
         round(pw.scales()),
         pw.zeros().map(quarters),
         None,
@@ -176,7 +176,7 @@ fn check(pw: &PackedWeights, depths: &[usize], what: &str) -> usize {
                     };
                     ran += each_simd_kernel(pw, &x, n, base, what, |k, plan| {
                         // The SIMD table build writes exactly the scalar entries.
-                        let xt = transpose_permute(pw, &x, n, XLayout::KbyN);
+                        let xt = transpose_permute(pw, &x, n, XLayout::KbyN).unwrap();
                         let mut a = TableSet::zeroed(plan, 0..plan.groups, 0..n);
                         let mut b = a.clone();
                         let mut c = a.clone();
@@ -459,7 +459,7 @@ fn full_row_tiles_and_many_columns() {
                         },
                     )
                     .unwrap();
-                    let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
+                    let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).unwrap();
                     let mut a = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
                     let mut b = a.clone();
                     if k.build_tables(&plan, &xt, &mut a, true) {
@@ -501,7 +501,7 @@ fn every_row_range_of_a_job() {
         };
         let plan = make_plan(&pw, n, &opts).unwrap();
         let x = activations(256, n, 60 + n as u64);
-        let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
+        let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).unwrap();
         let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
         build_scalar(&plan, &xt, &mut set, true);
         let layout = pw.layout_for(&plan, LayoutKind::Plain).unwrap();
@@ -722,7 +722,7 @@ fn float16_tiled_scales_give_the_float32_bits() {
                 continue;
             };
             let x = activations(256, n, 70 + n as u64);
-            let xt = transpose_permute(&pw, &x, n, XLayout::KbyN);
+            let xt = transpose_permute(&pw, &x, n, XLayout::KbyN).unwrap();
             let mut set = TableSet::zeroed(&plan, 0..plan.groups, 0..n);
             build_scalar(&plan, &xt, &mut set, true);
             let layout = pw.layout_for(&plan, LayoutKind::Plain).unwrap();

@@ -61,10 +61,13 @@ pub(in crate::bf16) fn tile_activations(
     k: usize,
     layout: XLayout,
     perm: Option<&[u32]>,
-) -> AlignedVec<u16> {
+) -> maleki_common::Result<AlignedVec<u16>> {
     let steps = k / STEP;
     let src = |j: usize| perm.map_or(j, |p| p[j] as usize);
-    let mut out = AlignedVec::<u16>::zeroed(n.div_ceil(COLS) * steps * TILE_U16);
+    let mut out = AlignedVec::<u16>::try_zeroed(
+        n.div_ceil(COLS) * steps * TILE_U16,
+        "the bfloat16 activation tiles",
+    )?;
     let at = |j: usize, r: usize| ((j / STEP) * COLS + r) * STEP + j % STEP;
     out.par_chunks_mut(steps * TILE_U16)
         .enumerate()
@@ -89,7 +92,7 @@ pub(in crate::bf16) fn tile_activations(
                 }
             }
         });
-    out
+    Ok(out)
 }
 
 /// Decodes steps `t0 .. t0 + steps` of row block `rb` into `out` (`steps` x [`STEP_U16`]):

@@ -86,10 +86,18 @@ pub(super) fn step_chunks(chunks: usize) -> usize {
 /// [`step_chunks`]`(chunks)` chunks: tile `(b, t)` (columns `16 b ..`, inputs `8 s t ..`) at
 /// offset `(b T + t) 128 s` (`T` steps over K), its 16 rows `8 s` bytes apart; zero rows past
 /// column `n`.
-pub(super) fn tile_activations(xq: &[i8], n: usize, k: usize, chunks: usize) -> Vec<i8> {
+pub(super) fn tile_activations(
+    xq: &[i8],
+    n: usize,
+    k: usize,
+    chunks: usize,
+) -> maleki_common::Result<Vec<i8>> {
     let row = CHUNK * step_chunks(chunks);
     let steps = k / row;
-    let mut out = vec![0i8; n.div_ceil(COLS) * steps * COLS * row];
+    let mut out = maleki_common::alloc::zeroed_vec::<i8>(
+        n.div_ceil(COLS) * steps * COLS * row,
+        "the int8 activation tiles",
+    )?;
     for (c, col) in xq[..n * k].chunks_exact(k).enumerate() {
         let (b, r) = (c / COLS, c % COLS);
         for (t, src) in col.chunks_exact(row).enumerate() {
@@ -97,7 +105,7 @@ pub(super) fn tile_activations(xq: &[i8], n: usize, k: usize, chunks: usize) -> 
             out[o..o + row].copy_from_slice(src);
         }
     }
-    out
+    Ok(out)
 }
 
 /// A tile configuration (palette 1: the 64-byte operand of `ldtilecfg`).
@@ -429,7 +437,7 @@ mod tests {
         // steps of 6, rows of 48 bytes).
         let (n, k, chunks) = (21, 96, 6);
         let xq: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
-        let t = tile_activations(&xq, n, k, chunks);
+        let t = tile_activations(&xq, n, k, chunks).unwrap();
         let row = CHUNK * step_chunks(chunks);
         let steps = k / row;
         assert_eq!(row, 48);
