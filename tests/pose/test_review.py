@@ -8,6 +8,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from maleki_rs import pose as P
+from maleki_rs.exceptions import ConvergenceError
 
 
 def _points():
@@ -127,3 +128,41 @@ def test_few_noisy_points_converge():
     s = P.simulate_scans(2000, 6, scenario="S5", seed=3)
     e = s.estimate()
     assert (~e.converged).mean() < 0.01
+
+
+# Found by the adversarial review of stop 33.
+
+
+def test_an_unreachable_tol_stops_at_the_rounding_floor():
+    # tol = 1e-300 is never met (steps bottom out near 1e-17): the solver used to run all
+    # max_iter iterations (hours at 10**9), deaf to Ctrl-C. It now stops once the cost has
+    # made no new minimum for a while, unconverged, at the converged answer.
+    s = P.simulate_scans(3, 20, seed=0)
+    e = P.estimate_pose(s.b[0], s.r[0], s.cov[0], tol=1e-300, max_iter=10**9)
+    ref = P.estimate_pose(s.b[0], s.r[0], s.cov[0])
+    assert not e.converged and e.iterations < 1000
+    np.testing.assert_allclose(e.rotation, ref.rotation, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(e.translation, ref.translation, rtol=0, atol=1e-8)
+    batch = P.estimate_pose_batch(s.b, s.r, s.cov, tol=1e-300, max_iter=10**9)
+    assert (batch.status == 1).all() and (batch.iterations < 1000).all()
+    with pytest.raises(ConvergenceError):
+        P.estimate_pose(s.b[0], s.r[0], s.cov[0], tol=1e-300, max_iter=10**9, strict=True)
+
+
+def test_numbers_beyond_float64_name_their_argument():
+    b = np.eye(3).tolist()
+    b[0][0] = 10**400
+    with pytest.raises(ValueError, match="b: contains a value beyond float64's range"):
+        P.estimate_pose(b, np.eye(3))
+    with pytest.raises(ValueError, match="tol: must be finite"):
+        P.estimate_pose(np.eye(3), np.eye(3), tol=10**400)
+
+
+def test_batch_indices_are_integers():
+    s = P.simulate_scans(3, 10, seed=1)
+    batch = P.estimate_pose_batch(s.b, s.r, s.cov)
+    np.testing.assert_array_equal(batch[np.int64(1)].rotation, batch.rotation[1])
+    np.testing.assert_array_equal(batch[-1].rotation, batch.rotation[2])
+    for bad in [True, np.bool_(False), slice(1, 3), "a", 1.0]:
+        with pytest.raises(TypeError, match="scan index: expected an integer"):
+            batch[bad]

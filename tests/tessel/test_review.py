@@ -8,6 +8,7 @@ import pytest
 
 from maleki_rs import tessel as T
 from maleki_rs.cli import main
+from maleki_rs.exceptions import InfeasibleError
 
 
 def test_huge_memory_caps_equal_no_cap():
@@ -53,3 +54,59 @@ def test_exact_leaves_time_for_the_exact_search():
 def test_cli_file_errors_are_reported(capsys, tmp_path):
     assert main(["tessel", "simulate", str(tmp_path / "missing.json")]) == 1
     assert "maleki: error" in capsys.readouterr().err
+
+
+# Found by the adversarial review of stop 33.
+
+
+def test_tessel_json_with_a_huge_gid_is_refused():
+    # Without a premise the gids index a table of blocks: a gid of 4e9 used to allocate
+    # 288 GB and abort the interpreter.
+    import json
+
+    txt = json.dumps({"ndevs": 1, "repetend": None, "blocks": [
+        {"mid": 0, "gid": 4_000_000_000, "span": 1, "memory": 0, "btype": "forward", "step": 0, "device": [0]}]})
+    with pytest.raises(ValueError, match="gid 4000000000 is out of range"):
+        T.Schedule.from_tessel_json(txt)
+
+
+def test_periods_beyond_the_search_range_are_not_called_infeasible():
+    # Lags of 5000 make every periodic schedule's period exceed the 4096 the repetend search
+    # covers; search() used to report that as proved infeasible. The fallback template gives
+    # the exact optimum here.
+    q = T.Premise.from_blocks([dict(span=1, devices=0, memory=1), dict(span=1, devices=1, memory=1),
+                               dict(span=1, devices=1, memory=-1), dict(span=1, devices=0, memory=-1)],
+                              [(0, 1), (1, 2), (2, 3)], lags=[5000, 0, 5000])
+    best = T.exact(q, 4, 2)
+    assert best.proved_optimal
+    r = T.search(q, nmicros=4, memory=2)
+    assert r.schedule.validate() == []
+    assert r.schedule.makespan >= best.makespan
+    _, proved, reps = T.repetends(q, memory=2)
+    assert not proved and reps == []
+
+
+def test_time_limits_bound_searches_over_long_spans():
+    # Each period's search set up tables of O(period x span) and modulo scheduling scanned
+    # O(period x span) starts per block, before any check of the deadline: with spans of
+    # 1300 / 2600 these took minutes whatever time_limit said. (A hang guard, far above the
+    # limit: the point is that the limit is heard at all.)
+    import time
+
+    q = T.premise("vshape", 4, fwd=1300, bwd=2600)
+    for run in (lambda: T.exact(q, 1, 1, time_limit=0.5),
+                lambda: T.search(q, nmicros=1, memory=1, time_limit=0.5),
+                lambda: T.repetends(q, memory=1, time_limit=0.5)):
+        t0 = time.perf_counter()
+        try:
+            run()
+        except InfeasibleError:
+            pass  # out of time before any template: an honest "not found"
+        assert time.perf_counter() - t0 < 20
+
+
+def test_lag_keys_must_be_edges():
+    blocks = [dict(span=1, devices=0, memory=0)] * 2
+    with pytest.raises(TypeError, match=r"lags: keys must be \(from, to\) edges, got 5"):
+        T.Premise.from_blocks(blocks, [(0, 1)], lags={5: 2})
+    assert T.Premise.from_blocks(blocks, [(0, 1)], lags={(0, 1): 2}).lags == (2,)

@@ -78,6 +78,8 @@ def as_float_array(
     if arr.dtype == object:
         try:
             arr = arr.astype(np.float64)
+        except OverflowError:  # Python ints beyond float64's range
+            raise ValueError(f"{name}: contains a value beyond float64's range") from None
         except (TypeError, ValueError):
             raise TypeError(f"{name}: expected a real numeric array, got objects") from None
     _reject_non_numeric(arr, name, "iuf")
@@ -170,7 +172,10 @@ def check_float(
     """Returns ``value`` as a finite Python float within the given bounds."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int (or Fraction) beyond float64's range
+        raise ValueError(f"{name}: must be finite, got a value beyond float64's range") from None
     if not np.isfinite(value):
         raise ValueError(f"{name}: must be finite, got {value}")
     if min is not None and (value <= min if min_exclusive else value < min):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +148,13 @@ class PoseEstimateBatch:
         return self.status == 0
 
     def __getitem__(self, k: int) -> PoseEstimate:
-        k = int(k)
+        if isinstance(k, (bool, np.bool_)):
+            raise TypeError(f"scan index: expected an integer, got {type(k).__name__} {k!r}")
+        try:
+            k = operator.index(k)
+        except TypeError:
+            raise TypeError(f"scan index: expected an integer, got {type(k).__name__} {k!r} (for several scans, "
+                            "index the arrays, e.g. batch.rotation[1:3])") from None
         if not -len(self) <= k < len(self):
             raise IndexError(f"scan index {k} out of range for {len(self)} scans")
         k %= len(self)

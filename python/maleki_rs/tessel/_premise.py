@@ -161,6 +161,9 @@ class Premise:
         if lags is None:
             lg = [0] * len(ed)
         elif isinstance(lags, Mapping):
+            for k in lags:
+                if isinstance(k, (str, bytes)) or not isinstance(k, Sequence) or len(k) != 2:
+                    raise TypeError(f"lags: keys must be (from, to) edges, got {k!r}")
             keys = {tuple(k) for k in lags}
             unknown = keys - set(ed)
             if unknown:

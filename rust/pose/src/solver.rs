@@ -47,6 +47,11 @@ pub const NEWTON_AFTER: usize = 10;
 /// balanced, about 1e-10 relative).
 const FD_STEP: f64 = 6e-6;
 
+/// Iterations without a new minimum of the cost after which the solver stops, unconverged:
+/// more than the step halvings and Levenberg-Marquardt increases of one failing step take
+/// (10 and 15), so only iterates that wander within rounding are cut short.
+const STALL_AFTER: usize = 50;
+
 /// How the iteration starts.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Init {
@@ -604,6 +609,11 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     let mut lambda = 0.0;
     let mut accepted = 0usize;
     let mut scratch = Eval::default();
+    // Iterations since the cost last reached a new minimum: past STALL_AFTER the iterates
+    // move within rounding only, and a `tol` below that floor (say 1e-300) would otherwise
+    // run all `max_iter` iterations (up to 10**9).
+    let mut best_cost = ev[c].cost;
+    let mut stalled = 0usize;
     while iterations < opts.max_iter {
         iterations += 1;
         let gn = gn_step(&ev[c].normal, &ev[c].gradient, lambda).ok_or_else(degenerate)?;
@@ -624,6 +634,16 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         let trial_a = exp_so3(&step.fixed_rows::<3>(0).into_owned()) * a;
         let trial_t = t + step.fixed_rows::<3>(3);
         evaluate_into(prep, &trial_a, &trial_t, true, &mut ev[1 - c])?;
+        if ev[1 - c].cost < best_cost {
+            best_cost = ev[1 - c].cost;
+            stalled = 0;
+        } else {
+            stalled += 1;
+            if stalled > STALL_AFTER {
+                // No new minimum in that many tries: stop, honestly unconverged.
+                break;
+            }
+        }
         // Accept unless the cost went up by more than rounding.
         if ev[1 - c].cost <= ev[c].cost + 1e-12 * ev[c].cost.abs() {
             // A step that did not lower the cost overshot along some direction (F only

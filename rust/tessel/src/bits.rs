@@ -130,13 +130,35 @@ impl<const K: usize> Bits<K> {
         y
     }
 
-    /// The arc `[r, r + len)` of the `p`-circle.
+    /// The arc `[r, r + len)` of the `p`-circle (`r < p`, `len <= p`), a word at a time: the
+    /// repetend search makes one per placement, so its cost is `O(K)`, not `O(len)`.
+    #[inline]
     pub fn arc(r: usize, len: usize, p: usize) -> Self {
+        debug_assert!(r < p.max(1) && len <= p);
         let mut b = Self::ZERO;
-        for k in 0..len {
-            b.set((r + k) % p);
+        let end = r + len;
+        if end <= p {
+            b.set_range(r, end);
+        } else {
+            b.set_range(r, p);
+            b.set_range(0, end - p);
         }
         b
+    }
+
+    /// Sets the bits `lo..hi` (`hi <= 64 K`).
+    #[inline]
+    fn set_range(&mut self, lo: usize, hi: usize) {
+        if lo >= hi {
+            return;
+        }
+        let (w0, w1) = (lo / 64, (hi - 1) / 64);
+        for w in w0..=w1 {
+            let a = if w == w0 { lo % 64 } else { 0 };
+            let z = if w == w1 { (hi - 1) % 64 + 1 } else { 64 };
+            let upto = if z == 64 { u64::MAX } else { (1u64 << z) - 1 };
+            self.0[w] |= upto & (u64::MAX << a);
+        }
     }
 
     /// The distance `k >= 0` from residue `r0` to the first set bit at `(r0 + k) mod p`.
@@ -251,6 +273,15 @@ mod tests {
                 let r = b.rot(s, p);
                 for i in 0..p {
                     assert_eq!(r.test(i), b.test((i + s) % p), "p={p} s={s} i={i}");
+                }
+            }
+            for r in 0..p {
+                for len in 0..=p {
+                    let arc = Bits::<2>::arc(r, len, p);
+                    for i in 0..128 {
+                        let inside = i < p && (i + p - r) % p < len;
+                        assert_eq!(arc.test(i), inside, "p={p} r={r} len={len} i={i}");
+                    }
                 }
             }
             for len in 1..=p.min(9) {

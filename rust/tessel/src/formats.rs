@@ -443,6 +443,15 @@ pub fn from_tessel_json(text: &str, premise: Option<Arc<Premise>>) -> Result<Sch
         Some(p) => p,
         None => {
             let n = entries.iter().map(|e| e.gid).max().expect("non-empty") + 1;
+            // Gids are 0..n, each in at least one entry: a larger one leaves a gap (checked
+            // before the table of n blocks is allocated).
+            if n > entries.len() {
+                return Err(bad(format!(
+                    "gid {} is out of range: gids must be 0..n, each used, and there are {} entries",
+                    n - 1,
+                    entries.len()
+                )));
+            }
             let mut blocks: Vec<Option<Block>> = vec![None; n];
             for e in &entries {
                 let kind = if e.backward {

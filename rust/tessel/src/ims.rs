@@ -7,19 +7,33 @@
 //! late for), within a budget of `3 n` evictions. A failed budget or a steady memory peak
 //! above the caps moves to `P + 1`.
 
+use std::time::Instant;
+
+use maleki_common::{Progress, Result};
+
 use crate::model::{MemoryConvention, Premise, UNLIMITED};
 use crate::template::{steady_peak, Template};
 
-/// The first template IMS finds at a period in `p_lo ..= p_hi`, if any.
+/// The first template IMS finds at a period in `p_lo ..= p_hi`, if any: `None` also when the
+/// deadline passes first; `Err(Cancelled)` on a cancel (both checked once per period).
 pub fn ims(
     p: &Premise,
     memory: &[i64],
     conv: MemoryConvention,
-    p_lo: i64,
-    p_hi: i64,
-) -> Option<Template> {
-    (p_lo.max(p.period_lower_bound()).max(1)..=p_hi)
-        .find_map(|period| at_period(p, memory, conv, period))
+    (p_lo, p_hi): (i64, i64),
+    deadline: Option<Instant>,
+    progress: &dyn Progress,
+) -> Result<Option<Template>> {
+    for period in p_lo.max(p.period_lower_bound()).max(1)..=p_hi {
+        progress.check()?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        if let Some(t) = at_period(p, memory, conv, period) {
+            return Ok(Some(t));
+        }
+    }
+    Ok(None)
 }
 
 fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -> Option<Template> {
@@ -44,12 +58,25 @@ fn at_period(p: &Premise, memory: &[i64], conv: MemoryConvention, period: i64) -
             .map(|&(f, c)| a[f].unwrap_or(0) + p.span(f) + c)
             .max()
             .unwrap_or(0);
-        let fits = |x: i64, occ: &Vec<Vec<usize>>| {
-            p.block(g).devices.iter().all(|&d| {
-                (0..p.span(g)).all(|k| occ[d][(x + k).rem_euclid(period) as usize] == usize::MAX)
-            })
+        // The earliest x in [est, est + P) whose residues x .. x + s are free on every device
+        // of g. An occupied residue x + k rules out every start in x ..= x + k (each covers
+        // it), so the scan goes on from x + k + 1: O(P) steps rather than O(P s).
+        let first_fit = |occ: &Vec<Vec<usize>>| -> Option<i64> {
+            let mut x = est;
+            'starts: while x < est + period {
+                for &d in &p.block(g).devices {
+                    for k in 0..p.span(g) {
+                        if occ[d][(x + k).rem_euclid(period) as usize] != usize::MAX {
+                            x += k + 1;
+                            continue 'starts;
+                        }
+                    }
+                }
+                return Some(x);
+            }
+            None
         };
-        let x = match (est..est + period).find(|&x| fits(x, &occ)) {
+        let x = match first_fit(&occ) {
             Some(x) => x,
             None => {
                 if budget == 0 {

@@ -290,7 +290,9 @@ pub fn construct(
     }
     let nodes = nodes.load(Ordering::Relaxed);
     let Some(ps) = min_period else {
-        if results.iter().all(|r| r.exhausted) && opts.max_period == 0 {
+        // Proved only when the periods searched reach the serial one (beyond it nothing
+        // changes), not when MAX_PERIOD cut the range short.
+        if results.iter().all(|r| r.exhausted) && opts.max_period == 0 && serial <= MAX_PERIOD {
             return Err(Error::Infeasible(format!(
                 "no periodic schedule fits the memory caps {:?} (every period up to {p_hi} was searched exhaustively)",
                 opts.memory
@@ -395,6 +397,19 @@ fn search_period(
     nodes: &AtomicU64,
     progress: &dyn Progress,
 ) -> Result<PeriodOutcome> {
+    // Each period's search takes its own setup (O(blocks^2)) before its first node: checked
+    // here too, so that a range of periods each refuted in a few nodes still stops at the
+    // deadline or on a cancel.
+    progress.check()?;
+    if opts.deadline.is_some_and(|d| Instant::now() >= d) {
+        return Ok(PeriodOutcome {
+            period,
+            best: None,
+            first: None,
+            exhausted: false,
+            nodes: 0,
+        });
+    }
     macro_rules! run {
         ($k:literal) => {
             Search::<$k>::new(premise, period, opts, bounds, lo, prior, nodes, progress).run()
@@ -490,7 +505,6 @@ struct Search<'a, const K: usize> {
     last_source: usize,
     sole_source: Option<usize>,
     sources: Vec<usize>,
-    arcs: Vec<Vec<Bits<K>>>,
     root: i64,
     l_cap: i64,
     // Shared bounds.
@@ -604,20 +618,6 @@ impl<'a, const K: usize> Search<'a, K> {
         } else {
             None
         };
-        let arcs = (0..n)
-            .map(|g| {
-                let s = p.span(g) as usize;
-                (0..pu)
-                    .map(|r| {
-                        if s <= pu {
-                            Bits::<K>::arc(r, s, pu)
-                        } else {
-                            Bits::ZERO
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
         let cp = p.critical_path();
         let mut within = vec![None; n];
         for &(h, r) in &opts.within_period {
@@ -649,7 +649,6 @@ impl<'a, const K: usize> Search<'a, K> {
             last_source,
             sole_source,
             sources,
-            arcs,
             root: cp,
             l_cap: cp + n as i64 * period + 1,
             bounds,
@@ -747,6 +746,18 @@ impl<'a, const K: usize> Search<'a, K> {
         b
     }
 
+    /// The residues block `g` occupies when it starts at residue `r` (none when it is longer
+    /// than the period, which the search rules out elsewhere).
+    #[inline]
+    fn arc(&self, g: usize, r: usize) -> Bits<K> {
+        let s = self.p.span(g) as usize;
+        if s <= self.pu {
+            Bits::arc(r, s, self.pu)
+        } else {
+            Bits::ZERO
+        }
+    }
+
     fn tick(&mut self) {
         self.nodes += 1;
         if self.nodes.is_multiple_of(4096) {
@@ -819,7 +830,7 @@ impl<'a, const K: usize> Search<'a, K> {
                 continue;
             }
             for &d in &p.block(g).devices {
-                self.free[d] = self.free[d].andnot(self.arcs[g][r]);
+                self.free[d] = self.free[d].andnot(self.arc(g, r));
             }
             self.fixed[g] = Some(r);
             if p.block(g).devices.iter().all(|&d| self.fits(d, 0)) {
@@ -827,7 +838,7 @@ impl<'a, const K: usize> Search<'a, K> {
             }
             self.fixed[g] = None;
             for &d in &p.block(g).devices {
-                self.free[d] = self.free[d].or(self.arcs[g][r]);
+                self.free[d] = self.free[d].or(self.arc(g, r));
             }
         }
     }
@@ -911,7 +922,7 @@ impl<'a, const K: usize> Search<'a, K> {
         self.assigned[g] = true;
         if self.fixed[g].is_none() {
             for &d in &self.p.block(g).devices {
-                self.free[d] = self.free[d].andnot(self.arcs[g][r]);
+                self.free[d] = self.free[d].andnot(self.arc(g, r));
             }
         }
     }
@@ -919,7 +930,7 @@ impl<'a, const K: usize> Search<'a, K> {
     fn unassign(&mut self, g: usize, r: usize) {
         if self.fixed[g].is_none() {
             for &d in &self.p.block(g).devices {
-                self.free[d] = self.free[d].or(self.arcs[g][r]);
+                self.free[d] = self.free[d].or(self.arc(g, r));
             }
         }
         self.assigned[g] = false;

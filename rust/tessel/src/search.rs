@@ -350,9 +350,10 @@ pub fn search(
             &kp,
             &opts.memory,
             opts.convention,
-            kp.period_lower_bound(),
-            hi.max(1),
-        ) {
+            (kp.period_lower_bound(), hi.max(1)),
+            deadline,
+            progress,
+        )? {
             Some(t) if within(&t) => Some(t),
             _ => alone_template(&kp, opts, &within, deadline, progress)?,
         };
