@@ -166,3 +166,22 @@ def test_batch_indices_are_integers():
     for bad in [True, np.bool_(False), slice(1, 3), "a", 1.0]:
         with pytest.raises(TypeError, match="scan index: expected an integer"):
             batch[bad]
+
+
+def test_scenario_dicts_are_checked_and_the_built_ins_read_only():
+    s = P.simulate_scans(2, scenario={"trajectory": True}, seed=1)  # S6's map and visibility
+    assert s.offsets is not None and np.isfinite(s.b).all()
+    with pytest.raises(ValueError, match="base must be one of"):
+        P.simulate_scans(2, scenario={"base": [1]})
+    for key in ["half_width", "t_sigma", "sigma"]:
+        with pytest.raises(ValueError, match=rf"scenario\['{key}'\]: must be in"):
+            P.simulate_scans(2, scenario={key: 1e200})
+    with pytest.raises(TypeError):
+        P.SCENARIOS["S1"]["sigma"] = -1
+    assert P.SCENARIOS["S1"]["sigma"] == 0.05
+
+
+def test_crlb_names_r_true_for_short_scans():
+    s = P.simulate_scans(1, 20, seed=0)
+    with pytest.raises(ValueError, match="scan 0: r_true: needs at least 3"):
+        P.crlb(s.rotation[0], s.translation[0], np.zeros((4, 3)), np.eye(6), offsets=[0, 2, 4])

@@ -110,3 +110,13 @@ def test_lag_keys_must_be_edges():
     with pytest.raises(TypeError, match=r"lags: keys must be \(from, to\) edges, got 5"):
         T.Premise.from_blocks(blocks, [(0, 1)], lags={5: 2})
     assert T.Premise.from_blocks(blocks, [(0, 1)], lags={(0, 1): 2}).lags == (2,)
+
+
+def test_memory_caps_and_starts_in_every_form():
+    p = T.premise("vshape", 4)
+    want = T.search(p, nmicros=4, memory=4).schedule.makespan
+    assert T.search(p, nmicros=4, memory=np.array(4)).schedule.makespan == want  # 0-d array
+    free = T.search(p, nmicros=4).schedule.makespan
+    assert T.search(p, nmicros=4, memory=[np.float32("inf")] * 4).schedule.makespan == free
+    with pytest.raises(ValueError, match=r"starts: expected shape \(nmicros, 8\)"):
+        T.simulate(p, starts=5, nmicros=3)

@@ -522,6 +522,10 @@ def crlb(
             raise ValueError(f"rotation: has {rot.shape[0]} matrices for {layout.n_scans} scans")
         if not np.isfinite(rt).all():
             raise ValueError("r_true: contains a non-finite value")
+        counts = np.diff(layout.offsets.astype(np.int64))
+        if (counts < 3).any():
+            k = int(np.argmax(counts < 3))
+            raise ValueError(f"scan {k}: r_true: needs at least 3 correspondences, got {int(counts[k])}")
     kw = _noise_model(layout, cov, cov_b, cov_r, cov_br, sigma_b, sigma_r, weights)
     out = _core_pose.crlb_batch(layout.offsets, rt, r_mode, rot.reshape(-1, 3, 3), **kw)
     return out[0] if single else out

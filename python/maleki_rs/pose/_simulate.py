@@ -7,7 +7,9 @@ All draws come from one :class:`numpy.random.Generator` seeded through
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -21,9 +23,9 @@ __all__ = ["Scans", "simulate_scans", "SCENARIOS"]
 _BASE = {"noise": "anisotropic", "n_points": 20, "half_width": 10.0, "t_sigma": 5.0,
          "sigma": 0.05, "anisotropy": 10.0, "rho": 0.8}
 
-#: The built-in scenarios (pose.md §7). Any of their keys can be overridden by passing a dict
-#: ``{"base": "S1", "rho": 0.9, ...}`` as ``scenario``.
-SCENARIOS: dict[str, dict[str, Any]] = {
+#: The built-in scenarios (pose.md §7), read-only. Any of their keys can be overridden by
+#: passing a dict ``{"base": "S1", "rho": 0.9, ...}`` as ``scenario``.
+_SCENARIOS: dict[str, dict[str, Any]] = {
     # N = 20 landmarks uniform in a ±10 m cube, random attitude, t ~ N(0, 5² I); per point
     # R_bb, R_rr = Q diag(d) Qᵀ (random Q, 10:1 standard-deviation anisotropy, rms σ = 5 cm),
     # R_br = ρ R_bb^½ C R_rr^½ with a random orthogonal C and ρ = 0.8.
@@ -43,6 +45,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "S6": {**_BASE, "noise": "anisotropic", "trajectory": True, "n_points": 50, "visible": (10, 30),
            "map_extent": (40.0, 15.0, 5.0)},
 }
+SCENARIOS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {name: MappingProxyType(keys) for name, keys in _SCENARIOS.items()})
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,13 +219,17 @@ def _resolve(scenario: Any) -> dict[str, Any]:
         return {"name": scenario, **SCENARIOS[scenario]}
     if isinstance(scenario, dict):
         base = scenario.get("base", "S1")
-        if base not in SCENARIOS:
+        if not isinstance(base, str) or base not in SCENARIOS:
             raise ValueError(f"scenario: base must be one of {', '.join(SCENARIOS)}; got {base!r}")
         unknown = set(scenario) - set(SCENARIOS[base]) - {"base", "name"} - set(_ALL_KEYS)
         if unknown:
             raise ValueError(f"scenario: unknown keys {sorted(unknown)}")
         out = {"name": f"custom({base})", **SCENARIOS[base], **scenario}
         out.pop("base", None)
+        if isinstance(out.get("trajectory"), (bool, np.bool_)) and out["trajectory"]:
+            # A trajectory on a base without one takes S6's map and visibility unless given.
+            for key in ("map_extent", "visible"):
+                out.setdefault(key, SCENARIOS["S6"][key])
         _check_overrides(out, set(scenario) - {"base", "name"})
         return out
     raise TypeError(f"scenario: expected a scenario name or a dict, got {type(scenario).__name__}")
@@ -229,11 +237,15 @@ def _resolve(scenario: Any) -> dict[str, Any]:
 
 _ALL_KEYS = sorted({k for s in SCENARIOS.values() for k in s})
 
+#: Largest length (metres) or ratio a scenario takes: squares and products of such values
+#: (covariances, sums of squares) stay far inside float64.
+_BIG = 1e100
+
 #: Allowed ranges of the numeric scenario keys: (low, high, low inclusive).
-_RANGES = {"half_width": (0.0, np.inf, False), "t_sigma": (0.0, np.inf, True), "sigma": (0.0, np.inf, False),
-           "sigma_b": (0.0, np.inf, False), "sigma_r": (0.0, np.inf, False), "anisotropy": (1.0, np.inf, True),
-           "rho": (-1.0, 1.0, True), "sigma_range": (0.0, np.inf, False), "sigma_angle_deg": (0.0, 180.0, False),
-           "sigma_map": (0.0, np.inf, False)}
+_RANGES = {"half_width": (0.0, _BIG, False), "t_sigma": (0.0, _BIG, True), "sigma": (0.0, _BIG, False),
+           "sigma_b": (0.0, _BIG, False), "sigma_r": (0.0, _BIG, False), "anisotropy": (1.0, _BIG, True),
+           "rho": (-1.0, 1.0, True), "sigma_range": (0.0, _BIG, False), "sigma_angle_deg": (0.0, 180.0, False),
+           "sigma_map": (0.0, _BIG, False)}
 
 
 def _number(v: Any, key: str) -> float:
@@ -261,16 +273,16 @@ def _check_overrides(p: dict[str, Any], keys: set[str]) -> None:
                 raise ValueError(f"scenario['noise']: must be 'anisotropic', 'isotropic' or 'lidar', got {v!r}")
         elif key == "range":
             lo, hi = (_number(x, key) for x in _pair(v, key))
-            if not 0.0 < lo < hi:
-                raise ValueError(f"scenario['range']: needs 0 < low < high, got {v!r}")
+            if not 0.0 < lo < hi <= _BIG:
+                raise ValueError(f"scenario['range']: needs 0 < low < high <= {_BIG:g}, got {v!r}")
         elif key == "visible":
             lo, hi = (check_int(x, "scenario['visible']", min=3) for x in _pair(v, key))
             if lo > hi:
                 raise ValueError(f"scenario['visible']: needs low <= high, got {v!r}")
         elif key == "map_extent":
             ext = [_number(x, key) for x in v] if isinstance(v, (tuple, list)) else []
-            if len(ext) != 3 or min(ext) <= 0:
-                raise ValueError(f"scenario['map_extent']: needs 3 positive lengths, got {v!r}")
+            if len(ext) != 3 or min(ext) <= 0 or max(ext) > _BIG:
+                raise ValueError(f"scenario['map_extent']: needs 3 positive lengths up to {_BIG:g}, got {v!r}")
         elif key == "trajectory" and not isinstance(v, (bool, np.bool_)):
             raise TypeError(f"scenario['trajectory']: expected a bool, got {type(v).__name__}")
 

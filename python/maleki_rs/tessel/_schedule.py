@@ -95,6 +95,8 @@ def _memory_arg(memory: Any, ndevs: int) -> tuple[int | None, ...] | None:
     """None (no cap), one cap for every device, or one per device (None = no cap there)."""
     if memory is None:
         return None
+    if isinstance(memory, np.ndarray) and memory.ndim == 0:
+        memory = memory[()]  # a 0-d array is its one value
     if isinstance(memory, (numbers.Integral, np.integer)) and not isinstance(memory, (bool, np.bool_)):
         return (check_int(memory, "memory", min=0, max=_NO_LIMIT),) * ndevs
     if isinstance(memory, (numbers.Real, np.floating)) and not isinstance(memory, (bool, np.bool_)):
@@ -105,7 +107,8 @@ def _memory_arg(memory: Any, ndevs: int) -> tuple[int | None, ...] | None:
         raise TypeError(f"memory: expected None, an int or a sequence of ints, got {type(memory).__name__}")
     caps = []
     for d, m in enumerate(memory):
-        if m is None or (isinstance(m, float) and np.isinf(m) and m > 0):
+        unlimited = isinstance(m, (float, np.floating)) and np.isinf(m) and m > 0
+        if m is None or unlimited:
             caps.append(None)
         else:
             caps.append(check_int(m, f"memory[{d}]", min=0, max=_NO_LIMIT))
@@ -578,6 +581,8 @@ def simulate(
     if starts is not None:
         if lag is not None:
             raise ValueError("simulate(): lag applies to orders only")
+        if np.ndim(starts) != 2:
+            raise ValueError(f"starts: expected shape (nmicros, {premise.nblocks}), got {np.shape(starts)}")
         if nmicros is not None and np.shape(starts)[0] != nmicros:
             raise ValueError(f"nmicros: {nmicros} does not match starts with {np.shape(starts)[0]} rows")
         return Schedule(premise, starts, memory=memory, memory_convention=memory_convention, fifo=fifo, name=name)
