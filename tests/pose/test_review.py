@@ -185,3 +185,20 @@ def test_crlb_names_r_true_for_short_scans():
     s = P.simulate_scans(1, 20, seed=0)
     with pytest.raises(ValueError, match="scan 0: r_true: needs at least 3"):
         P.crlb(s.rotation[0], s.translation[0], np.zeros((4, 3)), np.eye(6), offsets=[0, 2, 4])
+
+
+def test_position_covariance_without_a_covariance_says_so():
+    s = P.simulate_scans(3, 20, seed=0)
+    e = P.estimate_pose(s.b[0], s.r[0], s.cov[0], compute_covariance=False)
+    with pytest.raises(ValueError, match="no covariance"):
+        e.position_covariance()
+    with pytest.raises(ValueError, match="no covariance"):
+        P.estimate_pose_batch(s.b, s.r, s.cov, compute_covariance=False).position_covariance()
+    # A failed scan gives NaN there, as its other arrays do; the others are the single-scan values.
+    b = s.b.copy()
+    b[1] = 0.0  # coincident points: degenerate
+    batch = P.estimate_pose_batch(b, s.r, s.cov)
+    assert list(batch.status) == [0, 2, 0]
+    pc = batch.position_covariance()
+    assert np.isnan(pc[1]).all()
+    np.testing.assert_allclose(pc[2], P.estimate_pose(s.b[2], s.r[2], s.cov[2]).position_covariance(), rtol=1e-12)

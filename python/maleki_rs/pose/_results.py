@@ -92,6 +92,8 @@ class PoseEstimate:
 
     def position_covariance(self) -> NDArray[np.float64]:
         """Covariance (3, 3) of :attr:`position`, ``J P Jᵀ`` with ``J = −Aᵀ [[t×], I]``."""
+        if np.isnan(self.covariance).all():
+            raise ValueError("position_covariance: this estimate has no covariance (compute_covariance=False)")
         return position_covariance(self.rotation, self.translation, self.covariance)
 
     def as_matrix(self) -> NDArray[np.float64]:
@@ -175,8 +177,15 @@ class PoseEstimateBatch:
         )
 
     def position_covariance(self) -> NDArray[np.float64]:
-        """Covariances (B, 3, 3) of :attr:`position`."""
-        return position_covariance(self.rotation, self.translation, self.covariance)
+        """Covariances (B, 3, 3) of :attr:`position`; NaN for the scans without an estimate
+        (status >= 2), as in the other per-scan arrays."""
+        has = (self.status < 2) & ~np.isnan(self.covariance).any(axis=(1, 2))
+        if len(self) and not has.any() and (self.status < 2).any():
+            raise ValueError("position_covariance: these estimates have no covariance (compute_covariance=False)")
+        out = np.full((len(self), 3, 3), np.nan)
+        if has.any():
+            out[has] = position_covariance(self.rotation[has], self.translation[has], self.covariance[has])
+        return out
 
     def as_matrix(self) -> NDArray[np.float64]:
         """The 4x4 homogeneous transforms (B, 4, 4)."""
