@@ -27,12 +27,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Nodes per period of the repetend search on a large premise. Measured (2 threads): the
-/// minimum-period templates of mshape / nnshape / kshape with 17 to 64 devices came within
-/// 20 000 nodes (0.01-0.24 s), where the default 5 million took the whole time limit; the
-/// modulo-scheduling fallback used before gave periods 3-6x the minimum on them.
-pub const LARGE_NODE_BUDGET: u64 = 20_000;
-
 use maleki_common::progress::Progress;
 use maleki_common::{Error, Result};
 use rayon::prelude::*;
@@ -44,6 +38,12 @@ use crate::ims::ims;
 use crate::model::{Block, Edge, MemoryConvention, Premise, Schedule};
 use crate::repetend::{construct, enumerate, RepetendOptions};
 use crate::template::Template;
+
+/// Nodes per period of the repetend search on a large premise. Measured (2 threads): the
+/// minimum-period templates of mshape / nnshape / kshape with 17 to 64 devices came within
+/// 20 000 nodes (0.01-0.24 s), where the default 5 million took the whole time limit; the
+/// modulo-scheduling fallback used before gave periods 3-6x the minimum on them.
+pub const LARGE_NODE_BUDGET: u64 = 20_000;
 
 /// Options of [`search`].
 #[derive(Clone, Debug)]
