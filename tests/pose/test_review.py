@@ -202,3 +202,40 @@ def test_position_covariance_without_a_covariance_says_so():
     pc = batch.position_covariance()
     assert np.isnan(pc[1]).all()
     np.testing.assert_allclose(pc[2], P.estimate_pose(s.b[2], s.r[2], s.cov[2]).position_covariance(), rtol=1e-12)
+
+
+# Stop 34: scans whose variances are far from 1. The solver rescales every scan's covariances
+# by a power of two (exact), so scaling the noise model by 2^k must give the same rotation and
+# translation bit for bit, the cost times 2^-k and the covariance times 2^k, exactly. Before,
+# variances beyond about 1e±100 failed ("not positive definite" or "collinear").
+# (2^-990: the estimate's covariance, ~1e-4 of the input's, stays a normal number.)
+@pytest.mark.parametrize("k", [-990, -400, -120, 120, 400, 1000])
+@pytest.mark.parametrize("form", ["full", "blocks", "isotropic", "weights"])
+def test_variances_far_from_one(k, form):
+    s = P.simulate_scans(2, 20, seed=3)
+    b, r, cov = s.b[0], s.r[0], s.cov[0]
+    f = 2.0**k
+
+    def model(scale):
+        if form == "full":
+            return {"cov": cov * scale}
+        if form == "blocks":
+            return {"cov_b": cov[:, :3, :3] * scale, "cov_br": cov[:, :3, 3:] * scale,
+                    "cov_r": cov[:, 3:, 3:] * scale}
+        if form == "isotropic":
+            return {"sigma_b": 0.01 * np.sqrt(scale), "sigma_r": 0.02 * np.sqrt(scale)}
+        return {"cov": cov, "weights": np.linspace(0.5, 2.0, 20) / scale}
+
+    e0, e1 = P.estimate_pose(b, r, **model(1.0)), P.estimate_pose(b, r, **model(f))
+    assert e1.converged
+    np.testing.assert_array_equal(e1.rotation, e0.rotation)
+    np.testing.assert_array_equal(e1.translation, e0.translation)
+    assert e1.cost == e0.cost / f
+    np.testing.assert_array_equal(e1.covariance, e0.covariance * f)
+    c0 = P.crlb(s.rotation[0], s.translation[0], s.r_true[0], **model(1.0))
+    c1 = P.crlb(s.rotation[0], s.translation[0], s.r_true[0], **model(f))
+    np.testing.assert_array_equal(c1, c0 * f)
+    if form == "full":
+        batch = P.estimate_pose_batch(s.b, s.r, s.cov * f)
+        assert list(batch.status) == [0, 0]
+        np.testing.assert_array_equal(batch.rotation[0], e0.rotation)

@@ -10,7 +10,7 @@
 use maleki_common::{Error, Result};
 use nalgebra::Matrix6;
 
-use crate::math::{sym3_cofactors, Sym3};
+use crate::math::{ldexp, log2_floor, pow2, sym3_cofactors, Sym3};
 
 /// A 3x3 block of the covariance: one per point or one shared by all points.
 #[derive(Debug, Clone, Copy)]
@@ -220,16 +220,36 @@ pub struct Pair {
 
 /// A validated scan: the correspondences, the per-point blocks packed by four for the
 /// vectorised pass, and whether any cross-covariance is non-zero.
+///
+/// The stored covariances are the scan's (divided by the weights) times `2^-log2_scale`, a
+/// power of two that brings the largest variance of the scan to `[1, 4)`. Without it the
+/// 3x3 determinants of the loop (cubes of variances) leave float64's range for variances
+/// beyond about 1e±100. The cost, gradient and normal matrix of the stored scan are then the
+/// scan's times `2^log2_scale`, exactly (powers of two do not round): [`Prepared::unscale`]
+/// maps them back.
 #[derive(Debug, Default)]
 pub struct Prepared {
     pub pairs: Vec<Pair>,
     pub blocks: Vec<crate::lanes::Block4>,
     pub cross: bool,
+    pub log2_scale: i32,
 }
 
 impl Prepared {
-    fn push(&mut self, b: [f64; 3], r: [f64; 3], blk: &Blocks, weight: f64) {
-        let p = point_of(b, r, blk, weight);
+    /// `x` (a cost, gradient or normal matrix of the stored scan) in the scan's own units.
+    pub fn unscale(&self, x: f64) -> f64 {
+        ldexp(x, -self.log2_scale)
+    }
+
+    /// `c` (a covariance of the estimate, the inverse of a stored normal matrix) in the
+    /// scan's own units.
+    pub fn unscale_covariance(&self, c: f64) -> f64 {
+        ldexp(c, self.log2_scale)
+    }
+
+    /// Stores one point whose blocks, times `s`, are what the loop uses.
+    fn push(&mut self, b: [f64; 3], r: [f64; 3], blk: &Blocks, s: f64) {
+        let p = point_of(b, r, blk, s);
         let i = self.pairs.len();
         if i.is_multiple_of(4) {
             self.blocks.push(crate::lanes::Block4::padding());
@@ -344,9 +364,7 @@ impl Prepared {
         let mut pb = [F4::splat(0.0); 3];
         let mut pr = [F4::splat(0.0); 3];
         for l in 0..m {
-            if let Some(w) = scan.weights {
-                sc.0[l] = 1.0 / w[start + l];
-            }
+            sc.0[l] = inv_scaled(scan.weights.map_or(1.0, |w| w[start + l]), self.log2_scale);
             mask.0[l] = 1.0;
             for k in 0..3 {
                 pb[k].0[l] = scan.b[start + l][k];
@@ -536,8 +554,8 @@ fn blocks_of(
     check_cov6(&c, label)
 }
 
-fn point_of(b: [f64; 3], r: [f64; 3], blk: &Blocks, w: f64) -> Point {
-    let s = 1.0 / w;
+/// The point with its blocks times `s`.
+fn point_of(b: [f64; 3], r: [f64; 3], blk: &Blocks, s: f64) -> Point {
     let mut br2 = [0.0; 9];
     for (o, v) in br2.iter_mut().zip(&blk.br) {
         *o = 2.0 * s * v;
@@ -614,7 +632,12 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
     out.blocks.clear();
     out.cross = false;
     check_correspondences(scan.b, scan.r, scan.weights)?;
-    let weight = |i: usize| scan.weights.map_or(1.0, |w| w[i]);
+    let e = scale_exponent(scan);
+    out.log2_scale = e;
+    // What point i's blocks are multiplied by: 2^-e / w_i (the isotropic case takes part of
+    // 2^-e into its standard deviations instead).
+    let scaled = |i: usize, e: i32| inv_scaled(scan.weights.map_or(1.0, |w| w[i]), e);
+    let weight = |i: usize| scaled(i, e);
     out.pairs.reserve(n);
     out.blocks.reserve(n.div_ceil(4));
     match scan.cov {
@@ -658,14 +681,18 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
                     "sigma_b and sigma_r cannot both be zero",
                 ));
             }
-            let (vb, vr) = (sigma_b * sigma_b, sigma_r * sigma_r);
+            // σ² itself may leave float64's range (σ = 1e-200): square σ 2^-h instead and
+            // leave the rest of 2^-e, 2^-(e - 2h), to the per-point factor.
+            let h = e.div_euclid(2);
+            let (sb, sr) = (ldexp(sigma_b, -h), ldexp(sigma_r, -h));
+            let (vb, vr) = (sb * sb, sr * sr);
             let blk = Blocks {
                 bb: [vb, 0.0, 0.0, vb, 0.0, vb],
                 br: [0.0; 9],
                 rr: [vr, 0.0, 0.0, vr, 0.0, vr],
             };
             for i in 0..n {
-                out.push(scan.b[i], scan.r[i], &blk, weight(i));
+                out.push(scan.b[i], scan.r[i], &blk, scaled(i, e - 2 * h));
             }
         }
         Cov::Blocks { bb, br, rr } => {
@@ -719,6 +746,58 @@ pub fn prepare(scan: &ScanRef<'_>, out: &mut Prepared) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `2^-e / w` for a positive finite `w`, without the overflow of `1 / w` for subnormal `w`.
+fn inv_scaled(w: f64, e: i32) -> f64 {
+    // The common case in one division (the same bits: scaling by 2^-e does not round while
+    // the result is a normal number).
+    if (-1023..=1022).contains(&e) {
+        let q = pow2(-e) / w;
+        if q.is_normal() {
+            return q;
+        }
+    }
+    let k = log2_floor(w);
+    ldexp(1.0 / ldexp(w, -k), -e - k)
+}
+
+/// The power of two of [`Prepared::log2_scale`]: `max_i floor(log2 d_i) − floor(log2 w_i)`,
+/// `d_i` the largest variance of point `i` (the diagonal of its covariance) and `w_i` its
+/// weight. Values that are not finite and positive are skipped (validation reports them);
+/// 0 when none is left.
+fn scale_exponent(scan: &ScanRef<'_>) -> i32 {
+    let lg = |x: f64| (x.is_finite() && x > 0.0).then(|| log2_floor(x));
+    let diag_max = |m: &[f64; 9]| m[0].abs().max(m[4].abs()).max(m[8].abs());
+    let lg_w = |i: usize| scan.weights.map_or(Some(0), |w| lg(w[i]));
+    // The smallest log2 weight: the largest effective variance of a shared covariance.
+    let lg_w_min = || (0..scan.b.len()).filter_map(lg_w).min().unwrap_or(0);
+    let per_point = |d: &dyn Fn(usize) -> f64| {
+        (0..scan.b.len())
+            .filter_map(|i| Some(lg(d(i))? - lg_w(i)?))
+            .max()
+    };
+    let best = match scan.cov {
+        Cov::Full(c) => per_point(&|i| {
+            let c = c.get(i).unwrap_or(&[0.0; 36]);
+            (0..6).fold(0.0, |m: f64, k| m.max(c[7 * k].abs()))
+        }),
+        Cov::SharedFull(c) => {
+            lg((0..6).fold(0.0, |m: f64, k| m.max(c[7 * k].abs()))).map(|d| d - lg_w_min())
+        }
+        Cov::Isotropic { sigma_b, sigma_r } => {
+            lg(sigma_b.abs().max(sigma_r.abs())).map(|s| 2 * s - lg_w_min())
+        }
+        Cov::Blocks { bb, br: _, rr } => {
+            let get = |blk: Option<Block<'_>>, i: usize| match blk {
+                None => 0.0,
+                Some(Block::Shared(m)) => diag_max(m),
+                Some(Block::PerPoint(p)) => p.get(i).map_or(0.0, diag_max),
+            };
+            per_point(&|i| get(bb, i).max(get(rr, i)))
+        }
+    };
+    best.unwrap_or(0)
 }
 
 fn check_finite_mat(name: &str, i: usize, m: &[f64]) -> Result<()> {
@@ -861,9 +940,63 @@ mod tests {
         prepare(&scan, &mut out).unwrap();
         assert_eq!(out.len(), 4);
         assert!(!out.cross);
+        // Stored times 2^7, which brings 0.01 to [1, 4).
+        assert_eq!(out.log2_scale, -7);
         assert_eq!(
             crate::lanes::unpack(&out.blocks, 4)[3].bb,
-            [0.01, 0.0, 0.0, 0.01, 0.0, 0.01]
+            [1.28, 0.0, 0.0, 1.28, 0.0, 1.28]
         );
+    }
+
+    #[test]
+    fn the_stored_covariances_are_rescaled_by_a_power_of_two() {
+        // Every form, variances from 1e-300 to 1e300, weights too: the stored blocks are the
+        // input's / w times 2^-log2_scale exactly, with the largest in [1, 4).
+        let b = pts(5);
+        let w = [1.0, 2.0, 0.5, 4.0, 1e-3];
+        for lg in [-996, -400, -7, 0, 9, 400, 996] {
+            let v = crate::math::ldexp(1.3, lg);
+            let mut full = [0.0; 36];
+            for k in 0..6 {
+                full[7 * k] = v * (1.0 + k as f64 * 0.1);
+            }
+            let bb = [v, 0.0, 0.0, 0.0, v, 0.0, 0.0, 0.0, v];
+            let sigma = v.sqrt();
+            let forms = [
+                Cov::SharedFull(&full),
+                Cov::Blocks {
+                    bb: Some(Block::Shared(&bb)),
+                    br: None,
+                    rr: Some(Block::Shared(&bb)),
+                },
+                Cov::Isotropic {
+                    sigma_b: sigma,
+                    sigma_r: sigma,
+                },
+            ];
+            for cov in forms {
+                for weights in [None, Some(&w[..])] {
+                    let scan = ScanRef {
+                        b: &b,
+                        r: &b,
+                        cov,
+                        weights,
+                    };
+                    let mut out = Prepared::default();
+                    prepare(&scan, &mut out).unwrap();
+                    let pts = crate::lanes::unpack(&out.blocks, 5);
+                    let largest = pts
+                        .iter()
+                        .flat_map(|p| p.bb.iter().chain(&p.rr))
+                        .fold(0.0f64, |m, x| m.max(*x));
+                    assert!((1.0..4.0).contains(&largest), "{lg} {cov:?}: {largest}");
+                    for (i, p) in pts.iter().enumerate() {
+                        let wi = weights.map_or(1.0, |w| w[i]);
+                        let back = out.unscale_covariance(p.bb[0]) * wi;
+                        assert!((back / v - 1.0).abs() < 1e-15, "{lg} {cov:?} {i}: {back}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -67,6 +67,40 @@ pub fn quaternion_xyzw(m: &Matrix3<f64>) -> [f64; 4] {
     out
 }
 
+/// `2^e` for `e` in `-1022..=1023` (a normal number, built from its bits).
+pub fn pow2(e: i32) -> f64 {
+    debug_assert!((-1022..=1023).contains(&e));
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// `x · 2^e` for any `e`: exact unless the result leaves float64's range (then it is ±inf,
+/// or rounded into the subnormals or to 0). Powers of two are how the scans' covariances are
+/// rescaled, so that the rescaling itself never rounds.
+pub fn ldexp(mut x: f64, e: i32) -> f64 {
+    // Beyond ±2200 every finite x over- or underflows; the clamp bounds the loops.
+    let mut e = e.clamp(-2200, 2200);
+    while e > 1000 {
+        x *= pow2(1000);
+        e -= 1000;
+    }
+    while e < -1000 {
+        x *= pow2(-1000);
+        e += 1000;
+    }
+    x * pow2(e)
+}
+
+/// `floor(log2 x)` for a positive finite `x` (subnormals included).
+pub fn log2_floor(x: f64) -> i32 {
+    debug_assert!(x > 0.0 && x.is_finite());
+    let biased = ((x.to_bits() >> 52) & 0x7ff) as i32;
+    if biased == 0 {
+        // Subnormal: scale into the normals first.
+        return log2_floor(x * pow2(64)) - 64;
+    }
+    biased - 1023
+}
+
 /// Cofactors of the symmetric 3x3 matrix `s` (its adjugate, upper entries, in [`Sym3`]
 /// order) and its determinant by expansion along the first row. Generic over the element type
 /// so that the scalar code and the four-lane code of [`crate::lanes`] share one formula (the
@@ -337,6 +371,31 @@ pub fn rcond_equilibrated(f: &Matrix6<f64>) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ldexp_and_log2_floor_cover_the_whole_range() {
+        use super::{ldexp, log2_floor};
+        for &(x, e) in &[
+            (1.5, 0),
+            (1.5, 1023),
+            (0.75, -1074),
+            (1.0, -1075),
+            (3.0, 2000),
+        ] {
+            let want = x * 2f64.powi(e.clamp(-1000, 1000)) * 2f64.powi(e - e.clamp(-1000, 1000));
+            assert_eq!(ldexp(x, e), want, "{x} * 2^{e}");
+        }
+        assert_eq!(ldexp(1.0, -1074), f64::from_bits(1));
+        assert_eq!(ldexp(1.0, i32::MAX), f64::INFINITY);
+        assert_eq!(ldexp(1.0, i32::MIN), 0.0);
+        assert_eq!(ldexp(ldexp(1.25, -1060), 1060), 1.25);
+        for &(x, want) in &[(1.0, 0), (1.999, 0), (2.0, 1), (0.3, -2), (f64::MAX, 1023)] {
+            assert_eq!(log2_floor(x), want, "{x}");
+        }
+        assert_eq!(log2_floor(f64::from_bits(1)), -1074);
+        assert_eq!(log2_floor(f64::MIN_POSITIVE), -1022);
+        assert_eq!(log2_floor(f64::MIN_POSITIVE / 3.0), -1024);
+    }
+
     use super::*;
 
     #[test]

@@ -342,10 +342,16 @@ pub(crate) fn accumulate<const CROSS: bool, const NORMAL: bool>(
     })
 }
 
+/// Cost, gradient and (when `normal`) normal matrix in the scan's own units (the loop works
+/// on covariances rescaled by a power of two, see [`Prepared`]).
 fn evaluate(prep: &Prepared, a: &Matrix3<f64>, t: &Vector3<f64>, normal: bool) -> Result<Eval> {
     let mut out = Eval::default();
     evaluate_into(prep, a, t, normal, &mut out)?;
-    Ok(out)
+    Ok(Eval {
+        cost: prep.unscale(out.cost),
+        gradient: out.gradient.map(|v| prep.unscale(v)),
+        normal: out.normal.map(|v| prep.unscale(v)),
+    })
 }
 
 fn evaluate_into(
@@ -700,8 +706,10 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     if !converged && opts.strict {
         return Err(Error::NotConverged { iters: iterations });
     }
+    // The loop's cost and normal matrix are those of the rescaled covariances: map back.
     let covariance = if opts.compute_covariance {
-        Chol6::new(&ev[c].normal).ok_or_else(degenerate)?.inverse()
+        let c = Chol6::new(&ev[c].normal).ok_or_else(degenerate)?.inverse();
+        c.map(|v| prep.unscale_covariance(v))
     } else {
         Matrix6::from_element(f64::NAN)
     };
@@ -709,7 +717,7 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
         rotation: a,
         translation: t,
         covariance,
-        cost: ev[c].cost,
+        cost: prep.unscale(ev[c].cost),
         iterations,
         converged,
         n_points: n,
@@ -764,13 +772,16 @@ pub fn crlb_with(
 
 pub(crate) fn crlb_prepared(prep: &Prepared, rotation: &Matrix3<f64>) -> Result<Matrix6<f64>> {
     check_rotation("rotation", rotation)?;
-    // F depends on A and the points only, not on t or the residuals: evaluate at t = 0.
-    let e = evaluate(prep, rotation, &Vector3::zeros(), true)?;
+    // F depends on A and the points only, not on t or the residuals: evaluate at t = 0 (on
+    // the rescaled covariances, whose F is within float64's range, and map the inverse back).
+    let mut e = Eval::default();
+    evaluate_into(prep, rotation, &Vector3::zeros(), true, &mut e)?;
     let rc = rcond_equilibrated(&e.normal);
     if !(rc >= RCOND_DEGENERATE) {
         return Err(degenerate());
     }
-    Ok(Chol6::new(&e.normal).ok_or_else(degenerate)?.inverse())
+    let c = Chol6::new(&e.normal).ok_or_else(degenerate)?.inverse();
+    Ok(c.map(|v| prep.unscale_covariance(v)))
 }
 
 /// Checks that `m` is a rotation matrix to 1e-6.
