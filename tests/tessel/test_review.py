@@ -130,3 +130,16 @@ def test_large_premises_reach_the_period_bound_and_beat_the_baselines(shape):
     assert r.period == p.period_lower_bound
     for name in ("gpipe", "1f1b"):  # valid schedules of any premise: upper bounds
         assert r.schedule.makespan <= T.baseline(name, p, 64).makespan, name
+
+
+def test_periodic_k_is_never_worse_than_one_periodic():
+    # Stop 34: K = 2 was 1-8 units longer than K = 1 on these (its templates were completed by
+    # compaction alone); the 1-periodic search now runs too and the shorter schedule wins.
+    for name, mem, n in [("mshape", 3, 4), ("xshape", 4, 8)]:
+        p = T.premise(name, 4)
+        one = T.search(p, memory=mem, nmicros=n, node_budget=200_000)
+        two = T.search(p, memory=mem, nmicros=n, periodic_k=2, node_budget=200_000)
+        assert two.schedule.validate() == []
+        assert two.schedule.makespan <= one.schedule.makespan
+        assert two.periodic_k == 2 and two.template.shape == (2 * p.nblocks,)
+        assert two.throughput == 2 / two.period

@@ -167,7 +167,10 @@ def search(
         O(N log N) (some seconds for N = 10^6).
     periodic_k : {1, 2, 3}
         Micro-batches per repetend. K > 1 can beat every 1-periodic schedule when memory is
-        tight (Tessel cannot express it).
+        tight (Tessel cannot express it). A 1-periodic schedule is K-periodic too: with K > 1
+        the 1-periodic search runs first, on half the time limit, and the shorter schedule
+        wins (then ``template`` is the 1-periodic one repeated K times, and ``schedule``
+        describes its own 1-periodic repetend).
     delta_p : int
         Periods searched above the smallest feasible one (small N can prefer a larger period
         with a much shorter template).
