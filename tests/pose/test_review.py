@@ -239,3 +239,15 @@ def test_variances_far_from_one(k, form):
         batch = P.estimate_pose_batch(s.b, s.r, s.cov * f)
         assert list(batch.status) == [0, 0]
         np.testing.assert_array_equal(batch.rotation[0], e0.rotation)
+
+
+def test_reference_frame_helpers_name_shapes_that_do_not_broadcast():
+    rot = np.eye(3)[None].repeat(2, 0)
+    with pytest.raises(ValueError, match=r"rotation, translation, errors: leading shapes do not broadcast"):
+        P.reference_frame_errors(rot, np.zeros((3, 3)), np.zeros(6))
+    with pytest.raises(ValueError, match=r"covariance \(3,\)"):
+        P.reference_frame_covariance(rot, np.zeros((2, 3)), np.zeros((3, 6, 6)))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        P.position_covariance(rot, np.zeros((2, 3)), np.zeros((3, 6, 6)))
+    # Broadcasting that works still does.
+    assert P.reference_frame_covariance(np.eye(3), np.zeros(3), np.zeros((2, 6, 6))).shape == (2, 6, 6)

@@ -143,3 +143,16 @@ def test_periodic_k_is_never_worse_than_one_periodic():
         assert two.schedule.makespan <= one.schedule.makespan
         assert two.periodic_k == 2 and two.template.shape == (2 * p.nblocks,)
         assert two.throughput == 2 / two.period
+
+
+def test_premise_options_it_does_not_read_are_errors():
+    # Stop 34: premise("vshape", chunks=3) used to drop chunks silently.
+    with pytest.raises(ValueError, match=r'chunks: premise "vshape" has no option chunks \(its options: fwd, bwd, act\)'):
+        T.premise("vshape", 4, chunks=3)
+    with pytest.raises(ValueError, match="has no option tp_mem"):
+        T.premise("kshape", 4, tp_mem=1)
+    with pytest.raises(ValueError, match="not both"):
+        T.premise("uneven", 4, fwd=2, fwd_spans=[1, 2, 2, 1])
+    # The options a premise reads change it; the inference form takes the training-only ones.
+    assert T.premise("interleaved", 4, chunks=3).nblocks == 2 * 3 * 4
+    assert T.premise("mshape", 4, train=False, bwd=5).nblocks == T.premise("mshape", 4, train=False).nblocks

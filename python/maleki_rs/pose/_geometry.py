@@ -215,6 +215,17 @@ def nees(errors: Any, covariances: Any) -> NDArray[np.float64]:
     return np.einsum("...i,...i->...", z, z)
 
 
+def _check_broadcast(**arrays: tuple[NDArray[np.float64], int]) -> None:
+    """Raises a ValueError naming the arguments when their leading shapes (all but the last
+    ``ndim`` axes of each) do not broadcast."""
+    shapes = {name: a.shape[: a.ndim - nd] for name, (a, nd) in arrays.items()}
+    try:
+        np.broadcast_shapes(*shapes.values())
+    except ValueError:
+        listed = ", ".join(f"{n} {s}" for n, s in shapes.items())
+        raise ValueError(f"{', '.join(shapes)}: leading shapes do not broadcast ({listed})") from None
+
+
 def _jac_reference(rotation: NDArray[np.float64], translation: NDArray[np.float64]) -> NDArray[np.float64]:
     """``T`` with ``[φ; δp] = T [θ; δt]``: ``φ = Aᵀθ``, ``δp = −Aᵀ([t×]θ + δt)``."""
     at = np.swapaxes(rotation, -1, -2)
@@ -259,6 +270,7 @@ def reference_frame_errors(rotation: Any, translation: Any, errors: Any) -> NDAr
     a = _rotation(rotation, "rotation")
     t = _trailing(translation, "translation", (3,))
     x = _trailing(errors, "errors", (6,))
+    _check_broadcast(rotation=(a, 2), translation=(t, 1), errors=(x, 1))
     return (_jac_reference(a, t) @ x[..., None])[..., 0]
 
 
@@ -272,5 +284,6 @@ def reference_frame_covariance(rotation: Any, translation: Any, covariance: Any)
     a = _rotation(rotation, "rotation")
     t = _trailing(translation, "translation", (3,))
     p = _trailing(covariance, "covariance", (6, 6))
+    _check_broadcast(rotation=(a, 2), translation=(t, 1), covariance=(p, 2))
     j = _jac_reference(a, t)
     return j @ p @ np.swapaxes(j, -1, -2)

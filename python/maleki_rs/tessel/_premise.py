@@ -305,6 +305,12 @@ def premise(name: str, ndevs: int = 4, *, train: bool = True, **spans: Any) -> P
         memory of a forward, >= 0); ``tp_mem`` (memory of the tensor-parallel forwards);
         ``chunks`` (v of ``interleaved``, waves of ``wave``); ``fwd_spans``/``bwd_spans``
         (per-stage spans of ``uneven``). Defaults follow Tessel: f=1, b=3, tp=1, act=1.
+        An option the premise does not read is a ValueError naming the ones it does (``vshape``,
+        ``xshape``, ``alphafold``: fwd, bwd, act; ``mshape``, ``nnshape``, ``nnshape_eager``,
+        ``mllm``: those and tp_fwd, tp_bwd, tp_mem; ``kshape``: tp_fwd, tp_bwd, no tp_mem;
+        ``finetune``: tp_fwd only; ``interleaved``, ``wave``: chunks; ``zb_v``: wgt;
+        ``uneven``: fwd_spans, bwd_spans, each instead of fwd, bwd). The inference form
+        ignores the training-only ones (bwd, tp_bwd, wgt, act, tp_mem).
 
     Examples
     --------

@@ -209,6 +209,10 @@ class Schedule:
             a, b = (check_int(x, "repetend", min=-_NO_LIMIT, max=_NO_LIMIT) for x in repetend)
             if b < a:
                 raise ValueError(f"repetend: end {b} is before start {a}")
+            spans = np.array([blk.span for blk in premise.blocks], dtype=np.int64)
+            c = int((arr + spans).max(initial=0))
+            if a < 0 or b > c:
+                raise ValueError(f"repetend: the window [{a}, {b}) lies outside the schedule's [0, {c}] (its makespan)")
             self._repetend = (a, b)
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name: expected a str, got {type(name).__name__}")

@@ -605,7 +605,11 @@ pub fn to_text(s: &Schedule, compact: bool) -> Result<String> {
     if bounds.iter().any(|&x| x < 0 || x > c) {
         return Err(Error::invalid(
             "schedule",
-            format!("the repetend {:?} lies outside [0, {c}]", s.repetend),
+            format!(
+                "the repetend window [{}, {}) lies outside [0, {c}]",
+                bounds[0],
+                bounds[bounds.len() - 1]
+            ),
         ));
     }
     let mut out = String::new();

@@ -98,12 +98,76 @@ impl Options {
     }
 }
 
+/// The options premise `name` reads (its training form; the inference form reads the forward
+/// ones and ignores the others), or `None` for an unknown name.
+pub fn options_of(name: &str) -> Option<&'static [&'static str]> {
+    const V: &[&str] = &["fwd", "bwd", "act"];
+    const TP: &[&str] = &["fwd", "bwd", "act", "tp_fwd", "tp_bwd", "tp_mem"];
+    Some(match name {
+        "vshape" | "xshape" | "alphafold" => V,
+        "mshape" | "nnshape" | "nnshape_eager" | "mllm" => TP,
+        // The merge block holds an activation (`act`), not `tp_mem`.
+        "kshape" => &["fwd", "bwd", "act", "tp_fwd", "tp_bwd"],
+        // The frozen embedding has no backward and keeps nothing.
+        "finetune" => &["fwd", "bwd", "act", "tp_fwd"],
+        "interleaved" | "wave" => &["fwd", "bwd", "act", "chunks"],
+        "zb_v" => &["fwd", "bwd", "act", "wgt"],
+        "uneven" => &["fwd", "bwd", "act", "fwd_spans", "bwd_spans"],
+        _ => return None,
+    })
+}
+
+/// The options set in `opts`, by name.
+fn options_set(opts: &Options) -> Vec<&'static str> {
+    let named = [
+        ("fwd", opts.fwd.is_some()),
+        ("bwd", opts.bwd.is_some()),
+        ("wgt", opts.wgt.is_some()),
+        ("tp_fwd", opts.tp_fwd.is_some()),
+        ("tp_bwd", opts.tp_bwd.is_some()),
+        ("act", opts.act.is_some()),
+        ("tp_mem", opts.tp_mem.is_some()),
+        ("chunks", opts.chunks.is_some()),
+        ("fwd_spans", opts.fwd_spans.is_some()),
+        ("bwd_spans", opts.bwd_spans.is_some()),
+    ];
+    named
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(n, _)| *n)
+        .collect()
+}
+
 /// Builds the built-in premise `name` on `ndevs` devices.
 ///
 /// Errors when the name is unknown, `ndevs` does not suit the premise (`kshape` needs an even
-/// count, the others at least 1, `nnshape`/`nnshape_eager`/`xshape` at least 2), or an option
-/// is out of range (spans `>= 1`, `act >= 0`).
+/// count, the others at least 1, `nnshape`/`nnshape_eager`/`xshape` at least 2), an option is
+/// out of range (spans `>= 1`, `act >= 0`), the premise has no such option (see
+/// [`options_of`]: a `chunks` for `vshape` would otherwise be dropped silently), or `uneven`
+/// gets a uniform span and the per-stage spans it would override.
 pub fn builtin(name: &str, ndevs: usize, opts: &Options) -> Result<Premise> {
+    if let Some(known) = options_of(name) {
+        let set = options_set(opts);
+        if let Some(&o) = set.iter().find(|o| !known.contains(o)) {
+            return Err(Error::invalid(
+                o,
+                format!(
+                    "premise {name:?} has no option {o} (its options: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        for (one, per_stage) in [("fwd", "fwd_spans"), ("bwd", "bwd_spans")] {
+            if set.contains(&one) && set.contains(&per_stage) {
+                return Err(Error::invalid(
+                    one,
+                    format!(
+                        "give {one} or {per_stage}, not both: {per_stage} sets every stage's span"
+                    ),
+                ));
+            }
+        }
+    }
     let b = Builder::new(ndevs, opts)?;
     let p = match name {
         "vshape" => b.vshape(),
@@ -618,5 +682,48 @@ mod tests {
             ..Options::default()
         };
         assert!(builtin("vshape", 4, &o).is_err());
+        let o = Options {
+            chunks: Some(3),
+            ..Options::default()
+        };
+        let e = builtin("vshape", 4, &o).unwrap_err().to_string();
+        assert!(e.contains("has no option chunks"), "{e}");
+        let o = Options {
+            fwd: Some(2),
+            fwd_spans: Some(vec![1; 4]),
+            ..Options::default()
+        };
+        let e = builtin("uneven", 4, &o).unwrap_err().to_string();
+        assert!(e.contains("not both"), "{e}");
+    }
+
+    #[test]
+    fn every_listed_option_changes_its_premise() {
+        // The table of options_of against the builders: each listed option, set to a
+        // non-default value, changes the training form of its premise.
+        for &name in BUILTIN {
+            let base = p(name, 4);
+            for &o in options_of(name).unwrap() {
+                let mut opts = Options::default();
+                match o {
+                    "fwd" => opts.fwd = Some(5),
+                    "bwd" => opts.bwd = Some(7),
+                    "wgt" => opts.wgt = Some(5),
+                    "tp_fwd" => opts.tp_fwd = Some(5),
+                    "tp_bwd" => opts.tp_bwd = Some(5),
+                    "act" => opts.act = Some(4),
+                    "tp_mem" => opts.tp_mem = Some(4),
+                    "chunks" => opts.chunks = Some(3),
+                    "fwd_spans" => opts.fwd_spans = Some(vec![5; 4]),
+                    "bwd_spans" => opts.bwd_spans = Some(vec![5; 4]),
+                    _ => panic!("{name}: unknown option {o}"),
+                }
+                let changed = builtin(name, 4, &opts).unwrap();
+                assert!(
+                    format!("{changed:?}") != format!("{base:?}"),
+                    "{name}: {o} changes nothing"
+                );
+            }
+        }
     }
 }
