@@ -63,3 +63,31 @@ def test_exception_from_progress_callback_propagates():
     with pytest.raises(Stop):
         pose.estimate_pose_batch(b, r, sigma_b=0.05, sigma_r=0.05, progress=progress)
     assert calls and calls[0][1] == 200_000
+
+
+BASELINE_CHILD = r"""
+import signal
+from maleki_rs import tessel
+signal.signal(signal.SIGINT, signal.default_int_handler)
+p = tessel.premise("mshape", 4)
+print("start", flush=True)
+tessel.baseline("1f1b", p, 1_600_000)  # the list-scheduling greedy: seconds
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_stops_a_long_baseline_without_a_panic():
+    # Stop 34: the baseline ignored Ctrl-C, and the pending interrupt then made the numpy
+    # conversion of its result panic (PanicException) instead of raising KeyboardInterrupt.
+    proc = subprocess.Popen([sys.executable, "-c", BASELINE_CHILD], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "start"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # a hang guard, not a timing assertion
+    finally:
+        proc.kill()
+    assert "finished" not in out, "the baseline ran to the end: Ctrl-C was not seen"
+    assert "KeyboardInterrupt" in err and "panicked" not in err and "PanicException" not in err, err[-2000:]

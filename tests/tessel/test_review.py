@@ -156,3 +156,19 @@ def test_premise_options_it_does_not_read_are_errors():
     # The options a premise reads change it; the inference form takes the training-only ones.
     assert T.premise("interleaved", 4, chunks=3).nblocks == 2 * 3 * 4
     assert T.premise("mshape", 4, train=False, bwd=5).nblocks == T.premise("mshape", 4, train=False).nblocks
+
+
+def test_a_long_deadlock_cycle_is_described_briefly():
+    # Stop 34: device 0 runs B0 of the last micro-batch first; the cycle runs through every
+    # micro-batch, and its description was hundreds of kilobytes ("deadlock: deadlock: ...").
+    from maleki_rs.exceptions import DeadlockError
+
+    p = T.premise("vshape", 2)
+    nm = 400
+    dev0 = [(nm - 1, 3)] + [(j, 0) for j in range(nm)] + [(j, 3) for j in range(nm - 1)]
+    dev1 = [x for j in range(nm) for x in ((j, 1), (j, 2))]
+    with pytest.raises(DeadlockError) as ei:
+        T.simulate(p, [dev0, dev1])
+    msg = str(ei.value)
+    assert msg.startswith("deadlock: the per-device orders") and "deadlock: deadlock" not in msg
+    assert "more steps)" in msg and len(msg) < 2000

@@ -19,11 +19,17 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Runs `job` with the GIL released on the library pool; no progress, no cancellation.
 /// For calls that are short by construction.
+///
+/// A Ctrl-C that arrived meanwhile is raised here, before the caller converts the result:
+/// left pending, it would surface inside the first Python call of that conversion (numpy's
+/// API lookup, which then panics instead of raising).
 pub fn run_quick<T: Send>(
     py: Python<'_>,
     job: impl FnOnce() -> maleki_common::Result<T> + Send,
 ) -> PyResult<T> {
-    py.detach(|| pool::install(job)).map_err(to_pyerr)
+    let out = py.detach(|| pool::install(job)).map_err(to_pyerr);
+    py.check_signals()?;
+    out
 }
 
 /// Runs `job` with the GIL released, reporting to `callback(done, total)` (when given) and
@@ -64,7 +70,8 @@ pub fn run_monitored<T: Send>(
     });
     match (out, raised) {
         (_, Some(e)) => Err(e),
-        (Ok(v), None) => Ok(v),
+        // A Ctrl-C after the last poll: raised now, as in `run_quick`.
+        (Ok(v), None) => py.check_signals().map(|_| v),
         (Err(e), None) => Err(to_pyerr(e)),
     }
 }

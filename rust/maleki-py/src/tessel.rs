@@ -25,7 +25,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::arrays::{to_numpy, Ro2};
 use crate::errors::to_pyerr;
-use crate::progress::run_quick;
+use crate::progress::{run_monitored, run_quick};
 
 /// Per-device orders as Python sees them: `[[(micro-batch, block), ...], ...]`.
 type PyOrders = Vec<Vec<(usize, usize)>>;
@@ -532,7 +532,8 @@ fn baseline<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let p = premise_arg(premise)?;
     let nm = usize_arg(nmicros, "nmicros")?;
-    let b = run_quick(py, || baselines::baseline(&name, p, nm))?;
+    // Monitored: the list-scheduling greedy runs for seconds at the largest sizes.
+    let b = run_monitored(py, None, |pr| baselines::baseline_with(&name, p, nm, pr))?;
     let d = schedule_dict(py, b.schedule, Some(b.name.to_string()), b.parameter_memory)?;
     d.set_item("orders", b.orders)?;
     Ok(d)

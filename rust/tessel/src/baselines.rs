@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use maleki_common::progress::{NoProgress, Progress};
 use maleki_common::{Error, Result};
 
 use crate::model::{Block, Edge, Kind, Premise, Schedule};
@@ -76,6 +77,17 @@ pub fn canonical(name: &str) -> Result<&'static str> {
 
 /// Generates baseline `name` for `nmicros` micro-batches of `premise` and times it.
 pub fn baseline(name: &str, premise: Arc<Premise>, nmicros: usize) -> Result<Baseline> {
+    baseline_with(name, premise, nmicros, &NoProgress)
+}
+
+/// [`baseline`], stopping with `Cancelled` when `progress` asks (the list-scheduling greedy
+/// checks every 1024 decisions; at the largest sizes it runs for seconds).
+pub fn baseline_with(
+    name: &str,
+    premise: Arc<Premise>,
+    nmicros: usize,
+    progress: &dyn Progress,
+) -> Result<Baseline> {
     let name = canonical(name)?;
     if nmicros == 0 {
         return Err(Error::invalid("nmicros", "must be at least 1"));
@@ -90,12 +102,22 @@ pub fn baseline(name: &str, premise: Arc<Premise>, nmicros: usize) -> Result<Bas
         ));
     }
     let (premise, nm, orders, params) = match name {
-        "gpipe" => (premise.clone(), nmicros, gpipe(&premise, nmicros), 1),
-        "1f1b" => (premise.clone(), nmicros, one_f_one_b(&premise, nmicros), 1),
+        "gpipe" => (
+            premise.clone(),
+            nmicros,
+            gpipe(&premise, nmicros, progress)?,
+            1,
+        ),
+        "1f1b" => (
+            premise.clone(),
+            nmicros,
+            one_f_one_b(&premise, nmicros, progress)?,
+            1,
+        ),
         "1f1b+" => (
             premise.clone(),
             nmicros,
-            one_f_one_b_plus(&premise, nmicros)?,
+            one_f_one_b_plus(&premise, nmicros, progress)?,
             1,
         ),
         "chimera" => {
@@ -128,7 +150,9 @@ pub fn baseline(name: &str, premise: Arc<Premise>, nmicros: usize) -> Result<Bas
         ),
         _ => unreachable!("canonical names only"),
     };
+    progress.check()?;
     let schedule = simulate(premise, nm, &orders)?;
+    progress.check()?;
     Ok(Baseline {
         name,
         schedule,
@@ -293,7 +317,7 @@ fn orders_from_starts(p: &Premise, nm: usize, starts: &[i64], skip: &[bool]) -> 
 /// in micro-batch order. On a pipeline this is the textbook order; when a device runs several
 /// forward blocks (xshape, kshape, wave...), the order among them comes from the list-scheduling
 /// greedy with that phase barrier (readiness decides, so independent chains interleave).
-pub fn gpipe(p: &Premise, nm: usize) -> Orders {
+pub fn gpipe(p: &Premise, nm: usize, progress: &dyn Progress) -> Result<Orders> {
     let ph = backward_phase(p);
     let rank = p.topo_rank();
     let simple = (0..p.ndevs()).all(|d| {
@@ -301,15 +325,15 @@ pub fn gpipe(p: &Premise, nm: usize) -> Orders {
         on.iter().filter(|&&g| !ph[g]).count() <= 1 && on.iter().filter(|&&g| ph[g]).count() <= 1
     });
     if simple {
-        return orders_by_key(p, nm, |j, g| (ph[g], j, rank[g]));
+        return Ok(orders_by_key(p, nm, |j, g| (ph[g], j, rank[g])));
     }
     let skip = vec![false; p.nblocks()];
-    let mut g = Greedy::new(p, nm, vec![usize::MAX; p.ndevs()], skip.clone());
+    let mut g = Greedy::new(p, nm, vec![usize::MAX; p.ndevs()], skip.clone(), progress);
     g.phase_barrier = true;
-    match g.run() {
+    Ok(match g.run()? {
         Some(starts) => orders_from_starts(p, nm, &starts, &skip),
         None => orders_by_key(p, nm, |j, g| (ph[g], j, rank[g])),
-    }
+    })
 }
 
 /// The in-flight caps of the general 1F1B: `min(2 ceil(L_d / P_LB), D)` per device, where
@@ -407,36 +431,46 @@ fn textbook_1f1b(p: &Premise, nm: usize, stages: &[Stage]) -> Orders {
 }
 
 /// 1F1B: textbook on stage pipelines with one stage per device, the greedy otherwise.
-pub fn one_f_one_b(p: &Premise, nm: usize) -> Orders {
+pub fn one_f_one_b(p: &Premise, nm: usize, progress: &dyn Progress) -> Result<Orders> {
     if let Some(stages) = pipeline_stages(p, false).filter(|s| one_stage_per_device(s)) {
-        return textbook_1f1b(p, nm, &stages);
+        return Ok(textbook_1f1b(p, nm, &stages));
     }
-    one_f_one_b_greedy(p, nm)
+    one_f_one_b_greedy(p, nm, progress)
 }
 
 /// The general 1F1B: list scheduling with backward priority and the in-flight caps of
 /// [`inflight_caps`] (`D - d` on a V pipeline).
-pub fn one_f_one_b_greedy(p: &Premise, nm: usize) -> Orders {
-    one_f_one_b_with_caps(p, nm, inflight_caps(p))
+pub fn one_f_one_b_greedy(p: &Premise, nm: usize, progress: &dyn Progress) -> Result<Orders> {
+    one_f_one_b_with_caps(p, nm, inflight_caps(p), progress)
 }
 
 /// The list-scheduling 1F1B with explicit per-device in-flight caps.
-pub fn one_f_one_b_with_caps(p: &Premise, nm: usize, caps: Vec<usize>) -> Orders {
-    match Greedy::new(p, nm, caps, vec![false; p.nblocks()]).run() {
-        Some(starts) => orders_from_starts(p, nm, &starts, &vec![false; p.nblocks()]),
+pub fn one_f_one_b_with_caps(
+    p: &Premise,
+    nm: usize,
+    caps: Vec<usize>,
+    progress: &dyn Progress,
+) -> Result<Orders> {
+    match Greedy::new(p, nm, caps, vec![false; p.nblocks()], progress).run()? {
+        Some(starts) => Ok(orders_from_starts(
+            p,
+            nm,
+            &starts,
+            &vec![false; p.nblocks()],
+        )),
         // Never expected (the greedy always progresses); GPipe is a safe fallback.
-        None => gpipe(p, nm),
+        None => gpipe(p, nm, progress),
     }
 }
 
 /// 1F1B+ (nnScaler): 1F1B on the single-device blocks; each multi-device block becomes a
 /// synchronous step placed just before the micro-batch's next pipeline job (forward blocks)
 /// or right after its previous pipeline job (backward blocks).
-pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
+pub fn one_f_one_b_plus(p: &Premise, nm: usize, progress: &dyn Progress) -> Result<Orders> {
     let n = p.nblocks();
     let multi: Vec<bool> = (0..n).map(|g| p.block(g).devices.len() > 1).collect();
     if multi.iter().all(|&m| !m) {
-        return Ok(one_f_one_b(p, nm));
+        return one_f_one_b(p, nm, progress);
     }
     if multi.iter().all(|&m| m) {
         return Err(Error::invalid(
@@ -475,8 +509,8 @@ pub fn one_f_one_b_plus(p: &Premise, nm: usize) -> Result<Orders> {
         }
         None => {
             let caps = inflight_caps(p);
-            let starts = Greedy::new(p, nm, caps, multi.clone())
-                .run()
+            let starts = Greedy::new(p, nm, caps, multi.clone(), progress)
+                .run()?
                 .ok_or_else(greedy_stalled)?;
             for k in 0..nm * n {
                 t0[k] = starts[k];
@@ -787,22 +821,31 @@ struct Greedy<'a> {
     skip: Vec<bool>,
     /// GPipe: a backward-phase job waits until its devices have dispatched every forward job.
     phase_barrier: bool,
+    /// Asked every 1024 decisions whether to stop.
+    progress: &'a dyn Progress,
 }
 
 impl<'a> Greedy<'a> {
-    fn new(p: &'a Premise, nm: usize, caps: Vec<usize>, skip: Vec<bool>) -> Self {
+    fn new(
+        p: &'a Premise,
+        nm: usize,
+        caps: Vec<usize>,
+        skip: Vec<bool>,
+        progress: &'a dyn Progress,
+    ) -> Self {
         Greedy {
             p,
             nm,
             caps,
             skip,
             phase_barrier: false,
+            progress,
         }
     }
 
     /// Starts of every job (`None` only if the greedy stalled, which its fallback rule
-    /// prevents; kept as a guard against hangs).
-    fn run(&self) -> Option<Vec<i64>> {
+    /// prevents; kept as a guard against hangs), or `Cancelled`.
+    fn run(&self) -> Result<Option<Vec<i64>>> {
         let p = self.p;
         let (n, nm, nd) = (p.nblocks(), self.nm, p.ndevs());
         let total = n * nm;
@@ -816,10 +859,14 @@ impl<'a> Greedy<'a> {
         let mut start = vec![i64::MIN; total];
         let mut ready = vec![0i64; total];
         let mut npred: Vec<usize> = (0..total).map(|k| p.preds(k % n).len()).collect();
-        // Eligible: predecessors done and FIFO predecessor dispatched.
-        let mut eligible: Vec<usize> = Vec::new();
-        let mut dispatched = vec![false; total];
-        let fifo_ok = |k: usize, dispatched: &[bool]| k < n || dispatched[k - n];
+        // Eligible: predecessors done (set by `release`). A job can start only when it is also
+        // the next of its block (FIFO: micro-batch j after j - 1), so the candidates are the
+        // eligible heads `next[g] * n + g`, at most one per block: each decision looks at n
+        // jobs, not at every eligible one (thousands of backward jobs wait behind GPipe's
+        // phase barrier, which made long runs quadratic in N).
+        let mut eligible = vec![false; total];
+        let mut next = vec![0usize; n];
+        let head = |g: usize, next: &[usize]| (next[g] < nm).then(|| next[g] * n + g);
         let mut busy_until = vec![i64::MIN; nd];
         let mut held = vec![0i64; nd * nm];
         let mut inflight = vec![0usize; nd];
@@ -839,7 +886,7 @@ impl<'a> Greedy<'a> {
         let mut left = total;
         for (k, &np) in npred.iter().enumerate().take(n) {
             if np == 0 {
-                eligible.push(k);
+                eligible[k] = true;
             }
         }
         let mut t = 0i64;
@@ -848,7 +895,10 @@ impl<'a> Greedy<'a> {
         while left > 0 {
             rounds += 1;
             if rounds > 4 * total + 16 {
-                return None;
+                return Ok(None);
+            }
+            if rounds.is_multiple_of(1024) {
+                self.progress.check()?;
             }
             // Completions up to t.
             while let Some(&std::cmp::Reverse((e, k))) = running.peek() {
@@ -862,27 +912,21 @@ impl<'a> Greedy<'a> {
             let mut progressed = true;
             while progressed {
                 progressed = false;
-                let mut i = 0;
-                while i < eligible.len() {
-                    let k = eligible[i];
-                    if self.skip[k % n] && ready[k] <= t && fifo_ok(k, &dispatched) {
-                        eligible.swap_remove(i);
+                for g in (0..n).filter(|&g| self.skip[g]) {
+                    while let Some(k) = head(g, &next).filter(|&k| eligible[k] && ready[k] <= t) {
                         start[k] = ready[k].max(if k >= n { start[k - n] } else { i64::MIN });
-                        dispatched[k] = true;
+                        next[g] += 1;
                         left -= 1;
                         self.release(k, start[k], &mut npred, &mut ready, &mut eligible);
                         progressed = true;
-                    } else {
-                        i += 1;
                     }
                 }
             }
             cands.clear();
             cands.extend(
-                eligible
-                    .iter()
-                    .copied()
-                    .filter(|&k| ready[k] <= t && fifo_ok(k, &dispatched)),
+                (0..n)
+                    .filter_map(|g| head(g, &next))
+                    .filter(|&k| eligible[k] && ready[k] <= t),
             );
             cands.sort_by_key(|&k| key(k));
             let mut reserved = vec![false; nd];
@@ -919,7 +963,7 @@ impl<'a> Greedy<'a> {
                     continue;
                 }
                 self.dispatch(k, t, &mut start, &mut busy_until, &mut held, &mut inflight);
-                dispatched[k] = true;
+                next[g] += 1;
                 left -= 1;
                 if !ph[g] {
                     devs.iter().for_each(|&d| fwd_left[d] -= 1);
@@ -927,12 +971,11 @@ impl<'a> Greedy<'a> {
                 running.push(std::cmp::Reverse((t + p.span(g), k)));
                 started_any = true;
             }
-            eligible.retain(|&k| !dispatched[k]);
             if !started_any && running.is_empty() {
                 if let Some(k) = capped {
                     // Only the caps block progress: let the best capped job through.
                     self.dispatch(k, t, &mut start, &mut busy_until, &mut held, &mut inflight);
-                    dispatched[k] = true;
+                    next[k % n] += 1;
                     left -= 1;
                     if !ph[k % n] {
                         p.block(k % n)
@@ -941,7 +984,6 @@ impl<'a> Greedy<'a> {
                             .for_each(|&d| fwd_left[d] -= 1);
                     }
                     running.push(std::cmp::Reverse((t + p.span(k % n), k)));
-                    eligible.retain(|&x| x != k);
                     continue;
                 }
             }
@@ -950,7 +992,12 @@ impl<'a> Greedy<'a> {
             }
             // Next decision time: the next completion or the next ready time after t.
             let next_end = running.peek().map(|r| r.0 .0);
-            let next_ready = eligible.iter().map(|&k| ready[k]).filter(|&r| r > t).min();
+            let next_ready = (0..n)
+                .filter_map(|g| head(g, &next))
+                .filter(|&k| eligible[k])
+                .map(|k| ready[k])
+                .filter(|&r| r > t)
+                .min();
             t = match (next_end, next_ready) {
                 (Some(a), Some(b)) => a.min(b),
                 (Some(a), None) => a,
@@ -958,7 +1005,7 @@ impl<'a> Greedy<'a> {
                 (None, None) => t + 1, // FIFO-blocked skip chains resolve on the next pass
             };
         }
-        start.iter().all(|&s| s != i64::MIN).then_some(start)
+        Ok(start.iter().all(|&s| s != i64::MIN).then_some(start))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -999,7 +1046,7 @@ impl<'a> Greedy<'a> {
         e: i64,
         npred: &mut [usize],
         ready: &mut [i64],
-        eligible: &mut Vec<usize>,
+        eligible: &mut [bool],
     ) {
         let p = self.p;
         let n = p.nblocks();
@@ -1009,14 +1056,14 @@ impl<'a> Greedy<'a> {
             ready[x] = ready[x].max(e + lag);
             npred[x] -= 1;
             if npred[x] == 0 {
-                eligible.push(x);
+                eligible[x] = true;
             }
         }
         // Sources of the next micro-batches become eligible once seen (their readiness is 0);
         // add them lazily: when job k is a source of micro-batch j, enqueue the same source of
         // micro-batch j + 1.
         if p.preds(g).is_empty() && j + 1 < self.nm {
-            eligible.push((j + 1) * n + g);
+            eligible[(j + 1) * n + g] = true;
         }
     }
 }
@@ -1050,7 +1097,12 @@ mod tests {
                 assert_eq!(b.schedule.peak_memory(), want, "D={d} N={nm}");
                 // The greedy with caps D - d reproduces the textbook 1F1B exactly on the V.
                 let caps = (0..d).map(|k| d - k).collect();
-                let greedy = simulate(p.clone(), nm, &one_f_one_b_with_caps(&p, nm, caps)).unwrap();
+                let greedy = simulate(
+                    p.clone(),
+                    nm,
+                    &one_f_one_b_with_caps(&p, nm, caps, &NoProgress).unwrap(),
+                )
+                .unwrap();
                 assert_eq!(greedy.starts, b.schedule.starts, "D={d} N={nm}");
                 let inf = Arc::new(builtin("vshape", d, &Options::inference()).unwrap());
                 let b = baseline("inference_pipe", inf, nm).unwrap();
