@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -220,7 +221,82 @@ class TestCommand:
 
     def test_bad_thread_count_is_an_error(self):
         out = self.run("--threads", "0", "tour")
-        assert out.returncode == 2 and "must be >= 1" in out.stderr
+        assert out.returncode == 2 and "argument --threads: must be >= 1, got 0" in out.stderr
+
+    @pytest.mark.parametrize("value", ["0", "abc", "-3", "1.5", "99999"])
+    def test_bad_thread_count_in_the_environment_is_an_error(self, value, monkeypatch, capsys):
+        # The core would fall back to every core without a word.
+        monkeypatch.setenv("MALEKI_RS_NUM_THREADS", value)
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["tour", "--only", "nope"])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"maleki: error: MALEKI_RS_NUM_THREADS: expected an integer from 1 to 4096, got {value!r}")
+
+    def test_good_thread_count_in_the_environment_or_a_flag_passes(self, monkeypatch, capsys):
+        monkeypatch.setenv("MALEKI_RS_NUM_THREADS", " 3 ")
+        assert cli.main(["tour", "--only", "nope"]) == 2  # the tour's own error, not the variable's
+        monkeypatch.setenv("MALEKI_RS_NUM_THREADS", "abc")
+        old = maleki_rs.get_num_threads()
+        try:
+            assert cli.main(["--threads", "2", "tour", "--only", "nope"]) == 2  # --threads wins
+        finally:
+            maleki_rs.set_num_threads(old)
+        assert "MALEKI_RS_NUM_THREADS" not in capsys.readouterr().err
+
+    @pytest.mark.parametrize("message, shown", [
+        ("Unable to allocate 95.4 GiB for an array", "out of memory: Unable to allocate 95.4 GiB for an array"),
+        ("out of memory: could not allocate 2 GiB", "out of memory: could not allocate 2 GiB"),  # the core's
+    ])
+    def test_memory_error_is_one_line(self, message, shown, monkeypatch, capsys):
+        from maleki_rs.msgemm import _cli as msgemm_cli
+
+        def bench(*args, **kwargs):
+            raise MemoryError(message)
+
+        monkeypatch.setattr(msgemm_cli, "bench", bench)
+        assert cli.main(["msgemm", "bench"]) == 1
+        assert capsys.readouterr().err == f"maleki: error: {shown}\n"
+
+    @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
+    def test_running_out_of_memory_is_one_line(self):
+        # 2 GiB of address space beyond what the started command holds (as in
+        # test_running_out_of_memory_raises_memory_error): the 95 GiB of activations do not fit.
+        code = _OUT_OF_MEMORY.split("m, k =")[0] + (
+            "from maleki_rs import cli\n"
+            "cli.build_parser()  # imports the subsystems first\n"
+            "hard = resource.getrlimit(resource.RLIMIT_AS)[1]\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (2 << 30), hard))\n"
+            "sys.exit(cli.main(['msgemm', 'bench', '--m', '256', '--k', '256', '--n', '100000000']))\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1
+        assert out.stderr.startswith("maleki: error: out of memory: ") and out.stderr.count("\n") == 1, out.stderr
+
+    @pytest.mark.skipif(sys.platform == "win32", reason="POSIX pipes")
+    def test_closed_stdout_exits_quietly_after_writing_the_files(self, tmp_path):
+        from maleki_rs import tessel
+
+        out_file = tmp_path / "s.csv"
+        for args in (["tessel", "premises"],
+                     ["tessel", "baseline", "1f1b", "--premise", "vshape", "--nmicros", "4", "--out", str(out_file)]):
+            r, w = os.pipe()
+            os.close(r)  # the reader is gone before the first line (| head -1 after its line)
+            try:
+                # Unbuffered: the first print meets the closed pipe, before the files.
+                proc = subprocess.run([sys.executable, "-m", "maleki_rs", *args], stdout=w, stderr=subprocess.PIPE,
+                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
+            finally:
+                os.close(w)
+            assert (proc.returncode, proc.stderr) == (141, "")
+        assert out_file.read_text() == tessel.baseline("1f1b", tessel.premise("vshape", 4), 4).to_csv()
+
+    def test_ctrl_c_while_starting_is_not_a_traceback(self, monkeypatch, capsys):
+        def build_parser():
+            raise KeyboardInterrupt  # as if pressed while the subsystems are imported
+
+        monkeypatch.setattr(cli, "build_parser", build_parser)
+        assert cli.main(["tour"]) == 130
+        assert capsys.readouterr().err == "interrupted\n"
 
     def test_tour_rejects_unknown_subsystem(self, capsys):
         assert cli.main(["tour", "--only", "nope"]) == 2

@@ -11,10 +11,16 @@ prints what it did.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import importlib.util
+import math
+import os
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 
 import maleki_rs
@@ -49,13 +55,91 @@ def _tour(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- argparse types shared by the sub-commands --------------------------------------------------
+# Checking flags while parsing reports them by their flag name ("argument --m: ...") before any
+# work starts, where the library would name its Python parameter after the work has begun.
+
+
+def int_arg(lo: int = 1, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[lo, hi]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+#: What ``savefig`` writes for the ``--plot`` flags: it picks the format from the extension and
+#: appends ``.png`` to a name without one, so any other name would not be the file written.
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def out_path(suffixes: Sequence[str], *, plot: bool = False) -> Callable[[str], Path]:
+    """An argparse ``type``: a file to write, ending in one of ``suffixes``, in a directory
+    that exists; with ``plot``, matplotlib must be installed too."""
+
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: is a directory")
+        if not path.name.lower().endswith(tuple(suffixes)):
+            raise argparse.ArgumentTypeError(f"{text}: unknown extension (use {', '.join(suffixes)})")
+        if not path.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: directory {str(path.parent)!r} does not exist")
+        if plot and importlib.util.find_spec("matplotlib") is None:
+            raise argparse.ArgumentTypeError("needs matplotlib (pip install matplotlib, or maleki_rs[plot])")
+        return path
+
+    return parse
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Adds ``path`` to an OSError raised inside that names no file: a full disk fails a
+    write, not the open, and Python's message then says only "No space left on device"."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
+def _check_thread_env(parser: argparse.ArgumentParser) -> None:
+    # The core reads MALEKI_RS_NUM_THREADS itself and quietly falls back to every core when the
+    # value is not an integer from 1 to 4096; the command says so instead. An empty value
+    # counts as unset, as for most such variables.
+    value = os.environ.get("MALEKI_RS_NUM_THREADS", "").strip()
+    if value and not (re.fullmatch(r"\+?[0-9]+", value) and 1 <= int(value) <= 4096):
+        parser.error(f"MALEKI_RS_NUM_THREADS: expected an integer from 1 to 4096, got {value!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maleki",
         description="maleki_rs: research systems as a Python library with a Rust core.",
     )
     parser.add_argument("--version", action="version", version=f"maleki_rs {maleki_rs.__version__}")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
+    parser.add_argument("--threads", type=int_arg(1, 4096), default=None, metavar="N",
                         help="number of worker threads (default: MALEKI_RS_NUM_THREADS or all cores)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     tour = sub.add_parser("tour", help="run every available subsystem on built-in data")
@@ -67,13 +151,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        code = _main(argv)
+        # Flushed here so that a reader gone by now (``| head``) is handled below, not by
+        # the interpreter's shutdown (which would print an ignored-exception message).
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader closed the pipe (``maleki ... | head -1``): stop quietly, as POSIX tools
+        # killed by SIGPIPE do, with their exit status 128 + 13 = 141. Python would flush
+        # stdout again at exit and fail anew, so what is left goes to /dev/null.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):  # stdout replaced (e.g. captured by a test)
+            pass
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
+        # Parsing imports the subsystems (numpy...), the slow part of a start: Ctrl-C there
+        # is an interruption too, not a traceback.
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     if args.threads is not None:
         try:
             maleki_rs.set_num_threads(args.threads)
         except ValueError as exc:
             parser.error(str(exc))
+    else:
+        _check_thread_env(parser)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -82,9 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except MemoryError as exc:
+        # numpy's message ("Unable to allocate 745. GiB for an array ...") or the core's,
+        # which already begins with "out of memory".
+        msg = str(exc) or "could not allocate memory"
+        print(f"maleki: error: {msg if msg.startswith('out of memory') else 'out of memory: ' + msg}",
+              file=sys.stderr)
+        return 1
     except (ValueError, TypeError, maleki_rs.MalekiError) as exc:
         print(f"maleki: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # main() handles it (it is an OSError, but not a file's)
     except OSError as exc:  # a file that cannot be read or written
         print(f"maleki: error: {exc}", file=sys.stderr)
         return 1

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
+from ..cli import PLOT_SUFFIXES, int_arg, out_path, writing
 from ._simulate import SCENARIOS
 from ._validation import MonteCarlo, monte_carlo
 
@@ -17,32 +16,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim = sub.add_parser(
         "simulate",
         help="Monte-Carlo run of a scenario: ANEES, chi-square fit, RMS against Kabsch",
+        # argparse %-formats a description only when it holds "%(prog)", so this one takes a
+        # plain "%" (help strings, always %-formatted, need "%%").
         description="Simulates scans of a scenario, solves them in one batch and checks the estimator: "
-        "ANEES against its 99%% chi-square band, the chi-square fit statistic, and the RMS errors "
+        "ANEES against its 99% chi-square band, the chi-square fit statistic, and the RMS errors "
         "against the Kabsch/Horn baseline.",
     )
     sim.add_argument("--scenario", choices=sorted(SCENARIOS), default="S1", help="scenario (default S1)")
-    sim.add_argument("--runs", type=int, default=10_000, help="number of scans (default 10000; S6: trajectory length)")
-    sim.add_argument("--points", type=int, default=None, help="points per scan (default: the scenario's)")
-    sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    sim.add_argument("--plot", type=Path, default=None, metavar="OUT.png",
-                     help="write an error-vs-3-sigma plot (needs matplotlib)")
+    sim.add_argument("--runs", type=int_arg(1), default=10_000,
+                     help="number of scans (default 10000; S6: trajectory length)")
+    sim.add_argument("--points", type=int_arg(3), default=None, help="points per scan, >= 3 (default: the scenario's)")
+    sim.add_argument("--seed", type=int_arg(0, 2**64 - 1), default=0, help="random seed (default 0)")
+    sim.add_argument("--plot", type=out_path(PLOT_SUFFIXES, plot=True), default=None, metavar="OUT.png",
+                     help="write an error-vs-3-sigma plot as .png, .pdf or .svg (needs matplotlib)")
     sim.set_defaults(func=_simulate)
     pose.set_defaults(func=lambda _args: (pose.print_help(), 2)[1])
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    if args.runs < 1:
-        print("maleki pose simulate: --runs must be >= 1", file=sys.stderr)
-        return 2
-    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        print("maleki pose simulate: --plot needs matplotlib (pip install matplotlib, or maleki_rs[plot])",
-              file=sys.stderr)
-        return 2
     mc = monte_carlo(args.scenario, runs=args.runs, seed=args.seed, n_points=args.points)
+    if args.plot is not None:
+        with writing(args.plot):  # before printing: a reader that stops early (| head) must not cost the file
+            _plot(mc, args.plot)
     print(mc.report())
     if args.plot is not None:
-        _plot(mc, args.plot)
         print(f"  plot                      {args.plot}")
     return 0
 
@@ -70,7 +67,7 @@ def _plot(mc: MonteCarlo, path: Path, max_runs: int = 500) -> None:
         ax.set_title(f"{100 * inside:.2f}% within 3σ", fontsize=8, loc="right")
     axes[0].legend(loc="upper left", fontsize=8)
     axes[-1].set_xlabel("scan" if mc.scenario == "S6" else "Monte-Carlo run")
-    fig.suptitle(f"TLS pose errors vs ±3σ of the estimated covariance ({mc.scenario}, {mc.runs} runs, "
+    fig.suptitle(f"TLS pose errors vs ±3σ of the estimated covariance ({mc.scenario}, {mc.runs} run{'' if mc.runs == 1 else 's'}, "
                  f"ANEES {mc.anees:.3f})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -54,6 +54,7 @@ class MonteCarlo:
     """Figures of one Monte-Carlo run (see :func:`monte_carlo`)."""
 
     scenario: str
+    #: Number of scans.
     runs: int
     points: float
     anees: float
@@ -67,7 +68,11 @@ class MonteCarlo:
     rms_pos_kabsch: float
     mean_iterations: float
     max_iterations: int
+    #: Fraction of the scans that converged.
     converged: float
+    #: Scans stopped unconverged at the iteration limit (status 1).
+    at_limit: int
+    #: Scans that failed (status >= 2).
     failed: int
     coverage_3sigma: float
     t_simulate: float
@@ -80,8 +85,11 @@ class MonteCarlo:
         lo, hi = self.anees_band
         clo, chi = self.chi2_band
         ok = "inside" if lo <= self.anees <= hi else "OUTSIDE"
+        runs = f"{self.runs} run{'' if self.runs == 1 else 's'}"
+        # S6's scans differ in size: its figure is a mean.
+        pts = f"{self.points:g}" if self.points == int(self.points) else f"mean {self.points:.4g}"
         lines = [
-            f"scenario {self.scenario}: {self.runs} runs, {self.points:g} points per scan",
+            f"scenario {self.scenario}: {runs}, {pts} points per scan",
             f"  ANEES vs own covariance   {self.anees:.4f}   99% chi-square band [{lo:.4f}, {hi:.4f}] ({ok})",
             f"  ANEES vs CRLB             {self.anees_crlb:.4f}",
             f"  mean chi2 / dof           {self.chi2_ratio:.4f}   99% band [{clo:.4f}, {chi:.4f}]",
@@ -90,8 +98,10 @@ class MonteCarlo:
             f"{np.degrees(self.rms_rot_kabsch):.5f} deg  (TLS/Kabsch {self.rms_rot_tls / self.rms_rot_kabsch:.3f})",
             f"  RMS position error        TLS {self.rms_pos_tls:.5f}, Kabsch {self.rms_pos_kabsch:.5f}  "
             f"(TLS/Kabsch {self.rms_pos_tls / self.rms_pos_kabsch:.3f})",
+            # Counts, not a percentage: 1 unconverged scan in 20,000 would round to 100.00%.
             f"  iterations                mean {self.mean_iterations:.2f}, max {self.max_iterations}; "
-            f"converged {100 * self.converged:.2f}%; failed scans {self.failed}",
+            f"converged {self.runs - self.at_limit - self.failed} of {runs.replace('run', 'scan')}, "
+            f"{self.at_limit} at the iteration limit, {self.failed} failed",
             f"  time                      simulate {self.t_simulate * 1e3:.0f} ms, TLS solve {self.t_solve * 1e3:.0f} ms "
             f"({self.runs / self.t_solve:,.0f} poses/s), Kabsch {self.t_kabsch * 1e3:.0f} ms",
         ]
@@ -149,6 +159,7 @@ def monte_carlo(scenario: Any = "S1", runs: int = 10_000, seed: int = 0, n_point
         mean_iterations=float(est.iterations[est.ok].mean()) if est.ok.any() else float("nan"),
         max_iterations=int(est.iterations.max()),
         converged=float(est.converged.mean()),
+        at_limit=int((est.status == 1).sum()),
         failed=int((est.status >= 2).sum()),
         coverage_3sigma=float(np.mean(np.abs(err) <= 3 * sig)),
         t_simulate=t1 - t0,

@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..cli import int_arg, positive_float
 from . import BASELINES, Schedule, premise
-from ._cli import add_output_args, add_premise_args, baseline_table, premise_from_args, summary, write_outputs
+from ._cli import (
+    NMICROS,
+    add_output_args,
+    add_premise_args,
+    baseline_table,
+    premise_from_args,
+    summary,
+    write_outputs,
+)
 from .search import SearchResult, search
 
 __all__ = ["add_search_commands", "tour_search"]
@@ -14,11 +23,13 @@ __all__ = ["add_search_commands", "tour_search"]
 
 def _search_args(p: argparse.ArgumentParser) -> None:
     add_premise_args(p)
-    p.add_argument("--nmicros", type=int, default=16, help="micro-batches (default 16)")
-    p.add_argument("--memory", type=int, default=None, help="per-device memory cap (default: unlimited)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="seconds (default 10)")
+    p.add_argument("--nmicros", type=NMICROS, default=16, help="micro-batches (default 16)")
+    p.add_argument("--memory", type=int_arg(0), default=None, help="per-device memory cap (default: unlimited)")
+    p.add_argument("--time-limit", type=positive_float, default=10.0, help="seconds (default 10)")
     p.add_argument("--periodic-k", type=int, default=1, choices=(1, 2, 3), help="micro-batches per repetend")
-    p.add_argument("--memory-convention", default="start", choices=("start", "alloc_start_free_end"))
+    p.add_argument("--memory-convention", default="start", choices=("start", "alloc_start_free_end"),
+                   help="when a block's memory release takes effect: at its start (default, Tessel's) "
+                   "or at its end")
 
 
 def _run(args: argparse.Namespace) -> SearchResult:
@@ -33,21 +44,22 @@ def _run(args: argparse.Namespace) -> SearchResult:
     )
 
 
-def _describe(r: SearchResult) -> str:
+def _describe(r: SearchResult, time_limit: float | None = None) -> str:
     k = f", {r.periodic_k} micro-batches per period" if r.periodic_k > 1 else ""
     proof = "proved minimal" if r.proved_optimal else "not proved minimal"
     opt = ", makespan proved optimal" if r.makespan_optimal else ""
-    return (
-        f"search: period {r.period} ({proof}{k}), completed by {r.method}{opt}, "
-        f"{1e3 * r.search_time:.1f} ms"
-    )
+    text = f"search: period {r.period} ({proof}{k}), completed by {r.method}{opt}, {1e3 * r.search_time:.1f} ms"
+    # Parts of the search get half of what is left (large premises, periodic_k > 1): past half
+    # the limit some part may have been cut short, and then the result depends on the timing.
+    if time_limit is not None and r.search_time >= 0.5 * time_limit:
+        text += (f"\n  (it ran into its time limit of {time_limit:g} s: parts were cut short, so another run "
+                 "or machine can give another schedule; raise --time-limit)")
+    return text
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
     r = _run(args)
-    print(_describe(r))
-    print(summary(r.schedule))
-    write_outputs(r.schedule, args)
+    write_outputs(r.schedule, args, f"{_describe(r, args.time_limit)}\n{summary(r.schedule)}")
     return 0
 
 
@@ -76,7 +88,7 @@ def compare_table(r: SearchResult, names: list[str], memory: int | None) -> list
     lines.append(row("tessel (search)", s0))
     for name, s in baseline_table(names, p, n):
         if isinstance(s, str):
-            lines.append(f"{name:16} (n/a: {s[:70]})")
+            lines.append(f"{name:16} (n/a: {s})")
         else:
             lines.append(row(name, s))
     return lines
@@ -85,14 +97,13 @@ def compare_table(r: SearchResult, names: list[str], memory: int | None) -> list
 def _cmd_compare(args: argparse.Namespace) -> int:
     r = _run(args)
     p = r.schedule.premise
-    print(
-        f"{args.premise}, D={p.ndevs}, N={args.nmicros}, memory cap {args.memory}: "
-        f"LB(N) = {p.lower_bound(args.nmicros)}"
-    )
-    print(_describe(r))
-    for line in compare_table(r, list(BASELINES), args.memory):
-        print("  " + line)
-    write_outputs(r.schedule, args)
+    cap = "no memory cap" if args.memory is None else f"memory cap {args.memory}"
+    lines = [
+        f"{args.premise}, D={p.ndevs}, N={args.nmicros}, {cap}: LB(N) = {p.lower_bound(args.nmicros)}",
+        _describe(r, args.time_limit),
+        *("  " + line for line in compare_table(r, list(BASELINES), args.memory)),
+    ]
+    write_outputs(r.schedule, args, "\n".join(lines))
     return 0
 
 

@@ -60,7 +60,7 @@ class SearchResult:
     search_time : float
         Wall-clock seconds.
     schedule : Schedule
-        The schedule (valid: V1-V4 hold within the memory caps).
+        The schedule (valid: V0-V4 hold within the memory caps).
     candidates : tuple of (int, int, int, str)
         ``(period, template length L, makespan, method)`` of every template completed.
     nodes : int
