@@ -223,27 +223,6 @@ class TestCommand:
         out = self.run("--threads", "0", "tour")
         assert out.returncode == 2 and "argument --threads: must be >= 1, got 0" in out.stderr
 
-    @pytest.mark.parametrize("value", ["0", "abc", "-3", "1.5", "99999"])
-    def test_bad_thread_count_in_the_environment_is_an_error(self, value, monkeypatch, capsys):
-        # The core would fall back to every core without a word.
-        monkeypatch.setenv("MALEKI_RS_NUM_THREADS", value)
-        with pytest.raises(SystemExit) as exc:
-            cli.main(["tour", "--only", "nope"])
-        assert exc.value.code == 2
-        assert capsys.readouterr().err.splitlines()[-1] == (
-            f"maleki: error: MALEKI_RS_NUM_THREADS: expected an integer from 1 to 4096, got {value!r}")
-
-    def test_good_thread_count_in_the_environment_or_a_flag_passes(self, monkeypatch, capsys):
-        monkeypatch.setenv("MALEKI_RS_NUM_THREADS", " 3 ")
-        assert cli.main(["tour", "--only", "nope"]) == 2  # the tour's own error, not the variable's
-        monkeypatch.setenv("MALEKI_RS_NUM_THREADS", "abc")
-        old = maleki_rs.get_num_threads()
-        try:
-            assert cli.main(["--threads", "2", "tour", "--only", "nope"]) == 2  # --threads wins
-        finally:
-            maleki_rs.set_num_threads(old)
-        assert "MALEKI_RS_NUM_THREADS" not in capsys.readouterr().err
-
     @pytest.mark.parametrize("message, shown", [
         ("Unable to allocate 95.4 GiB for an array", "out of memory: Unable to allocate 95.4 GiB for an array"),
         ("out of memory: could not allocate 2 GiB", "out of memory: could not allocate 2 GiB"),  # the core's
@@ -301,3 +280,17 @@ class TestCommand:
     def test_tour_rejects_unknown_subsystem(self, capsys):
         assert cli.main(["tour", "--only", "nope"]) == 2
         assert "not available: nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, warns", [("abc", True), ("0", True), ("1.5", True), ("99999", True),
+                                          ("+1", False), (" 1 ", False), ("", False)])
+def test_a_bad_thread_count_in_the_environment_warns_at_import(value, warns):
+    code = "import warnings; warnings.simplefilter('error'); import maleki_rs; print(maleki_rs.get_num_threads())"
+    env = {**os.environ, "MALEKI_RS_NUM_THREADS": value}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if warns:
+        assert r.returncode != 0 and "RuntimeWarning: MALEKI_RS_NUM_THREADS=" in r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+        if value.strip():
+            assert r.stdout.strip() == "1"

@@ -34,6 +34,20 @@ __all__ = [
 ]
 
 
+def _check_thread_env() -> None:
+    # The core reads MALEKI_RS_NUM_THREADS and, when it is not an integer from 1 to 4096, uses
+    # every core: a typo ("O", "1.5") would otherwise go unnoticed.
+    import os
+
+    value = os.environ.get("MALEKI_RS_NUM_THREADS", "").strip()
+    digits = value.removeprefix("+")  # what Rust's usize parse takes
+    if value and not (digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 4096):
+        import warnings
+
+        warnings.warn(f"MALEKI_RS_NUM_THREADS={value!r} is not an integer from 1 to 4096: ignored, "
+                      f"maleki_rs uses {get_num_threads()} threads", RuntimeWarning, stacklevel=3)
+
+
 def set_num_threads(n: int) -> None:
     """Sets the number of threads of maleki_rs's own thread pool.
 
@@ -86,3 +100,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(AVAILABLE))
+
+
+_check_thread_env()

@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -124,15 +123,6 @@ def writing(path: Path) -> Iterator[None]:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
 
 
-def _check_thread_env(parser: argparse.ArgumentParser) -> None:
-    # The core reads MALEKI_RS_NUM_THREADS itself and quietly falls back to every core when the
-    # value is not an integer from 1 to 4096; the command says so instead. An empty value
-    # counts as unset, as for most such variables.
-    value = os.environ.get("MALEKI_RS_NUM_THREADS", "").strip()
-    if value and not (re.fullmatch(r"\+?[0-9]+", value) and 1 <= int(value) <= 4096):
-        parser.error(f"MALEKI_RS_NUM_THREADS: expected an integer from 1 to 4096, got {value!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maleki",
@@ -183,8 +173,6 @@ def _main(argv: Sequence[str] | None) -> int:
             maleki_rs.set_num_threads(args.threads)
         except ValueError as exc:
             parser.error(str(exc))
-    else:
-        _check_thread_env(parser)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
