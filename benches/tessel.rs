@@ -1,13 +1,16 @@
 //! Criterion benches of the Tessel search on one thread: the whole search (repetend,
-//! completion, candidates) for N = 128 micro-batches at 4, 6 and 8 devices, and the exact
-//! solver on the small instances of spec §9. The side-by-side comparison with CP-SAT is
+//! completion, candidates) for N = 128 micro-batches at 4, 6 and 8 devices, the exact
+//! solver on the small instances of spec §9, and the list-scheduling baselines at N = 4000
+//! (generation and timing). The side-by-side comparison with CP-SAT is
 //! `benches/tessel_bench.py`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use maleki_rs::common::NoProgress;
 use maleki_rs::tessel::exact::{solve, ExactOptions};
 use maleki_rs::tessel::premises::{builtin, Options};
+use maleki_rs::tessel::baselines::baseline;
 use maleki_rs::tessel::{search, MemoryConvention, SearchOptions, UNLIMITED};
+use std::sync::Arc;
 
 fn bench_search(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -80,5 +83,24 @@ fn bench_exact(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_search, bench_exact);
+/// The baselines that run the list-scheduling greedy (premises with tensor-parallel blocks),
+/// and a textbook one beside them, at N = 4000 micro-batches.
+fn bench_baselines(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tessel_baselines_n4000");
+    g.sample_size(10);
+    for (name, b) in [
+        ("mshape", "1f1b"),
+        ("mshape", "gpipe"),
+        ("nnshape", "1f1b"),
+        ("vshape", "1f1b"),
+    ] {
+        let p = Arc::new(builtin(name, 4, &Options::default()).expect("built-in premise"));
+        g.bench_function(format!("{name}_D4_{b}"), |bch| {
+            bch.iter(|| baseline(b, p.clone(), 4000).expect("baseline"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_search, bench_exact, bench_baselines);
 criterion_main!(benches);
