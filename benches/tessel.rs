@@ -6,9 +6,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use maleki_rs::common::NoProgress;
+use maleki_rs::tessel::baselines::baseline;
 use maleki_rs::tessel::exact::{solve, ExactOptions};
 use maleki_rs::tessel::premises::{builtin, Options};
-use maleki_rs::tessel::baselines::baseline;
 use maleki_rs::tessel::{search, MemoryConvention, SearchOptions, UNLIMITED};
 use std::sync::Arc;
 
