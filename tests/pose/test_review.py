@@ -251,3 +251,38 @@ def test_reference_frame_helpers_name_shapes_that_do_not_broadcast():
         P.position_covariance(rot, np.zeros((2, 3)), np.zeros((3, 6, 6)))
     # Broadcasting that works still does.
     assert P.reference_frame_covariance(np.eye(3), np.zeros(3), np.zeros((2, 6, 6))).shape == (2, 6, 6)
+
+
+@pytest.mark.parametrize("hi, lo", [(1e50, 1e-54), (1e100, 1e-10), (1e95, 1e-95)])
+def test_variances_spanning_many_decades_in_one_scan(hi, lo):
+    # The rescaling centres a scan's range of variances on 1; bringing the largest to 1
+    # (as first written) made the smallest underflow in spans beyond about 1e103 (review).
+    # Noise-free points: the estimate is exact; the bound is checked against numpy's
+    # (Σ Hᵢᵀ Wᵢ Hᵢ)⁻¹, Hᵢ = [[(A rᵢ)×], −I], Wᵢ = I / vᵢ.
+    rng = np.random.default_rng(1)
+    n = 20
+    r = rng.normal(size=(n, 3)) * 10
+    a = Rotation.from_rotvec([0.3, -0.2, 0.5]).as_matrix()
+    b = r @ a.T + 1
+    v = np.where(np.arange(n) % 2 == 0, hi, lo)
+    cov_b = v[:, None, None] * np.eye(3)
+    e = P.estimate_pose(b, r, cov_b=cov_b)
+    assert e.converged
+    np.testing.assert_allclose(e.rotation, a, atol=1e-12)
+    f = np.zeros((6, 6))
+    for ai, vi in zip(r @ a.T, v):
+        h = np.hstack([_skew(ai), -np.eye(3)])
+        f += h.T @ h / vi
+    want = np.linalg.inv(f)
+    np.testing.assert_allclose(P.crlb(a, np.ones(3), r, cov_b=cov_b), want, rtol=1e-9, atol=1e-12 * np.abs(want).max())
+
+
+def test_a_covariance_beyond_float64_is_inf_not_nan():
+    # Weights of 1e-316 put the estimate's covariance near 1e314: its entries overflow to
+    # ±inf (they were NaN: inf - inf in the uncentring), the estimate itself is fine.
+    s = P.simulate_scans(1, 12, scenario="S1", seed=3)
+    e0 = P.estimate_pose(s.b[0], s.r[0], s.cov[0])
+    e = P.estimate_pose(s.b[0], s.r[0], s.cov[0], weights=np.full(12, 1e-316))
+    assert e.converged
+    np.testing.assert_allclose(e.rotation, e0.rotation, atol=1e-12)
+    assert not np.isnan(e.covariance).any() and np.isinf(e.covariance).all()

@@ -222,7 +222,7 @@ pub struct Pair {
 /// vectorised pass, and whether any cross-covariance is non-zero.
 ///
 /// The stored covariances are the scan's (divided by the weights) times `2^-log2_scale`, a
-/// power of two that brings the largest variance of the scan to `[1, 4)`. Without it the
+/// power of two that centres the scan's variances on 1 (in log scale, see `scale_exponent`). Without it the
 /// 3x3 determinants of the loop (cubes of variances) leave float64's range for variances
 /// beyond about 1e±100. The cost, gradient and normal matrix of the stored scan are then the
 /// scan's times `2^log2_scale`, exactly (powers of two do not round): [`Prepared::unscale`]
@@ -762,42 +762,37 @@ fn inv_scaled(w: f64, e: i32) -> f64 {
     ldexp(1.0 / ldexp(w, -k), -e - k)
 }
 
-/// The power of two of [`Prepared::log2_scale`]: `max_i floor(log2 d_i) − floor(log2 w_i)`,
-/// `d_i` the largest variance of point `i` (the diagonal of its covariance) and `w_i` its
-/// weight. Values that are not finite and positive are skipped (validation reports them);
-/// 0 when none is left.
+/// The power of two of [`Prepared::log2_scale`]: the middle of the range of
+/// `floor(log2 d_i) − floor(log2 w_i)` over the points, `d_i` the largest variance of point `i`
+/// (the diagonal of its covariance) and `w_i` its weight. Centring the range (rather than
+/// bringing the largest variance to 1) keeps scans whose variances span up to about 1e200
+/// within float64 (cubes of variances, in the 3x3 determinants, span 1e±300). Values that are
+/// not finite and positive are skipped (validation reports them); 0 when none is left.
 fn scale_exponent(scan: &ScanRef<'_>) -> i32 {
     let lg = |x: f64| (x.is_finite() && x > 0.0).then(|| log2_floor(x));
     let diag_max = |m: &[f64; 9]| m[0].abs().max(m[4].abs()).max(m[8].abs());
+    let full_max = |c: &[f64; 36]| (0..6).fold(0.0, |m: f64, k| m.max(c[7 * k].abs()));
+    let block = |blk: Option<Block<'_>>, i: usize| match blk {
+        None => 0.0,
+        Some(Block::Shared(m)) => diag_max(m),
+        Some(Block::PerPoint(p)) => p.get(i).map_or(0.0, diag_max),
+    };
+    // floor(log2 d_i) of point i (for σ: 2 floor(log2 σ), within 2 of it).
+    let lg_d = |i: usize| match scan.cov {
+        Cov::Full(c) => lg(c.get(i).map_or(0.0, full_max)),
+        Cov::SharedFull(c) => lg(full_max(c)),
+        Cov::Isotropic { sigma_b, sigma_r } => lg(sigma_b.abs().max(sigma_r.abs())).map(|s| 2 * s),
+        Cov::Blocks { bb, br: _, rr } => lg(block(bb, i).max(block(rr, i))),
+    };
     let lg_w = |i: usize| scan.weights.map_or(Some(0), |w| lg(w[i]));
-    // The smallest log2 weight: the largest effective variance of a shared covariance.
-    let lg_w_min = || (0..scan.b.len()).filter_map(lg_w).min().unwrap_or(0);
-    let per_point = |d: &dyn Fn(usize) -> f64| {
-        (0..scan.b.len())
-            .filter_map(|i| Some(lg(d(i))? - lg_w(i)?))
-            .max()
-    };
-    let best = match scan.cov {
-        Cov::Full(c) => per_point(&|i| {
-            let c = c.get(i).unwrap_or(&[0.0; 36]);
-            (0..6).fold(0.0, |m: f64, k| m.max(c[7 * k].abs()))
-        }),
-        Cov::SharedFull(c) => {
-            lg((0..6).fold(0.0, |m: f64, k| m.max(c[7 * k].abs()))).map(|d| d - lg_w_min())
-        }
-        Cov::Isotropic { sigma_b, sigma_r } => {
-            lg(sigma_b.abs().max(sigma_r.abs())).map(|s| 2 * s - lg_w_min())
-        }
-        Cov::Blocks { bb, br: _, rr } => {
-            let get = |blk: Option<Block<'_>>, i: usize| match blk {
-                None => 0.0,
-                Some(Block::Shared(m)) => diag_max(m),
-                Some(Block::PerPoint(p)) => p.get(i).map_or(0.0, diag_max),
-            };
-            per_point(&|i| get(bb, i).max(get(rr, i)))
-        }
-    };
-    best.unwrap_or(0)
+    let (lo, hi) = (0..scan.b.len())
+        .filter_map(|i| Some(lg_d(i)? - lg_w(i)?))
+        .fold((i32::MAX, i32::MIN), |(lo, hi), e| (lo.min(e), hi.max(e)));
+    if lo > hi {
+        return 0;
+    }
+    // i64: the sum of two exponents near ±2100 fits an i32, but say so in the types.
+    ((lo as i64 + hi as i64).div_euclid(2)) as i32
 }
 
 fn check_finite_mat(name: &str, i: usize, m: &[f64]) -> Result<()> {
@@ -940,7 +935,7 @@ mod tests {
         prepare(&scan, &mut out).unwrap();
         assert_eq!(out.len(), 4);
         assert!(!out.cross);
-        // Stored times 2^7, which brings 0.01 to [1, 4).
+        // Stored times 2^7, which brings 0.01 to [1, 2).
         assert_eq!(out.log2_scale, -7);
         assert_eq!(
             crate::lanes::unpack(&out.blocks, 4)[3].bb,
@@ -951,7 +946,7 @@ mod tests {
     #[test]
     fn the_stored_covariances_are_rescaled_by_a_power_of_two() {
         // Every form, variances from 1e-300 to 1e300, weights too: the stored blocks are the
-        // input's / w times 2^-log2_scale exactly, with the largest in [1, 4).
+        // input's / w times 2^-log2_scale exactly, the points' variances centred on 1.
         let b = pts(5);
         let w = [1.0, 2.0, 0.5, 4.0, 1e-3];
         for lg in [-996, -400, -7, 0, 9, 400, 996] {
@@ -985,11 +980,18 @@ mod tests {
                     let mut out = Prepared::default();
                     prepare(&scan, &mut out).unwrap();
                     let pts = crate::lanes::unpack(&out.blocks, 5);
-                    let largest = pts
+                    // The points' largest variances, centred on 1 in log scale.
+                    let d: Vec<f64> = pts
                         .iter()
-                        .flat_map(|p| p.bb.iter().chain(&p.rr))
-                        .fold(0.0f64, |m, x| m.max(*x));
-                    assert!((1.0..4.0).contains(&largest), "{lg} {cov:?}: {largest}");
+                        .map(|p| p.bb.iter().chain(&p.rr).fold(0.0f64, |m, x| m.max(*x)))
+                        .collect();
+                    let (lo, hi) = d
+                        .iter()
+                        .fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+                    assert!(
+                        (1.0 / 16.0..=16.0).contains(&(lo * hi)),
+                        "{lg} {cov:?}: {lo} {hi}"
+                    );
                     for (i, p) in pts.iter().enumerate() {
                         let wi = weights.map_or(1.0, |w| w[i]);
                         let back = out.unscale_covariance(p.bb[0]) * wi;

@@ -441,7 +441,9 @@ pub fn solve_with(scan: &ScanRef<'_>, opts: &Options, ws: &mut Workspace) -> Res
     let mut est = refine(prep, &opts)?;
     let v = est.rotation * rbar;
     est.translation += bbar - v;
-    est.covariance = uncentre_covariance(&est.covariance, &v);
+    // Uncentred on the rescaled covariance, then mapped back: a covariance beyond float64's
+    // range becomes ±inf entry by entry (mapping back first would give inf − inf = NaN).
+    est.covariance = uncentre_covariance(&est.covariance, &v).map(|c| prep.unscale_covariance(c));
     Ok(est)
 }
 
@@ -544,6 +546,8 @@ fn degenerate() -> Error {
     )
 }
 
+/// The estimate of the prepared scan; its covariance is in the rescaled units (the caller
+/// uncentres it and maps it back).
 fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     let pts = &prep.pairs;
     let n = pts.len();
@@ -706,10 +710,10 @@ fn refine(prep: &Prepared, opts: &Options) -> Result<PoseEstimate> {
     if !converged && opts.strict {
         return Err(Error::NotConverged { iters: iterations });
     }
-    // The loop's cost and normal matrix are those of the rescaled covariances: map back.
+    // The loop's cost and normal matrix are those of the rescaled covariances: the cost is
+    // mapped back here, the covariance (of the rescaled scan) by the caller, after uncentring.
     let covariance = if opts.compute_covariance {
-        let c = Chol6::new(&ev[c].normal).ok_or_else(degenerate)?.inverse();
-        c.map(|v| prep.unscale_covariance(v))
+        Chol6::new(&ev[c].normal).ok_or_else(degenerate)?.inverse()
     } else {
         Matrix6::from_element(f64::NAN)
     };
@@ -767,21 +771,23 @@ pub fn crlb_with(
     };
     prepare(&centred, prep)?;
     let c = crlb_prepared(prep, rotation)?;
-    Ok(uncentre_covariance(&c, &(rotation * rbar)))
+    // Mapped back after uncentring, as in `solve_with`.
+    Ok(uncentre_covariance(&c, &(rotation * rbar)).map(|v| prep.unscale_covariance(v)))
 }
 
+/// The bound of the prepared (centred, rescaled) scan: in the rescaled units.
 pub(crate) fn crlb_prepared(prep: &Prepared, rotation: &Matrix3<f64>) -> Result<Matrix6<f64>> {
     check_rotation("rotation", rotation)?;
     // F depends on A and the points only, not on t or the residuals: evaluate at t = 0 (on
-    // the rescaled covariances, whose F is within float64's range, and map the inverse back).
+    // the rescaled covariances, whose F is within float64's range).
     let mut e = Eval::default();
     evaluate_into(prep, rotation, &Vector3::zeros(), true, &mut e)?;
     let rc = rcond_equilibrated(&e.normal);
     if !(rc >= RCOND_DEGENERATE) {
         return Err(degenerate());
     }
-    let c = Chol6::new(&e.normal).ok_or_else(degenerate)?.inverse();
-    Ok(c.map(|v| prep.unscale_covariance(v)))
+    // The bound of the rescaled scan: `crlb_with` maps it back.
+    Ok(Chol6::new(&e.normal).ok_or_else(degenerate)?.inverse())
 }
 
 /// Checks that `m` is a rotation matrix to 1e-6.
