@@ -32,9 +32,10 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_ctrl_c_stops_a_long_batch():
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _interrupted(child: str) -> tuple[int, str, str]:
+    """Runs ``child`` in a fresh interpreter, sends it SIGINT 0.3 s after it prints "start",
+    and returns its exit status, stdout and stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "start"
         time.sleep(0.3)
@@ -42,8 +43,14 @@ def test_ctrl_c_stops_a_long_batch():
         out, err = proc.communicate(timeout=120)  # a hang guard, not a timing assertion
     finally:
         proc.kill()
+    return proc.returncode, out, err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_stops_a_long_batch():
+    rc, out, err = _interrupted(CHILD)
     assert "finished" not in out, "the batch ran to the end: Ctrl-C was not seen"
-    assert proc.returncode != 0
+    assert rc != 0
     assert "KeyboardInterrupt" in err
 
 
@@ -80,14 +87,6 @@ print("finished", flush=True)
 def test_ctrl_c_stops_a_long_baseline_without_a_panic():
     # Stop 34: the baseline ignored Ctrl-C, and the pending interrupt then made the numpy
     # conversion of its result panic (PanicException) instead of raising KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-c", BASELINE_CHILD], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "start"
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)  # a hang guard, not a timing assertion
-    finally:
-        proc.kill()
-    assert "finished" not in out, "the baseline ran to the end: Ctrl-C was not seen"
+    rc, out, err = _interrupted(BASELINE_CHILD)
+    assert rc != 0 and "finished" not in out, "the baseline ran to the end: Ctrl-C was not seen"
     assert "KeyboardInterrupt" in err and "panicked" not in err and "PanicException" not in err, err[-2000:]

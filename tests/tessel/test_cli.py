@@ -141,3 +141,17 @@ def test_compare_says_no_cap_and_prints_whole_reasons(capsys):
         tessel.baseline("inference_pipe", tessel.premise("mshape", 4), 8)
     reason = str(exc.value).split(":", 1)[-1].strip()
     assert len(reason) > 70 and f"(n/a: {reason})" in out
+
+
+def test_simulate_keeps_chimeras_doubled_parameters_and_flags_are_refused_once(tmp_path, capsys):
+    # Review of stop 34: re-timing dropped parameter_memory (Chimera holds its parameters
+    # twice), and a flag on our JSON asked for --premise, then to drop it.
+    path = tmp_path / "ch.json"
+    assert cli.main(["tessel", "baseline", "chimera", "--premise", "vshape", "--nmicros", "8", "--out", str(path)]) == 0
+    out = tmp_path / "again.json"
+    capsys.readouterr()
+    assert cli.main(["tessel", "simulate", str(path), "--out", str(out)]) == 0
+    assert "(x2 parameters)" in capsys.readouterr().out
+    assert tessel.Schedule.from_json(out.read_text()).parameter_memory == 2
+    assert cli.main(["tessel", "validate", str(path), "--inference"]) == 2
+    assert capsys.readouterr().err.strip().endswith("the file holds its own premise; drop --inference")

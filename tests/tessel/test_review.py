@@ -171,4 +171,23 @@ def test_a_long_deadlock_cycle_is_described_briefly():
         T.simulate(p, [dev0, dev1])
     msg = str(ei.value)
     assert msg.startswith("deadlock: the per-device orders") and "deadlock: deadlock" not in msg
-    assert "more steps)" in msg and len(msg) < 2000
+    assert "more steps not shown)" in msg and len(msg) < 2000
+    # The order that runs a job before one that naturally precedes it is named (review: it
+    # was among the steps left out).
+    assert "B0 (block 3) of micro-batch 399 must precede F0 (block 0) of micro-batch 0 (device 0 runs it first)" in msg
+
+
+def test_periodic_k_review_fixes():
+    # Caps below one micro-batch are named in the user's blocks (not the replica's "F0#0");
+    # the candidates of both searches are listed; a time limit holds (it ran 6 s for 0.5).
+    with pytest.raises(InfeasibleError, match=r'block 0 \("F0"\) allocates 1'):
+        T.search(T.premise("vshape", 4), memory=0, nmicros=8, periodic_k=2)
+    r = T.search(T.premise("vshape", 4), memory=4, nmicros=16, periodic_k=2)
+    one = T.search(T.premise("vshape", 4), memory=4, nmicros=16)
+    assert {(2 * c[0], c[2]) for c in one.candidates} <= {(c[0], c[2]) for c in r.candidates}
+    calls = []
+    T.search(T.premise("interleaved", 4), memory=4, nmicros=16, periodic_k=3, time_limit=0.5,
+             progress=lambda done, total: calls.append((done, total)))
+    assert calls and all(done <= total for done, total in calls)
+    # The inference form ignores backward spans, both of them.
+    assert T.premise("uneven", 4, train=False, bwd=2, bwd_spans=[1, 2, 3, 4]).nblocks == 4

@@ -169,14 +169,14 @@ def _load(path: Path, args: argparse.Namespace) -> Schedule:
     """The schedule in ``path`` as stored, with the premise the flags give (a CSV, a text grid,
     Tessel's JSON) or its own (our JSON)."""
     given = premise_flags_given(args)
-    if given and not args.premise:
-        raise ValueError(f"{', '.join(given)}: give --premise too")
-    p = premise_from_args(args) if args.premise else None
     text = _read(path)
     name = path.name.lower()
     ours = not name.endswith((".csv", ".txt")) and '"maleki_rs.tessel.schedule/' in text
     if ours and given:
         raise ValueError(f"{path}: the file holds its own premise; drop {', '.join(given)}")
+    if given and not args.premise:
+        raise ValueError(f"{', '.join(given)}: give --premise too")
+    p = premise_from_args(args) if args.premise else None
     if p is None and name.endswith((".csv", ".txt")):
         kind = "CSV" if name.endswith(".csv") else "text grid"
         raise ValueError(f"{path}: a {kind} holds no premise: give --premise")
@@ -199,9 +199,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     s = _load(args.file, args)
     # "simulate" times the file's per-device orders as soon as possible (a CSV holds nothing
     # else); the starts a JSON file or a grid stores are replaced, as `validate` checks them.
-    s = simulate(s.premise, s.orders(), nmicros=s.nmicros, memory=s.memory, memory_convention=s.memory_convention,
-                 fifo=s.fifo, lag=args.lag, name=s.name)
-    write_outputs(s, args, summary(s))
+    timed = simulate(s.premise, s.orders(), nmicros=s.nmicros, memory=s.memory,
+                     memory_convention=s.memory_convention, fifo=s.fifo, lag=args.lag, name=s.name)
+    # Chimera's schedules hold their parameters twice: the file says so, the timing keeps it.
+    timed = timed._replace(parameter_memory=s.parameter_memory)
+    write_outputs(timed, args, summary(timed))
     return 0
 
 

@@ -100,9 +100,14 @@ impl Monitor {
 
 impl Progress for Monitor {
     fn update(&self, done: u64, total: u64) -> ControlFlow<()> {
-        self.total.store(total, Ordering::Relaxed);
-        // Parallel workers may report out of order: keep the largest count seen.
-        self.done.fetch_max(done, Ordering::Relaxed);
+        if self.total.swap(total, Ordering::Relaxed) == total {
+            // Parallel workers may report out of order: keep the largest count seen.
+            self.done.fetch_max(done, Ordering::Relaxed);
+        } else {
+            // A new total is a new stage of the job (a search's repetends, then its
+            // completion): its count starts afresh (a stage of 40 000 steps showed 114 542).
+            self.done.store(done, Ordering::Relaxed);
+        }
         if self.cancelled() {
             ControlFlow::Break(())
         } else {
@@ -160,6 +165,9 @@ mod tests {
         assert!(m.update(3, 10).is_continue());
         assert!(m.update(2, 10).is_continue());
         assert_eq!(m.snapshot(), (3, 10));
+        // A new total starts a new stage: its count, not the largest of the old one.
+        assert!(m.update(1, 4).is_continue());
+        assert_eq!(m.snapshot(), (1, 4));
         m.request_stop();
         assert!(m.update(4, 10).is_break());
         assert_eq!(m.check(), Err(crate::Error::Cancelled));

@@ -54,6 +54,9 @@ pub fn run_monitored<T: Send>(
                         return ControlFlow::Break(());
                     }
                     if let Some(cb) = &callback {
+                        // A budget checked every few thousand steps can overshoot its total:
+                        // the callback never sees more than 100%.
+                        let done = done.min(total);
                         if total > 0 && last != Some((done, total)) {
                             last = Some((done, total));
                             if let Err(e) = cb.call1(py, (done, total)) {

@@ -158,7 +158,8 @@ pub fn builtin(name: &str, ndevs: usize, opts: &Options) -> Result<Premise> {
             ));
         }
         for (one, per_stage) in [("fwd", "fwd_spans"), ("bwd", "bwd_spans")] {
-            if set.contains(&one) && set.contains(&per_stage) {
+            // The inference form ignores the backward spans, both of them.
+            if set.contains(&one) && set.contains(&per_stage) && (opts.train || one == "fwd") {
                 return Err(Error::invalid(
                     one,
                     format!(

@@ -239,6 +239,9 @@ pub fn search(
     if k == 1 {
         return search_k(premise, opts, progress);
     }
+    // Caps below what one micro-batch needs, named in the user's blocks (the replica's
+    // would say "F0#0").
+    crate::repetend::check_memory_caps(premise, &opts.memory)?;
     // K > 1: the 1-periodic search first, on half the time limit (it usually takes
     // milliseconds), then the K-periodic one on what is left.
     let mut o1 = opts.clone();
@@ -266,18 +269,35 @@ pub fn search(
         Some(r1) if r1.schedule.makespan() < rk.schedule.makespan() => {
             as_k_periodic(r1, Some(rk), k, t0)
         }
-        _ => {
+        Some(r1) => {
             // A tie with a 1-periodic makespan the exact solver proved optimal is optimal too.
-            let proved_by_r1 = r1.as_ref().is_some_and(|r1| {
-                r1.makespan_optimal && r1.schedule.makespan() == rk.schedule.makespan()
-            });
+            let proved_by_r1 =
+                r1.makespan_optimal && r1.schedule.makespan() == rk.schedule.makespan();
+            let mut candidates = rk.candidates.clone();
+            candidates.extend(k_periodic_candidates(&r1, k));
             SearchResult {
                 makespan_optimal: rk.makespan_optimal || proved_by_r1,
-                nodes: rk.nodes + r1.map_or(0, |r| r.nodes),
+                nodes: rk.nodes + r1.nodes,
                 search_time: t0.elapsed().as_secs_f64(),
+                candidates,
                 ..rk
             }
         }
+        None => SearchResult {
+            search_time: t0.elapsed().as_secs_f64(),
+            ..rk
+        },
+    })
+}
+
+/// The candidates of a 1-periodic result as K-periodic ones: period `K P`, and the length of
+/// the template repeated K times at its period.
+fn k_periodic_candidates(r1: &SearchResult, k: usize) -> impl Iterator<Item = Candidate> + '_ {
+    let kf = k as i64;
+    r1.candidates.iter().map(move |c| Candidate {
+        period: kf * c.period,
+        length: c.length + (kf - 1) * c.period,
+        ..c.clone()
     })
 }
 
@@ -304,11 +324,7 @@ fn as_k_periodic(
         ),
         None => (Vec::new(), false, 0),
     };
-    candidates.extend(r1.candidates.iter().map(|c| Candidate {
-        period: kf * c.period,
-        length: c.length + (kf - 1) * c.period,
-        ..c.clone()
-    }));
+    candidates.extend(k_periodic_candidates(&r1, k));
     SearchResult {
         period: template.period,
         periodic_k: k,

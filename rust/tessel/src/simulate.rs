@@ -236,29 +236,78 @@ fn describe_cycle(p: &Premise, nmicros: usize, orders: &[Vec<Job>], indeg: &[u32
     }
     let mut cycle: Vec<usize> = path[pos[k]..].to_vec();
     cycle.reverse(); // predecessor walk -> execution direction
-                     // The first steps of a long cycle say enough (one of 8000 jobs was 416 kB of text).
+                     // Each step with the device whose order makes it (None: a data dependency). A run of data
+                     // dependencies is one item ("through k data dependencies"). A long cycle (one of 8000 jobs
+                     // was 416 kB of text) shows 8 items: first the device orders that run a job before one
+                     // that precedes it naturally (a later micro-batch, or a later block of the same one),
+                     // the likely mistake, then the cycle's first items; "..." marks what is left out.
     const SHOWN: usize = 8;
-    let mut steps = Vec::new();
-    for w in 0..cycle.len().min(SHOWN) {
+    let rank = p.topo_rank();
+    let name = |k: usize| job_name(p, (k / n, k % n));
+    // (item text, an inverted device order).
+    let mut items: Vec<(String, bool)> = Vec::new();
+    let mut w = 0;
+    while w < cycle.len() {
         let (a, b) = (cycle[w], cycle[(w + 1) % cycle.len()]);
-        let why = match pred[b] {
-            Some((_, Some(d))) => format!("device {d} runs it first"),
-            _ => "data dependency".to_string(),
-        };
-        steps.push(format!(
-            "{} must precede {} ({why})",
-            job_name(p, (a / n, a % n)),
-            job_name(p, (b / n, b % n))
-        ));
+        let step_device = |b: usize| pred[b].and_then(|(_, d)| d);
+        match step_device(b) {
+            Some(d) => {
+                let inverted = (a / n, rank[a % n]) > (b / n, rank[b % n]);
+                let text = format!(
+                    "{} must precede {} (device {d} runs it first)",
+                    name(a),
+                    name(b)
+                );
+                items.push((text, inverted));
+                w += 1;
+            }
+            None => {
+                let run = (w..cycle.len())
+                    .take_while(|&x| step_device(cycle[(x + 1) % cycle.len()]).is_none())
+                    .count();
+                let end = cycle[(w + run) % cycle.len()];
+                let text = if run == 1 {
+                    format!("{} must precede {} (data dependency)", name(a), name(end))
+                } else {
+                    format!(
+                        "{} must precede {} (through {run} data dependencies)",
+                        name(a),
+                        name(end)
+                    )
+                };
+                items.push((text, false));
+                w += run;
+            }
+        }
     }
-    let more = match cycle.len().saturating_sub(SHOWN) {
+    let mut keep: Vec<usize> = (0..items.len())
+        .filter(|&i| items[i].1)
+        .take(SHOWN)
+        .collect();
+    let first: Vec<usize> = (0..items.len())
+        .filter(|i| !keep.contains(i))
+        .take(SHOWN.saturating_sub(keep.len()))
+        .collect();
+    keep.extend(first);
+    keep.sort_unstable();
+    let mut text = Vec::new();
+    for (x, &i) in keep.iter().enumerate() {
+        if (x == 0 && i > 0) || (x > 0 && i > keep[x - 1] + 1) {
+            text.push("...".to_string());
+        }
+        text.push(items[i].0.clone());
+    }
+    let more = match items.len() - keep.len() {
         0 => String::new(),
-        m => format!("; ... ({m} more steps)"),
+        m => format!(" ({m} more steps not shown)"),
     };
+    if keep.last().is_some_and(|&i| i + 1 < items.len()) {
+        text.push("...".to_string());
+    }
     format!(
         "the per-device orders and the dependencies form a cycle of {} jobs: {}{more}",
         cycle.len(),
-        steps.join("; ")
+        text.join("; ")
     )
 }
 
