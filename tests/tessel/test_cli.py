@@ -155,3 +155,19 @@ def test_simulate_keeps_chimeras_doubled_parameters_and_flags_are_refused_once(t
     assert tessel.Schedule.from_json(out.read_text()).parameter_memory == 2
     assert cli.main(["tessel", "validate", str(path), "--inference"]) == 2
     assert capsys.readouterr().err.strip().endswith("the file holds its own premise; drop --inference")
+
+
+def test_search_progress_flag_reaches_the_search(monkeypatch, capsys):
+    from maleki_rs.tessel import _search_cli
+
+    seen = []
+    real = _search_cli.search
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("progress"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_search_cli, "search", recording)
+    base = ["tessel", "search", "--premise", "vshape", "--nmicros", "4", "--memory", "4"]
+    assert cli.main(base) == 0 and cli.main([*base, "--progress"]) == 0
+    assert seen == [False, True]

@@ -27,6 +27,8 @@ def _search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", type=int_arg(0), default=None, help="per-device memory cap (default: unlimited)")
     p.add_argument("--time-limit", type=positive_float, default=10.0, help="seconds (default 10)")
     p.add_argument("--periodic-k", type=int, default=1, choices=(1, 2, 3), help="micro-batches per repetend")
+    p.add_argument("--progress", action="store_true",
+                   help="show a progress bar on stderr while searching (needs tqdm)")
     p.add_argument("--memory-convention", default="start", choices=("start", "alloc_start_free_end"),
                    help="when a block's memory release takes effect: at its start (default, Tessel's) "
                    "or at its end")
@@ -41,6 +43,7 @@ def _run(args: argparse.Namespace) -> SearchResult:
         time_limit=args.time_limit,
         periodic_k=args.periodic_k,
         memory_convention=args.memory_convention,
+        progress=args.progress,
     )
 
 
