@@ -54,7 +54,17 @@ def test_search_outputs_are_valid(name, train):
         assert r.schedule.validate() == []
         assert r.period >= max(p.work.tolist())
         assert r.search_time >= 0
-        assert r.method in ("compacted", "ramp_search", "concatenated", "exact", "unrolled")
+        assert r.method in ("compacted", "ramp_search", "concatenated", "exact", "unrolled", "baseline")
+        # Never longer than a baseline that fits the caps (and then it is that baseline's).
+        for b in tessel.BASELINES:
+            try:
+                s = tessel.baseline(b, p, n)
+            except ValueError:
+                continue
+            if s.premise == p and s.parameter_memory == 1 and s.with_memory(mem).count_violations() == 0:
+                assert r.schedule.makespan <= s.makespan, b
+        if r.method == "baseline":
+            assert r.schedule.name in tessel.BASELINES and r.schedule.template is None
         # The template satisfies T1-T3 (the other helper's template validator).
         assert tessel.validate_template(p, r.template, r.period, memory=mem) == []
 

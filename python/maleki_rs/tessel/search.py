@@ -56,7 +56,11 @@ class SearchResult:
         The exact solver proved the schedule's makespan optimal (small instances only).
     method : str
         How the schedule was completed: ``"compacted"``, ``"ramp_search"``,
-        ``"concatenated"`` (Tessel-style: warm-up, repetend windows, cool-down) or ``"exact"``.
+        ``"concatenated"`` (Tessel-style: warm-up, repetend windows, cool-down) or ``"exact"``;
+        ``"baseline"`` when a baseline generator's schedule (``schedule.name`` says which) fits
+        the caps and is shorter than every completion (the search never returns a schedule
+        longer than a valid baseline; ``period`` and ``template`` still describe the best
+        template found, and the schedule carries none).
     search_time : float
         Wall-clock seconds.
     schedule : Schedule

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use maleki_tessel::complete::Method;
 use maleki_tessel::exact::{self as core_exact, ExactOptions};
 use maleki_tessel::model::{memory_caps, MemoryConvention, Schedule, UNLIMITED};
 use maleki_tessel::repetend::{self, RepetendOptions};
@@ -99,9 +100,14 @@ fn search_py<'py>(
     d.set_item("candidates", cands)?;
     d.set_item("nodes", r.nodes)?;
     d.set_item("search_time", r.search_time)?;
+    // A schedule taken from a baseline is named after it.
+    let name = match r.method {
+        Method::Baseline(b) => b,
+        _ => "tessel",
+    };
     d.set_item(
         "schedule",
-        schedule_dict(py, r.schedule, Some("tessel".into()), 1)?,
+        schedule_dict(py, r.schedule, Some(name.into()), 1)?,
     )?;
     Ok(d)
 }

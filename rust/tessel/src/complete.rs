@@ -33,6 +33,9 @@ pub enum Method {
     /// Tessel-style: warm-up, repetend windows, cool-down ([`crate::concat`]).
     Concatenated,
     Exact,
+    /// A baseline generator's schedule (named), valid within the caps and shorter than every
+    /// completion of the search's templates.
+    Baseline(&'static str),
 }
 
 impl Method {
@@ -43,6 +46,7 @@ impl Method {
             Method::RampSearch => "ramp_search",
             Method::Concatenated => "concatenated",
             Method::Exact => "exact",
+            Method::Baseline(_) => "baseline",
         }
     }
 }

@@ -618,6 +618,20 @@ fn search_k(
         }
     }
     progress.check()?;
+    // The known schedules that fit the caps bound the result: a search that loses to one
+    // (nnshape D16, cap 16, N = 32: 404 against 1F1B+'s 378) returns it instead. K > 1 gets
+    // them through its 1-periodic search. Before the exact solver, which they then seed.
+    // They take milliseconds up to a million jobs: past the deadline too, up to there.
+    if k == 1 && (n * opts.nmicros <= 1 << 20 || deadline.is_none_or(|dl| Instant::now() < dl)) {
+        let mk = (0..starts.len())
+            .map(|x| starts[x] + premise.span(x % n))
+            .max()
+            .unwrap_or(0);
+        if let Some((name, s)) = best_valid_baseline(premise, opts, mk, progress)? {
+            (starts, method) = (s, Method::Baseline(name));
+        }
+    }
+    progress.check()?;
     let mut makespan_optimal = false;
     if k == 1
         && n * opts.nmicros <= opts.exact_jobs
@@ -664,10 +678,14 @@ fn search_k(
     let mut schedule = Schedule::new(Arc::new(premise.clone()), opts.nmicros, starts)?;
     schedule.memory = opts.memory.clone();
     schedule.convention = opts.convention;
-    schedule.period = Some(template.period);
-    schedule.repetend = repetend_window(premise, &schedule, &template, k);
-    // A schedule's template is 1-periodic (one start per block); the K-fold one stays in the result.
-    schedule.template = (k == 1).then(|| template.starts.clone());
+    // A baseline's schedule does not come from the template: it carries none.
+    if !matches!(method, Method::Baseline(_)) {
+        schedule.period = Some(template.period);
+        schedule.repetend = repetend_window(premise, &schedule, &template, k);
+        // A schedule's template is 1-periodic (one start per block); the K-fold one stays in
+        // the result.
+        schedule.template = (k == 1).then(|| template.starts.clone());
+    }
     Ok(SearchResult {
         period: template.period,
         periodic_k: k,
@@ -680,6 +698,43 @@ fn search_k(
         nodes,
         search_time: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// The shortest baseline (of those that apply to the premise and hold its parameters once)
+/// that is valid within the caps and shorter than `makespan`, with its name.
+fn best_valid_baseline(
+    premise: &Premise,
+    opts: &SearchOptions,
+    makespan: i64,
+    progress: &dyn Progress,
+) -> Result<Option<(&'static str, Vec<i64>)>> {
+    let p = Arc::new(premise.clone());
+    let mut best: Option<(&'static str, Vec<i64>, i64)> = None;
+    for &name in crate::baselines::BASELINES {
+        let b = match crate::baselines::baseline_with(name, p.clone(), opts.nmicros, progress) {
+            Ok(b) => b,
+            Err(Error::Cancelled) => return Err(Error::Cancelled),
+            Err(_) => continue, // does not apply to this premise
+        };
+        let mk = b.schedule.makespan();
+        let shorter = mk < best.as_ref().map_or(makespan, |x| x.2);
+        if b.parameter_memory == 1
+            && shorter
+            && b.schedule.premise.nblocks() == premise.nblocks()
+            && crate::check::check(
+                premise,
+                opts.nmicros,
+                &b.schedule.starts,
+                &opts.memory,
+                opts.convention,
+                true,
+            )
+            .is_ok()
+        {
+            best = Some((b.name, b.schedule.starts, mk));
+        }
+    }
+    Ok(best.map(|(name, starts, _)| (name, starts)))
 }
 
 /// A window `[x, x + P)` in the middle of the schedule where every block of the template
