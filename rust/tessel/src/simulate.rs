@@ -236,11 +236,12 @@ fn describe_cycle(p: &Premise, nmicros: usize, orders: &[Vec<Job>], indeg: &[u32
     }
     let mut cycle: Vec<usize> = path[pos[k]..].to_vec();
     cycle.reverse(); // predecessor walk -> execution direction
-                     // Each step with the device whose order makes it (None: a data dependency). A run of data
-                     // dependencies is one item ("through k data dependencies"). A long cycle (one of 8000 jobs
-                     // was 416 kB of text) shows 8 items: first the device orders that run a job before one
-                     // that precedes it naturally (a later micro-batch, or a later block of the same one),
-                     // the likely mistake, then the cycle's first items; "..." marks what is left out.
+
+    // Each step with the device whose order makes it (None: a data dependency). A run of data
+    // dependencies is one item ("through k data dependencies"). A long cycle (one of 8000
+    // jobs was 416 kB of text) shows 8 items: first the device orders that run a job before
+    // one that precedes it naturally (a later micro-batch, or a later block of the same one),
+    // the likely mistake, then the cycle's first items; "..." marks what is left out.
     const SHOWN: usize = 8;
     let rank = p.topo_rank();
     let name = |k: usize| job_name(p, (k / n, k % n));
@@ -299,7 +300,7 @@ fn describe_cycle(p: &Premise, nmicros: usize, orders: &[Vec<Job>], indeg: &[u32
     }
     let more = match items.len() - keep.len() {
         0 => String::new(),
-        m => format!(" ({m} more steps not shown)"),
+        m => format!(" ({m} more not shown)"),
     };
     if keep.last().is_some_and(|&i| i + 1 < items.len()) {
         text.push("...".to_string());
