@@ -175,9 +175,10 @@ class PackedWeights:
     """Low-bit weights ``Wd`` of shape ``(M, K)``: ``Wd[m, k] = s[m, g] * (v[q[m, k]] - z[m, g])``.
 
     Built by :func:`quantize` or the loaders (:meth:`from_arrays`, :meth:`from_gptq`,
-    :meth:`from_awq`, :meth:`from_matmulnbits`); immutable; picklable. Holds the canonical
-    packed bytes (little-endian bit streams along K, one byte-aligned row per output feature)
-    plus, built on first use and cached, the kernel tile layout of each depth used.
+    :meth:`from_awq`, :meth:`from_matmulnbits`, :meth:`from_gguf`); immutable; picklable.
+    Holds the canonical packed bytes (little-endian bit streams along K, one byte-aligned row
+    per output feature) plus, built on first use and cached, the kernel tile layout of each
+    depth used.
 
     Attributes
     ----------
@@ -587,6 +588,56 @@ class PackedWeights:
                 zarr = _int_array(zarr, "zero_points", (1, 2), np.uint8)
                 zp_u8 = flat(zarr, "zero_points", -(-kb * nb // 8))
         return cls(_m.Packed.from_matmulnbits(b, sc, k, nb, bs, zp_u8, zp_f))
+
+    @classmethod
+    def from_gguf(cls, data: Any, ggml_type: Any, *, shape: tuple[int, int] | None = None) -> PackedWeights:
+        """Loads a llama.cpp GGUF tensor (ggml's block formats, little-endian).
+
+        ======== ============================== ========================================
+        type     weights                        here
+        ======== ============================== ========================================
+        Q4_0     ``d (q - 8)``, 32 per block    ``int4``, G = 32
+        Q4_1     ``d q + m``                    ``uint4``, G = 32, zero points
+        Q4_K     ``d sc q - dmin mn``, 8 x 32   ``uint4``, G = 32, zero points
+        Q3_K     ``d (sc - 32) q3``, 16 x 16    ``int3``, G = 16
+        Q2_K     ``d sc q - dmin mn``, 16 x 16  ``uint2``, G = 16, zero points
+        IQ4_NL   ``d kvalues[q]``               ``codebook`` (the 16 ``kvalues_iq4nl``), G = 32
+        IQ4_XS   ``d (sc - 32) kvalues[q]``     ``codebook``, G = 32
+        TQ1_0    ``d t``, t in {-1, 0, 1}       ``ternary``, G = 256
+        TQ2_0    ``d t``                        ``ternary``, G = 256
+        MXFP4    ``2^(e - 127) e2m1[q]``        ``fp4``, G = 32
+        NVFP4    ``e4m3 e2m1[q]``, 4 x 16       ``fp4``, G = 16
+        ======== ============================== ========================================
+
+        Scales are exact (a float16 times a small integer); the minimums of Q4_1, Q4_K and
+        Q2_K become zero points ``mn / sc`` rounded once to float32, so those weights match
+        ggml's to about one float32 rounding. Other types (Q5/Q6/Q8, the IQ2/IQ3/IQ1 lattice
+        types, float tensors) are refused, naming the type.
+
+        Parameters
+        ----------
+        data : array_like, uint8
+            The tensor's bytes: ``(M, bytes per row)`` as ``gguf.GGUFReader``'s
+            ``tensor.data`` gives them (shape derived), or flat with ``shape``. A 3-D
+            (experts) tensor is loaded one expert at a time: ``tensor.data[e]``.
+        ggml_type : str or int
+            A type name (``"Q4_K"``, any case) or ggml type id (``tensor.tensor_type``).
+        shape : (M, K), optional
+            Output and input features (ggml's ``ne[1]``, ``ne[0]``); needed for flat data.
+
+        Examples
+        --------
+        ::
+
+            from gguf import GGUFReader  # pip install gguf
+            reader = GGUFReader("model.gguf")
+            t = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+            pw = PackedWeights.from_gguf(t.data, t.tensor_type)   # y = msgemm(pw, x)
+        """
+        from ._gguf import decode
+
+        dec = decode(data, ggml_type, shape)
+        return cls.from_arrays(dec.codes, dec.scales, dec.zeros, format=dec.format, codebook=dec.codebook)
 
 
 def _restore(format: str, codebook: list[float] | None, k: int, packed: np.ndarray, scales: np.ndarray,

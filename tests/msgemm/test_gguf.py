@@ -1,0 +1,199 @@
+"""``PackedWeights.from_gguf``: llama.cpp's block formats.
+
+Oracle: the ``gguf`` package's own numpy dequantizers (``gguf.quants.dequantize``, written by
+llama.cpp's authors against ggml's C code), on random blocks of every supported type (any
+bytes are a valid block once the float16 fields are finite, except for TQ2_0's unused code 3
+and NVFP4's sign bit) and on weights quantized by ``gguf.quants.quantize`` where it has a
+quantizer; and a GGUF file written by ``gguf.GGUFWriter`` and read by ``gguf.GGUFReader``,
+loaded as the docstring says. One hand-built Q4_0 block checks the layout without ``gguf``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maleki_rs import msgemm as mg
+from maleki_rs.msgemm._gguf import SUPPORTED, random_blocks
+
+M, K = 37, 512  # 37 rows: not a multiple of the kernels' 64-row tiles
+
+#: Types whose minimums become float32 zero points (one rounding off ggml's weights).
+WITH_MINS = ("Q4_1", "Q2_K", "Q4_K")
+
+
+def _gguf():
+    return pytest.importorskip("gguf")
+
+
+def _reference(data: np.ndarray, name: str) -> np.ndarray:
+    gguf = _gguf()
+    return gguf.quants.dequantize(data, gguf.GGMLQuantizationType[name]).astype(np.float64)
+
+
+def _assert_weights(pw: mg.PackedWeights, ref: np.ndarray, name: str) -> None:
+    wd = pw.dequantize()
+    if name in WITH_MINS:
+        # z = mn / sc rounded to float32 (half an ulp of z, times s) against ggml's float32
+        # rounding of d q - m: within 2^-23 of |d q| + |m| per weight.
+        s = np.repeat(pw.scales.astype(np.float64), pw.group_size, axis=1)
+        z = np.repeat(pw.zeros.astype(np.float64), pw.group_size, axis=1)
+        bound = 2.0**-23 * (np.abs(s * pw.codes) + np.abs(s * z)) + 1e-45
+        assert (np.abs(wd - ref) <= bound).all(), float((np.abs(wd - ref) / bound).max())
+    else:
+        assert np.array_equal(wd, ref)
+
+
+@pytest.mark.parametrize("name", list(SUPPORTED))
+def test_random_blocks_match_ggml(name: str) -> None:
+    rng = np.random.default_rng(sum(map(ord, name)))
+    data = random_blocks(name, M, K, rng)
+    pw = mg.PackedWeights.from_gguf(data, name)
+    assert pw.shape == (M, K)
+    assert (pw.format, pw.group_size) == SUPPORTED[name][2:]
+    ref = _reference(data, name)
+    _assert_weights(pw, ref, name)
+    # Products too, by every backend: f32 tables against the float64 product of ggml's weights
+    # (the section-4 bound, on top of the weights' own rounding for the types with minimums).
+    x = rng.standard_normal((K, 3))
+    y_ref = ref @ x
+    scale = np.abs(ref) @ np.abs(x)
+    backends = [b for b in mg.available_backends() if mg.backend_supports(pw, b, n=3, table="f32")]
+    assert "scalar" in backends
+    for backend in backends:
+        y = mg.msgemm(pw, x, table="f32", backend=backend)
+        assert (np.abs(y - y_ref) <= 2 * (K + 8) * 2.0**-24 * scale + 1e-30).all(), backend
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4"])
+def test_weights_quantized_by_gguf(name: str) -> None:
+    """The path of a real model: float weights quantized by gguf-py's own quantizer."""
+    gguf = _gguf()
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((M, K)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[name]
+    try:
+        data = gguf.quants.quantize(w, qtype)
+    except NotImplementedError:
+        pytest.skip(f"gguf {getattr(gguf, '__version__', '?')} has no {name} quantizer")
+    pw = mg.PackedWeights.from_gguf(data, int(qtype))
+    ref = gguf.quants.dequantize(data, qtype).astype(np.float64)
+    _assert_weights(pw, ref, name)
+    rel = np.linalg.norm(pw.dequantize() - w) / np.linalg.norm(w)
+    assert rel < (0.2 if name.startswith("Q4") or name == "MXFP4" else 0.9), rel  # ternary: ~0.8
+
+
+@pytest.mark.parametrize("name", WITH_MINS)
+def test_flat_groups_with_a_minimum_stay_exact(name: str) -> None:
+    """A group whose scale is 0 holds the constant ``-m``; ``s (q - z)`` with ``s = 0`` cannot
+    say it, so the loader moves it into the zero point."""
+    rng = np.random.default_rng(3)
+    data = random_blocks(name, M, K, rng).reshape(M, -1, SUPPORTED[name][1])
+    if name == "Q4_1":
+        data[:, ::3, 0:2] = 0  # d = +0: every third block is the constant m
+    elif name == "Q4_K":
+        data[:, ::2, 0:2] = 0  # d = 0: all 8 sub-blocks constant
+    else:
+        data[:, ::2, 0:16] &= 0xF0  # Q2_K: sub-block scales 0, minimums kept
+    data = data.reshape(M, -1)
+    ref = _reference(data, name)
+    pw = mg.PackedWeights.from_gguf(data, name)
+    _assert_weights(pw, ref, name)
+    assert (ref != 0).any() and np.isfinite(pw.dequantize()).all()
+
+
+def test_gguf_file_round_trip(tmp_path) -> None:
+    """A Q4_K and a TQ2_0 tensor written with GGUFWriter, read with GGUFReader, loaded with
+    ``from_gguf(t.data, t.tensor_type)`` (the docstring's recipe)."""
+    gguf = _gguf()
+    rng = np.random.default_rng(11)
+    path = tmp_path / "tiny.gguf"
+    tensors = {"blk.0.ffn_down.weight": ("Q4_K", random_blocks("Q4_K", M, K, rng)),
+               "blk.0.attn_q.weight": ("TQ2_0", random_blocks("TQ2_0", 8, 768, rng))}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for tname, (qname, data) in tensors.items():
+        writer.add_tensor(tname, data, raw_dtype=gguf.GGMLQuantizationType[qname])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    assert len(reader.tensors) == 2
+    for t in reader.tensors:
+        qname, data = tensors[t.name]
+        pw = mg.PackedWeights.from_gguf(t.data, t.tensor_type)
+        assert pw.shape == (int(t.shape[1]), int(t.shape[0]))  # ggml's ne: (K, M)
+        _assert_weights(pw, _reference(data, qname), qname)
+
+
+def test_hand_built_q4_0_block() -> None:
+    """ggml's Q4_0 without gguf: float16 d, then byte j = weight j (low nibble) and weight
+    j + 16 (high nibble), value d (q - 8)."""
+    q = np.arange(32) % 16
+    block = np.concatenate([np.array([0.5], "<f2").view(np.uint8),
+                            (q[:16] | q[16:] << 4).astype(np.uint8)])
+    pw = mg.PackedWeights.from_gguf(block, "q4_0", shape=(1, 32))
+    assert np.array_equal(pw.dequantize()[0], 0.5 * (q - 8))
+    assert np.array_equal(mg.PackedWeights.from_gguf(block.tobytes(), 2, shape=(1, 32)).codes, pw.codes)
+
+
+def test_ternary_codes_are_ggmls_trits() -> None:
+    """TQ1_0's base-3 bytes without gguf: a byte b = ceil(256 * n / 243) holds the five trits of
+    n (most significant first) as ((b * 3^i mod 256) * 3) >> 8; its 32 bytes give weights
+    i * 32 + j."""
+    rng = np.random.default_rng(5)
+    trits = rng.integers(0, 3, 256)
+    blk = np.zeros(54, np.uint8)
+
+    def pack(t: np.ndarray) -> int:
+        n = int(sum(int(d) * 3 ** (len(t) - 1 - i) for i, d in enumerate(t)) * 3 ** (5 - len(t)))
+        return (n * 256 + 242) // 243
+
+    for j in range(32):
+        blk[j] = pack(trits[[i * 32 + j for i in range(5)]])
+    for j in range(16):
+        blk[32 + j] = pack(trits[[160 + i * 16 + j for i in range(5)]])
+    for j in range(4):
+        blk[48 + j] = pack(trits[[240 + i * 4 + j for i in range(4)]])
+    blk[52:54] = np.array([2.0], "<f2").view(np.uint8)
+    pw = mg.PackedWeights.from_gguf(blk, "TQ1_0", shape=(1, 256))
+    assert np.array_equal(pw.dequantize()[0], 2.0 * (trits - 1))
+
+
+def test_bad_inputs() -> None:
+    rng = np.random.default_rng(0)
+    q4 = random_blocks("Q4_0", 2, 64, rng)
+    for bad, msg in [("Q8_0", "more than 16 levels"), ("F16", "not a block-quantized"),
+                     ("IQ2_XXS", "not supported"), ("Q9_9", "unknown ggml type"), (99, "unknown ggml type id")]:
+        with pytest.raises(ValueError, match=msg):
+            mg.PackedWeights.from_gguf(q4, bad)
+    with pytest.raises(TypeError, match="ggml_type"):
+        mg.PackedWeights.from_gguf(q4, 2.0)
+    with pytest.raises(TypeError, match="uint8"):
+        mg.PackedWeights.from_gguf(q4.astype(np.int16), "Q4_0")
+    with pytest.raises(ValueError, match="empty"):
+        mg.PackedWeights.from_gguf(np.zeros((0, 18), np.uint8), "Q4_0")
+    with pytest.raises(ValueError, match="whole Q4_0 blocks"):
+        mg.PackedWeights.from_gguf(q4[:, :-1], "Q4_0")
+    with pytest.raises(ValueError, match="shape: needed"):
+        mg.PackedWeights.from_gguf(q4.ravel(), "Q4_0")
+    with pytest.raises(ValueError, match="72 bytes"):
+        mg.PackedWeights.from_gguf(q4.ravel(), "Q4_0", shape=(3, 64))
+    with pytest.raises(ValueError, match="multiple of Q4_0's block"):
+        mg.PackedWeights.from_gguf(q4.ravel(), "Q4_0", shape=(4, 36))
+    nan = q4.copy().reshape(2, 2, 18)
+    nan[1, 1, 0:2] = np.array([np.nan], "<f2").view(np.uint8)
+    with pytest.raises(ValueError, match="row 1, block 1 has a non-finite"):
+        mg.PackedWeights.from_gguf(nan.reshape(2, -1), "Q4_0")
+    tq = random_blocks("TQ2_0", 1, 256, rng)
+    tq[0, 5] |= 3
+    with pytest.raises(ValueError, match="code 3"):
+        mg.PackedWeights.from_gguf(tq, "TQ2_0")
+    mx = random_blocks("MXFP4", 1, 32, rng)
+    mx[0, 0] = 255
+    with pytest.raises(ValueError, match="0xFF"):
+        mg.PackedWeights.from_gguf(mx, "MXFP4")
+    nv = random_blocks("NVFP4", 1, 64, rng)
+    nv[0, 2] = 0x90
+    with pytest.raises(ValueError, match="bit 7"):
+        mg.PackedWeights.from_gguf(nv, "NVFP4")
