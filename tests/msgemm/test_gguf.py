@@ -191,9 +191,42 @@ def test_bad_inputs() -> None:
         mg.PackedWeights.from_gguf(tq, "TQ2_0")
     mx = random_blocks("MXFP4", 1, 32, rng)
     mx[0, 0] = 255
-    with pytest.raises(ValueError, match="0xFF"):
+    with pytest.raises(ValueError, match="exponent 0xff"):
         mg.PackedWeights.from_gguf(mx, "MXFP4")
     nv = random_blocks("NVFP4", 1, 64, rng)
     nv[0, 2] = 0x90
     with pytest.raises(ValueError, match="bit 7"):
         mg.PackedWeights.from_gguf(nv, "NVFP4")
+
+
+def test_review_shape_and_bytes() -> None:
+    """Review (helper-40): ``shape`` is checked against 2-D data (ggml's reversed ``ne`` would
+    silently reshape the rows), its entries must be integers, and a memoryview keeps its own
+    dtype."""
+    rng = np.random.default_rng(1)
+    d = random_blocks("Q4_K", 256, 512, rng)
+    assert mg.PackedWeights.from_gguf(d, "Q4_K", shape=(256, 512)).shape == (256, 512)
+    with pytest.raises(ValueError, match="ne reversed"):
+        mg.PackedWeights.from_gguf(d, "Q4_K", shape=(512, 256))
+    q4 = random_blocks("Q4_0", 2, 64, rng)
+    for bad in [(2.5, 64), ("2", "64"), (True, 64), (2, float("inf"))]:
+        with pytest.raises((TypeError, ValueError), match="shape"):
+            mg.PackedWeights.from_gguf(q4.ravel(), "Q4_0", shape=bad)
+    with pytest.raises(ValueError, match="shape: expected"):
+        mg.PackedWeights.from_gguf(q4.ravel(), "Q4_0", shape={2: 0, 64: 0})
+    with pytest.raises(TypeError, match="uint8"):
+        mg.PackedWeights.from_gguf(memoryview(np.ones(18, np.float32)), "Q4_0", shape=(2, 64))
+    pw = mg.PackedWeights.from_gguf(memoryview(q4), " q4_0 ")
+    assert np.array_equal(pw.codes, mg.PackedWeights.from_gguf(bytearray(q4.tobytes()), 2, shape=(2, 64)).codes)
+    mx = random_blocks("MXFP4", 1, 64, rng)
+    mx[0, 17] = 252  # the largest exponent whose weights stay finite
+    assert np.isfinite(mg.PackedWeights.from_gguf(mx, "MXFP4").dequantize()).all()
+    mx[0, 17] = 253
+    with pytest.raises(ValueError, match="row 0, block 1 has the E8M0 exponent 0xfd"):
+        mg.PackedWeights.from_gguf(mx, "MXFP4")
+    q41 = random_blocks("Q4_1", 1, 32, rng)
+    q41[0, 2:4] = np.array([np.inf], "<f2").view(np.uint8)
+    with pytest.raises(ValueError, match="non-finite float16 m"):
+        mg.PackedWeights.from_gguf(q41, "Q4_1")
+    with pytest.raises(ValueError, match="1-bit"):
+        mg.PackedWeights.from_gguf(q4, "Q1_0")

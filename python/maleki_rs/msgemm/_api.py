@@ -606,24 +606,30 @@ class PackedWeights:
         TQ1_0    ``d t``, t in {-1, 0, 1}       ``ternary``, G = 256
         TQ2_0    ``d t``                        ``ternary``, G = 256
         MXFP4    ``2^(e - 127) e2m1[q]``        ``fp4``, G = 32
-        NVFP4    ``e4m3 e2m1[q]``, 4 x 16       ``fp4``, G = 16
+        NVFP4    ``ue4m3 e2m1[q]``, 4 x 16      ``fp4``, G = 16 (scale byte 0x7F reads 0, as ggml)
         ======== ============================== ========================================
 
-        Scales are exact (a float16 times a small integer); the minimums of Q4_1, Q4_K and
-        Q2_K become zero points ``mn / sc`` rounded once to float32, so those weights match
-        ggml's to about one float32 rounding. Other types (Q5/Q6/Q8, the IQ2/IQ3/IQ1 lattice
-        types, float tensors) are refused, naming the type.
+        Scales are exact (a float16 times a small integer). The minimums of Q4_1 (``-m``),
+        Q4_K and Q2_K (``dmin mn``) become zero points ``z = min / scale`` rounded once to
+        float32, so those weights match ggml's to about one float32 rounding. A group whose
+        scale is 0 but whose minimum is not holds one constant: it is stored exactly as codes
+        0, scale ``|min|`` and zero point ``sign(min)``, so ``codes``, ``scales`` and
+        ``zeros`` differ from the file's there. Other types (Q5/Q6/Q8, the IQ1/IQ2/IQ3 lattice
+        types, float tensors) are refused, naming the type; so are blocks with a non-finite
+        float16 field, TQ2_0's unused code 3, NVFP4 scale bytes with bit 7 set and MXFP4
+        exponents from 253 (weights beyond float32).
 
         Parameters
         ----------
-        data : array_like, uint8
+        data : ndarray of uint8, bytes or bytearray
             The tensor's bytes: ``(M, bytes per row)`` as ``gguf.GGUFReader``'s
             ``tensor.data`` gives them (shape derived), or flat with ``shape``. A 3-D
             (experts) tensor is loaded one expert at a time: ``tensor.data[e]``.
         ggml_type : str or int
             A type name (``"Q4_K"``, any case) or ggml type id (``tensor.tensor_type``).
         shape : (M, K), optional
-            Output and input features (ggml's ``ne[1]``, ``ne[0]``); needed for flat data.
+            Output and input features in numpy's order (ggml's ``ne[1]``, ``ne[0]``: the
+            reverse of ``tensor.shape``); needed for flat data, checked against 2-D data.
 
         Examples
         --------

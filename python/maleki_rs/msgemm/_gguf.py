@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._util.validate import check_int
+
 #: ggml type ids (``enum ggml_type``) by name: the ones we load and, for clear refusals, the
 #: ones we do not.
 GGML_TYPES: dict[str, int] = {
@@ -63,7 +65,7 @@ def type_name(ggml_type: Any) -> str:
     int); ValueError naming the supported ones otherwise."""
     supported = ", ".join(SUPPORTED)
     if isinstance(ggml_type, str):
-        name = ggml_type.upper()
+        name = ggml_type.strip().upper()
         if name not in GGML_TYPES:
             raise ValueError(f"ggml_type: unknown ggml type {ggml_type!r}; msgemm loads {supported}")
     elif isinstance(ggml_type, numbers.Integral) and not isinstance(ggml_type, (bool, np.bool_)):
@@ -77,8 +79,10 @@ def type_name(ggml_type: Any) -> str:
             why = "is not a block-quantized type (quantize it with maleki_rs.msgemm.quantize)"
         elif name in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"):
             why = "has more than 16 levels per weight (msgemm's formats have at most 4 bits)"
+        elif name == "Q1_0":
+            why = "is not supported (a 1-bit type newer than this loader)"
         else:
-            why = "is not supported (its codes index a lattice of 8-weight vectors, or its layout is too new)"
+            why = "is not supported (its codes index a lattice of 8-weight vectors, not one weight each)"
         raise ValueError(f"ggml_type: {name} {why}; msgemm loads {supported}")
     return name
 
@@ -86,9 +90,8 @@ def type_name(ggml_type: Any) -> str:
 def blocks_of(data: Any, name: str, shape: Any) -> tuple[np.ndarray, int, int]:
     """``data`` as ``(M, K // block, bytes per block)`` uint8 blocks, with M and K."""
     bs, ts = SUPPORTED[name][:2]
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        data = np.frombuffer(data, np.uint8)
-    arr = np.asarray(data)
+    # bytes and bytearray are raw bytes; a memoryview keeps its own format and shape.
+    arr = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data)
     if arr.dtype != np.uint8:
         raise TypeError(f"data: expected the tensor's raw bytes as uint8 (gguf's tensor.data), got {arr.dtype}")
     if arr.size == 0:
@@ -102,26 +105,28 @@ def blocks_of(data: Any, name: str, shape: Any) -> tuple[np.ndarray, int, int]:
                              "is the type right?")
         m, k = arr.shape[0], arr.shape[1] // ts * bs
     else:
-        try:
-            m, k = (int(v) for v in shape)
-        except (TypeError, ValueError):
-            raise ValueError(f"shape: expected (M, K), got {shape!r}") from None
-        if m < 1 or k < 1:
-            raise ValueError(f"shape: expected positive (M, K), got {shape!r}")
+        if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+            raise ValueError(f"shape: expected (M, K), got {shape!r}")
+        m = check_int(shape[0], "shape[0] (M)", min=1)
+        k = check_int(shape[1], "shape[1] (K)", min=1)
         if k % bs:
             raise ValueError(f"shape: K = {k} is not a multiple of {name}'s block of {bs} weights")
-        if arr.size != m * (k // bs) * ts:
-            raise ValueError(f"data: {arr.size} bytes, but {name} weights of shape ({m}, {k}) take "
-                             f"{m * (k // bs) * ts}")
+        row = k // bs * ts
+        if arr.ndim >= 2 and (arr.shape[-1] != row or (arr.ndim == 2 and arr.shape[0] != m)):
+            raise ValueError(f"shape: ({m}, {k}) is {m} rows of {row} bytes, but data is {arr.shape} "
+                             "(shape is (M, K) in numpy's order: ggml's ne reversed)")
+        if arr.size != m * row:
+            raise ValueError(f"data: {arr.size} bytes, but {name} weights of shape ({m}, {k}) take {m * row}")
     return np.ascontiguousarray(arr).reshape(m, k // bs, ts), m, k
 
 
-def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
-    """The little-endian float16 at byte ``at`` of every block, as float32, checked finite."""
+def _f16(blocks: np.ndarray, at: int, field: str = "d") -> np.ndarray:
+    """The little-endian float16 ``field`` at byte ``at`` of every block, as float32, checked
+    finite."""
     v = np.ascontiguousarray(blocks[..., at:at + 2]).view("<f2")[..., 0].astype(np.float32)
     if not np.isfinite(v).all():
         r, b = np.argwhere(~np.isfinite(v))[0]
-        raise ValueError(f"data: row {r}, block {b} has a non-finite float16 scale ({v[r, b]})")
+        raise ValueError(f"data: row {r}, block {b} has a non-finite float16 {field} ({v[r, b]})")
     return v
 
 
@@ -172,12 +177,13 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
         codebook = IQ4_VALUES if name == "IQ4_NL" else None
     elif name == "Q4_1":  # d, m f16, nibbles: value d q + m
         codes = _nibbles(blocks[..., 4:20])
-        codes, scales, zeros = _affine(codes, _f16(blocks, 0), -_f16(blocks, 2))
+        codes, scales, zeros = _affine(codes, _f16(blocks, 0), -_f16(blocks, 2, "m"))
     elif name == "MXFP4":  # E8M0 exponent e, nibbles of e2m1: value 2^(e - 127) v[q]
         e = blocks[..., 0]
-        if (e == 255).any():
-            r, b = np.argwhere(e == 255)[0]
-            raise ValueError(f"data: row {r}, block {b} has the E8M0 scale 0xFF (NaN in OCP MX)")
+        if (e >= 253).any():  # 2^(e - 127) * 6 beyond float32 (0xFF is NaN in OCP MX)
+            r, b = np.argwhere(e >= 253)[0]
+            raise ValueError(f"data: row {r}, block {b} has the E8M0 exponent {e[r, b]:#04x}: weights up to "
+                             f"6 * 2^{int(e[r, b]) - 127} exceed float32 (msgemm keeps weights finite)")
         scales = np.ldexp(np.float32(1.0), e.astype(np.int32) - 127).astype(np.float32)
         codes = _nibbles(blocks[..., 1:17])
     elif name == "NVFP4":  # 4 unsigned E4M3 scales (one per 16 weights), then 4 x 8 bytes of nibbles
@@ -210,7 +216,7 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
     elif name == "Q2_K":  # 16 bytes of (min << 4 | scale), 64 bytes of crumbs, d, dmin f16
         sm = blocks[..., 0:16]
         d = _f16(blocks, 80)[..., None] * (sm & 0x0F)
-        mins = _f16(blocks, 82)[..., None] * (sm >> 4)
+        mins = _f16(blocks, 82, "dmin")[..., None] * (sm >> 4)
         codes = _crumbs(blocks[..., 16:80])
         codes, scales, zeros = _affine(codes, d.reshape(m, nb * 16), mins.reshape(m, nb * 16))
     elif name == "Q3_K":  # 32 bytes of high bits, 64 of crumbs, 12 of 6-bit scales, d f16
@@ -228,7 +234,7 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
         sc = np.concatenate([lo[0] & 63, (lo[2] & 0x0F) | ((lo[0] >> 6) << 4)], axis=-1)
         mn = np.concatenate([lo[1] & 63, (lo[2] >> 4) | ((lo[1] >> 6) << 4)], axis=-1)
         d = _f16(blocks, 0)[..., None] * sc
-        mins = _f16(blocks, 2)[..., None] * mn
+        mins = _f16(blocks, 2, "dmin")[..., None] * mn
         codes = _nibbles(blocks[..., 16:144].reshape(m, nb, 4, 32))
         codes, scales, zeros = _affine(codes, d.reshape(m, nb * 8), mins.reshape(m, nb * 8))
     else:  # IQ4_XS: d f16, 16 bits of high scale bits, 4 bytes of low ones, 8 x 16 bytes of nibbles

@@ -1,0 +1,106 @@
+"""llama.cpp's block formats through ``PackedWeights.from_gguf``, against numpy, in one run.
+
+Writes section "msgemm-gguf" of BENCHMARKS.md. For each ggml type we load: random blocks of a
+4096 x 4096 tensor (``maleki_rs.msgemm._gguf.random_blocks``: the speed does not depend on the
+values), the load time, and ``msgemm(pw, x)`` with the defaults for N = 1 and N = 16 against
+numpy float32 on the weights dequantized beforehand (A0, numpy's best case; a Python user
+without llama.cpp would call ``gguf.quants.dequantize`` and then numpy). Our own int4 g128
+(``quantize``) is timed in the same rounds for reference. Bits per weight: ggml's storage, and
+the bytes a GEMV of ours reads (codes, and scales and zero points at the precision the kernels
+read them in). llama.cpp itself is not an anchor here: it is not installable from a wheel.
+
+Usage: ``python benches/msgemm_gguf_bench.py [--quick] [--threads 2] [--no-write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report  # noqa: E402
+from msgemm_bench import fmt_ms, limit_blas, read_bytes, timeit_rounds  # noqa: E402
+
+import maleki_rs  # noqa: E402
+from maleki_rs import msgemm as mg  # noqa: E402
+from maleki_rs.msgemm._gguf import SUPPORTED, random_blocks  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="three types, fewer repeats (smoke run)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    args = ap.parse_args()
+    th = args.threads
+    maleki_rs.set_num_threads(th)
+    _limits = limit_blas(th)
+    rng = np.random.default_rng(0)
+    m = k = 4096
+    names = ["Q4_0", "Q4_K", "TQ2_0"] if args.quick else list(SUPPORTED)
+    rep = 5 if args.quick else 20
+
+    pws: dict[str, mg.PackedWeights] = {}
+    rows_meta = {}
+    for name in names:
+        data = random_blocks(name, m, k, rng)
+        t0 = time.perf_counter()
+        pws[name] = mg.PackedWeights.from_gguf(data, name)
+        rows_meta[name] = (data.nbytes, time.perf_counter() - t0)
+    native = "int4 g128 (quantize)"
+    pws[native] = mg.quantize(rng.standard_normal((m, k), dtype=np.float32), format="int4", group_size=128)
+    wd = pws["Q4_0" if "Q4_0" in pws else names[0]].dequantize(np.float32)
+
+    results = {}
+    for n in (1, 16):
+        x = rng.standard_normal(k if n == 1 else (k, n), dtype=np.float32)
+        fns = {name: (lambda p=p, x=x: mg.msgemm(p, x)) for name, p in pws.items()}
+        fns["a0"] = lambda x=x: wd @ x
+        results[n] = timeit_rounds(fns, repeat=rep, number=3 if n == 1 else 1, rounds=4)
+        print(f"N={n}", {key: fmt_ms(v) for key, v in results[n].items()}, flush=True)
+
+    rows = []
+    for name, pw in pws.items():
+        fmt = f"{pw.format} g{pw.group_size}" + (" + zero points" if pw.zeros is not None else "")
+        ggml_bits, load = ("—", "—")
+        if name in rows_meta:
+            ggml_bits = f"{rows_meta[name][0] * 8 / (m * k):.2f}"
+            load = f"{rows_meta[name][1] * 1e3:.0f}"
+        t1, t16 = results[1][name], results[16][name]
+        rb = read_bytes(pw)
+        rows.append([name, fmt, ggml_bits, f"{rb * 8 / (m * k):.2f}", load, fmt_ms(t1), f"{rb / t1['min'] / 1e9:.1f}",
+                     f"{results[1]['a0']['min'] / t1['min']:.1f}x", fmt_ms(t16),
+                     f"{results[16]['a0']['min'] / t16['min']:.1f}x", mg.plan_info(pw, n=16)["table"]])
+
+    body = [
+        "## msgemm: llama.cpp (GGUF) tensors",
+        "",
+        f"Command: `{_report.command_line()}`",
+        f"Machine: {_report.machine_info()}",
+        f"Threads: {th}. Shape 4096 x 4096, warm (the same weights repeatedly), tables included; "
+        "times are min / median of 4 rounds in blocks (see the msgemm section), ms per call.",
+        "",
+        f"A0 numpy float32 on pre-dequantized weights: N = 1 {fmt_ms(results[1]['a0'])} ms, "
+        f"N = 16 {fmt_ms(results[16]['a0'])} ms.",
+        "",
+        _report.table(["ggml type", "loaded as", "ggml bits/weight", "bits/weight read", "load ms",
+                       "N = 1 ms", "N = 1 GB/s", "N = 1 vs A0", "N = 16 ms", "N = 16 vs A0", "N = 16 table"], rows),
+        "",
+        "The K-quants' two-level scales (a float16 per 256 weights times 4- or 6-bit integers per 16 "
+        "or 32) are exact in float32 but not float16, and their minimums become float32 zero points: "
+        "Q4_K reads 6 bits per weight where ggml stores 4.5, Q2_K 6 where ggml stores 2.6. The "
+        "single-level types (Q4_0, IQ4_NL, TQ1_0, TQ2_0, MXFP4) keep float16 or power-of-two scales "
+        "and read about what ggml stores. Load times are numpy decoding in Python, once per tensor.",
+    ]
+    text = "\n".join(body)
+    print(text)
+    if not args.no_write:
+        _report.update_section("msgemm-gguf", text)
+
+
+if __name__ == "__main__":
+    main()
