@@ -148,9 +148,24 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
         assert info["dense_bf16"] == (AUTO_MIN_N is not None and n >= AUTO_MIN_N), n
     assert mg.plan_info(pw, n=1)["dense_bf16"] is False  # a GEMV stays on i8 tables
     assert mg.plan_info(pw, n=8, table="bf16")["table"] == "bf16"
-    # Integer formats keep the exact dense i16 path.
+    # Integer formats keep the exact dense i16 path ...
     pi = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "int4", 64)
     assert mg.plan_info(pi, n=12)["dense_bf16"] is False
+    assert mg.plan_info(pi, n=64)["dense_bf16"] is False
+    # ... except groups of 32 in batches of 32 or more on AMX, whose per-group epilogue costs
+    # more than decoding to bfloat16 (documented at AMX_SMALL_GROUP).
+    for fmt in ("int4", "uint4", "fp4"):
+        p32 = mg.quantize(np.random.default_rng(5).standard_normal((64, 256)), fmt, 32)
+        amx = KERNEL_IDS.get("amx") == "amx-tdpbf16ps" and "amx" in KERNELS
+        for n in (16, 31, 32, 64):
+            info = mg.plan_info(p32, n=n)
+            assert info["dense_bf16"] == (amx and n >= 32), (fmt, n)
+            assert info["dense_int8"] == (not info["dense_bf16"] and mg.backend_supports(p32, "auto", n=n, table="i16")
+                                          and mg.plan_info(p32, n=n, table="i16")["dense_int8"]), (fmt, n)
+        if amx:
+            x32 = np.random.default_rng(6).standard_normal((256, 40)).astype(np.float32)
+            np.testing.assert_array_equal(mg.msgemm(p32, x32), mg.msgemm(p32, x32, table="bf16"))
+            assert mg.plan_info(p32, n=40, backend="avx512")["dense_bf16"] is False
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)

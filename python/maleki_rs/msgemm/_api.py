@@ -814,7 +814,11 @@ def msgemm(
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both
           faster and more accurate (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against
-          0.66 ms, N = 16 1.1 against 2.0 ms);
+          0.66 ms, N = 16 1.1 against 2.0 ms); except that on CPUs with AMX-BF16, such
+          weights with groups of at most 32 inputs (GGUF's Q4_0, Q4_K, MXFP4) run in
+          ``"bf16"`` mode from 32 columns on: the dense path's per-group scaling costs more
+          there than decoding the weights to bfloat16 (int4, uint4 and fp4 g32, N = 64: 2.2-3.1
+          against 4.5-5.1 ms);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
           that are multiples of 32, in batches without ``mirror`` of 6 columns or more on a
           CPU with AMX-BF16, of 8 or more on other CPUs with AVX-512 (12 on AMD's with

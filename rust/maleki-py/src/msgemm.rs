@@ -461,14 +461,17 @@ impl Packed {
             }
             if parsed.auto {
                 // A batch: the dense `i16` decision is the same for every N >= 2, `bf16`'s
-                // from its threshold on.
+                // from its threshold on, and small groups on AMX leave the dense path for
+                // `bf16` from their own.
                 let n = bf16::auto_min_n(opts.backend).unwrap_or(2).max(2);
-                match parsed.for_call(&pw, n) {
-                    Call::Tables(o) if o.precision == TablePrecision::I16 => {
-                        pw.dense_layout()?;
+                for n in [n, bf16::AMX_SMALL_GROUP_MIN_N.max(n)] {
+                    match parsed.for_call(&pw, n) {
+                        Call::Tables(o) if o.precision == TablePrecision::I16 => {
+                            pw.dense_layout()?;
+                        }
+                        Call::Bf16(_) => bf16::prepare(&pw)?,
+                        Call::Tables(_) => {}
                     }
-                    Call::Bf16(_) => bf16::prepare(&pw)?,
-                    Call::Tables(_) => {}
                 }
             }
             match (core_gemm::prepare(&pw, &opts), depth) {

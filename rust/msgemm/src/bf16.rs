@@ -79,6 +79,23 @@ pub const AUTO_MIN_N_AVX512_BF16: usize = 12;
 /// tables, even at N = 16 and 1.3x faster at N = 64).
 pub const AUTO_MIN_N_AVX2: usize = 16;
 
+/// Default batches that the dense `i16` path would run take `bf16` mode on the AMX kernel
+/// instead when their groups hold at most this many inputs and they have at least
+/// [`AMX_SMALL_GROUP_MIN_N`] columns. The dense path scales the integer sums of every group of
+/// every 16 rows by 16 columns in float32, an epilogue that dominates at 32 inputs per group;
+/// `bf16` mode applies the scales while decoding the weights instead. int4, uint4 with zero
+/// points and fp4 at G = 32, 4096 x 4096, 2 threads, minima (Sapphire Rapids, one run): N = 32
+/// 2.1 / 1.9 / 2.0 ms against 2.5 / 4.3 / 2.8 on the dense path, N = 64 2.3 / 3.1 / 2.2
+/// against 4.5 / 4.8 / 5.1; N = 16 mixed (1.8 / 1.6 / 1.2 against 1.2 / 1.7 / 1.7). At G = 64
+/// and 128 the two are within this host's noise at N = 64 (0.9x), slower below; on AVX-512
+/// without AMX the VNNI path stays ahead at every N (the FMA kernel reads 16 weights per
+/// instruction where `tdpbf16ps` reads 512). `bf16` is also the more accurate of the two (about
+/// 2e-3 relative L1 against 6e-3 for int8 activations).
+pub const AMX_SMALL_GROUP: usize = 32;
+
+/// See [`AMX_SMALL_GROUP`].
+pub const AMX_SMALL_GROUP_MIN_N: usize = 32;
+
 /// Inputs the portable kernel decodes at a time (64 rows x 64 inputs of float32, 16 KiB).
 const PORTABLE_INPUTS: usize = 64;
 
@@ -306,17 +323,25 @@ fn kernel_of(backend: Backend) -> Option<Kernel> {
 }
 
 /// Whether a default-table call of `n` columns whose options resolved to `opts`
-/// ([`crate::gemm::auto_precision`]: still `i8`, so not a dense `i16` call) runs in `bf16`
-/// mode instead: a batch of at least [`auto_min_n`] columns at depth `auto`, without mirror
-/// tables, on backend `auto`, `amx`, `avx512` or `avx2` of a CPU that runs that backend's
-/// `bf16` kernel, of weights it applies to. Faster and more accurate than `i8` tables there
-/// (see the Python docs).
+/// ([`crate::gemm::auto_precision`]) runs in `bf16` mode instead, at depth `auto`, without
+/// mirror tables, for weights it applies to:
+/// - still `i8` (not a dense call): a batch of at least [`auto_min_n`] columns on backend
+///   `auto`, `amx`, `avx512` or `avx2` of a CPU that runs that backend's `bf16` kernel.
+///   Faster and more accurate than `i8` tables there (see the Python docs).
+/// - dense `i16`: groups of at most [`AMX_SMALL_GROUP`] inputs, at least
+///   [`AMX_SMALL_GROUP_MIN_N`] columns, on the AMX kernel.
 pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
-    opts.precision == crate::plan::TablePrecision::I8
-        && opts.depth == crate::gemm::Depth::Auto
-        && !opts.mirror
-        && auto_min_n(opts.backend).is_some_and(|min| n >= min)
-        && check_weights(pw).is_ok()
+    use crate::plan::TablePrecision;
+    let size = match opts.precision {
+        TablePrecision::I8 => auto_min_n(opts.backend).is_some_and(|min| n >= min),
+        TablePrecision::I16 => {
+            n >= AMX_SMALL_GROUP_MIN_N
+                && pw.group_size() <= AMX_SMALL_GROUP
+                && kernel_of(opts.backend) == Some(Kernel::Amx)
+        }
+        _ => false,
+    };
+    size && opts.depth == crate::gemm::Depth::Auto && !opts.mirror && check_weights(pw).is_ok()
 }
 
 /// Builds what a `bf16` call reads from `pw` (the dense code layout, tiled scales and zero
@@ -794,6 +819,38 @@ mod tests {
             )
             .unwrap_err();
             assert!(err.to_string().contains(kernel.id()), "{err}");
+        }
+    }
+
+    #[test]
+    fn small_groups_leave_the_dense_path_for_bf16_on_amx_only() {
+        use crate::gemm::auto_precision;
+        let auto = GemmOptions::default();
+        let g32 = weights(Format::Int4, 64, 128, 32, 1);
+        let g64 = weights(Format::Int4, 64, 128, 64, 1);
+        for backend in [Backend::Auto, Backend::Amx, Backend::Avx512, Backend::Avx2] {
+            let opts = GemmOptions { backend, ..auto };
+            for n in [2, AMX_SMALL_GROUP_MIN_N - 1, AMX_SMALL_GROUP_MIN_N, 64] {
+                let resolved = auto_precision(&g32, n, &opts);
+                let amx = kernel_of(backend) == Some(Kernel::Amx);
+                let dense = resolved.precision == crate::plan::TablePrecision::I16;
+                assert_eq!(
+                    auto_applies(&g32, n, &resolved),
+                    dense && amx && n >= AMX_SMALL_GROUP_MIN_N,
+                    "{backend:?} n = {n}"
+                );
+                // Larger groups stay on the dense path.
+                let resolved = auto_precision(&g64, n, &opts);
+                if resolved.precision == crate::plan::TablePrecision::I16 {
+                    assert!(!auto_applies(&g64, n, &resolved), "{backend:?} n = {n}");
+                }
+                // A named depth is not the library's choice.
+                let fixed = GemmOptions {
+                    depth: crate::gemm::Depth::Fixed(1),
+                    ..resolved
+                };
+                assert!(!auto_applies(&g32, n, &fixed));
+            }
         }
     }
 
