@@ -2,7 +2,7 @@
 
 Writes section "msgemm-gguf" of BENCHMARKS.md. For each ggml type we load: random blocks of a
 4096 x 4096 tensor (``maleki_rs.msgemm._gguf.random_blocks``: the speed does not depend on the
-values), the load time, and ``msgemm(pw, x)`` with the defaults for N = 1 and N = 16 against
+values), the load time, and ``msgemm(pw, x)`` with the defaults for N = 1, 16 and 64 against
 numpy float32 on the weights dequantized beforehand (A0, numpy's best case; a Python user
 without llama.cpp would call ``gguf.quants.dequantize`` and then numpy). Our own int4 g128
 (``quantize``) is timed in the same rounds for reference. Bits per weight: ggml's storage, and
@@ -28,6 +28,9 @@ from msgemm_bench import fmt_ms, limit_blas, read_bytes, timeit_rounds  # noqa: 
 import maleki_rs  # noqa: E402
 from maleki_rs import msgemm as mg  # noqa: E402
 from maleki_rs.msgemm._gguf import SUPPORTED, random_blocks  # noqa: E402
+
+
+NS = (1, 16, 64)
 
 
 def main() -> None:
@@ -56,7 +59,7 @@ def main() -> None:
     wd = pws["Q4_0" if "Q4_0" in pws else names[0]].dequantize(np.float32)
 
     results = {}
-    for n in (1, 16):
+    for n in NS:
         x = rng.standard_normal(k if n == 1 else (k, n), dtype=np.float32)
         fns = {name: (lambda p=p, x=x: mg.msgemm(p, x)) for name, p in pws.items()}
         fns["a0"] = lambda x=x: wd @ x
@@ -70,11 +73,14 @@ def main() -> None:
         if name in rows_meta:
             ggml_bits = f"{rows_meta[name][0] * 8 / (m * k):.2f}"
             load = f"{rows_meta[name][1] * 1e3:.0f}"
-        t1, t16 = results[1][name], results[16][name]
+        t1 = results[1][name]
         rb = read_bytes(pw)
-        rows.append([name, fmt, ggml_bits, f"{rb * 8 / (m * k):.2f}", load, fmt_ms(t1), f"{rb / t1['min'] / 1e9:.1f}",
-                     f"{results[1]['a0']['min'] / t1['min']:.1f}x", fmt_ms(t16),
-                     f"{results[16]['a0']['min'] / t16['min']:.1f}x", mg.plan_info(pw, n=16)["table"]])
+        row = [name, fmt, ggml_bits, f"{rb * 8 / (m * k):.2f}", load, fmt_ms(t1), f"{rb / t1['min'] / 1e9:.1f}",
+               f"{results[1]['a0']['min'] / t1['min']:.1f}x"]
+        for n in NS[1:]:
+            t = results[n][name]
+            row += [f"{fmt_ms(t)} ({mg.plan_info(pw, n=n)['table']})", f"{results[n]['a0']['min'] / t['min']:.1f}x"]
+        rows.append(row)
 
     body = [
         "## msgemm: llama.cpp (GGUF) tensors",
@@ -84,11 +90,12 @@ def main() -> None:
         f"Threads: {th}. Shape 4096 x 4096, warm (the same weights repeatedly), tables included; "
         "times are min / median of 4 rounds in blocks (see the msgemm section), ms per call.",
         "",
-        f"A0 numpy float32 on pre-dequantized weights: N = 1 {fmt_ms(results[1]['a0'])} ms, "
-        f"N = 16 {fmt_ms(results[16]['a0'])} ms.",
+        "A0 numpy float32 on pre-dequantized weights: "
+        + ", ".join(f"N = {n} {fmt_ms(results[n]['a0'])} ms" for n in NS) + ".",
         "",
         _report.table(["ggml type", "loaded as", "ggml bits/weight", "bits/weight read", "load ms",
-                       "N = 1 ms", "N = 1 GB/s", "N = 1 vs A0", "N = 16 ms", "N = 16 vs A0", "N = 16 table"], rows),
+                       "N = 1 ms", "N = 1 GB/s", "N = 1 vs A0"]
+                      + [h for n in NS[1:] for h in (f"N = {n} ms (table)", f"N = {n} vs A0")], rows),
         "",
         "The K-quants' two-level scales (a float16 per 256 weights times 4- or 6-bit integers per 16 "
         "or 32) are exact in float32 but not float16, and their minimums become float32 zero points: "

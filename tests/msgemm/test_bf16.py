@@ -86,6 +86,11 @@ def weights(fmt: str, rng: np.random.Generator, m: int, k: int, g: int, *, perm:
     ("codebook", 40, 96, 32, 2, False),
     ("int2", 20, 128, 64, 4, False),
     ("ternary", 9, 160, 32, 6, False),
+    # Groups of 8 and 16 inputs split the AMX kernel's steps of 32 (GGUF's Q2_K, Q3_K, NVFP4).
+    ("uint2", 50, 256, 16, 33, False),
+    ("int3", 70, 128, 16, 7, True),
+    ("fp4", 64, 64, 16, 16, False),
+    ("nf4", 66, 96, 8, 3, False),
 ])
 def test_matches_the_float64_oracle_within_the_float32_bound(kernel, fmt, m, k, g, n, perm):
     rng = np.random.default_rng(m * k + n)
@@ -113,12 +118,12 @@ def test_is_more_accurate_than_i8_tables_on_gaussian_data():
 
 
 @settings(max_examples=30, deadline=None)
-@given(fmt=st.sampled_from(["nf4", "fp4", "uint4", "int3", "codebook"]), g=st.sampled_from([32, 64, 96]),
+@given(fmt=st.sampled_from(["nf4", "fp4", "uint4", "int3", "codebook"]), g=st.sampled_from([8, 16, 32, 64, 96]),
        m=st.integers(1, 140), groups=st.integers(1, 3), n=st.integers(1, 35),
        scale=st.sampled_from([1e-15, 1.0, 1e15]), seed=st.integers(0, 2**31 - 1))
 def test_any_shape_and_scale(fmt, g, m, groups, n, scale, seed):
     rng = np.random.default_rng(seed)
-    k = g * groups
+    k = max(g, 32) * groups  # K a multiple of 32
     pw = weights(fmt, rng, m, k, g)
     x = (rng.standard_normal((k, n)) * scale).astype(np.float32)
     want, bound = oracle(pw, x)
@@ -152,20 +157,19 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     pi = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "int4", 64)
     assert mg.plan_info(pi, n=12)["dense_bf16"] is False
     assert mg.plan_info(pi, n=64)["dense_bf16"] is False
-    # ... except groups of 32 in batches of 32 or more on AMX, whose per-group epilogue costs
-    # more than decoding to bfloat16 (documented at AMX_SMALL_GROUP).
-    for fmt in ("int4", "uint4", "fp4"):
-        p32 = mg.quantize(np.random.default_rng(5).standard_normal((64, 256)), fmt, 32)
-        amx = KERNEL_IDS.get("amx") == "amx-tdpbf16ps" and "amx" in KERNELS
-        for n in (16, 31, 32, 64):
-            info = mg.plan_info(p32, n=n)
-            assert info["dense_bf16"] == (amx and n >= 32), (fmt, n)
-            assert info["dense_int8"] == (not info["dense_bf16"] and mg.backend_supports(p32, "auto", n=n, table="i16")
-                                          and mg.plan_info(p32, n=n, table="i16")["dense_int8"]), (fmt, n)
+    # ... except small groups on AMX, whose per-group epilogue costs more than decoding to
+    # bfloat16 (documented at amx_over_dense_min_n): groups of 16 from 8 columns, of 32 from 32.
+    amx = KERNEL_IDS.get("amx") == "amx-tdpbf16ps" and "amx" in KERNELS
+    for fmt, g, min_n in (("int4", 32, 32), ("uint4", 32, 32), ("fp4", 32, 32), ("uint2", 16, 8), ("int3", 16, 8)):
+        small = mg.quantize(np.random.default_rng(5).standard_normal((64, 256)), fmt, g)
+        for n in (2, min_n - 1, min_n, 64):
+            info = mg.plan_info(small, n=n)
+            assert info["dense_bf16"] == (amx and n >= min_n), (fmt, n)
+            assert info["dense_int8"] == (not info["dense_bf16"] and mg.plan_info(small, n=n, table="i16")["dense_int8"])
         if amx:
-            x32 = np.random.default_rng(6).standard_normal((256, 40)).astype(np.float32)
-            np.testing.assert_array_equal(mg.msgemm(p32, x32), mg.msgemm(p32, x32, table="bf16"))
-            assert mg.plan_info(p32, n=40, backend="avx512")["dense_bf16"] is False
+            xs = np.random.default_rng(6).standard_normal((256, 40)).astype(np.float32)
+            np.testing.assert_array_equal(mg.msgemm(small, xs), mg.msgemm(small, xs, table="bf16"))
+            assert mg.plan_info(small, n=40, backend="avx512")["dense_bf16"] is False
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
@@ -186,7 +190,7 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
 @pytest.mark.parametrize("kernel", [b for b in KERNELS if KERNEL_IDS[b] in SCALAR_ORDER and b != "scalar"])
 def test_the_fma_kernels_give_the_scalar_kernels_bits(kernel):
     rng = np.random.default_rng(12)
-    for fmt, g, n in (("nf4", 64, 19), ("uint4", 32, 3), ("codebook", 96, 1), ("nf4", 32, 13)):
+    for fmt, g, n in (("nf4", 64, 19), ("uint4", 32, 3), ("codebook", 96, 1), ("nf4", 32, 13), ("uint2", 16, 5)):
         pw = weights(fmt, rng, 77, 2 * g, g, perm=fmt == "nf4")
         x = rng.standard_normal((2 * g, n)).astype(np.float32)
         a = mg.msgemm(pw, x, table="bf16", backend=kernel)
@@ -196,8 +200,10 @@ def test_the_fma_kernels_give_the_scalar_kernels_bits(kernel):
 
 def test_refuses_what_it_does_not_run():
     rng = np.random.default_rng(6)
-    with pytest.raises(ValueError, match="multiples of 32"):
+    with pytest.raises(ValueError, match="K a multiple of 32; got group size 16, K = 48"):
         mg.msgemm(mg.quantize(rng.standard_normal((4, 48)), "nf4", 16), np.ones(48), table="bf16")
+    with pytest.raises(ValueError, match="multiples of 8 and K a multiple of 32; got group size 12"):
+        mg.msgemm(mg.quantize(rng.standard_normal((4, 96)), "nf4", 12), np.ones(96), table="bf16")
     with pytest.raises(ValueError, match="at most 16 levels"):
         mg.msgemm(mg.quantize(rng.standard_normal((4, 64)), "fp8_e4m3", 32), np.ones(64), table="bf16")
     pw = mg.quantize(rng.standard_normal((4, 64)), "nf4", 32)

@@ -814,13 +814,14 @@ def msgemm(
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both
           faster and more accurate (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against
-          0.66 ms, N = 16 1.1 against 2.0 ms); except that on CPUs with AMX-BF16, such
-          weights with groups of at most 32 inputs (GGUF's Q4_0, Q4_K, MXFP4) run in
-          ``"bf16"`` mode from 32 columns on: the dense path's per-group scaling costs more
-          there than decoding the weights to bfloat16 (int4, uint4 and fp4 g32, N = 64: 2.2-3.1
-          against 4.5-5.1 ms);
+          0.66 ms, N = 16 1.1 against 2.0 ms); except that on CPUs with AMX-BF16, small
+          groups run in ``"bf16"`` mode: groups of at most 16 inputs (GGUF's Q2_K, Q3_K,
+          NVFP4) from 8 columns on, of at most 32 (Q4_0, Q4_K, MXFP4) from 32 on, where the
+          dense path's per-group scaling costs more than decoding the weights to bfloat16
+          (4096 x 4096, N = 64: 0.15-0.36x the dense path's time at G = 16, 0.43-0.65x at
+          G = 32);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
-          that are multiples of 32, in batches without ``mirror`` of 6 columns or more on a
+          that are multiples of 8 and K a multiple of 32, in batches without ``mirror`` of 6 columns or more on a
           CPU with AMX-BF16, of 8 or more on other CPUs with AVX-512 (12 on AMD's with
           AVX-512 BF16), of 16 or more on other CPUs with AVX2 and FMA, run in ``"bf16"``
           mode, also faster and more accurate (nf4 g64
@@ -860,7 +861,8 @@ def msgemm(
         exact value, relative, and the sums within ``K 2^-24 (|wb| @ |xb|)`` of the exact sum
         of those products (relative L1 error on Gaussian nf4 g64, 512 x 2048, N = 4: 2.2e-3,
         ``i8`` 7.8e-3).
-        Any format of at most 16 levels (not fp8), group sizes that are multiples of 32.
+        Any format of at most 16 levels (not fp8), group sizes that are multiples of 8 and K
+        a multiple of 32.
         Kernels: Intel AMX (``tdpbf16ps``, backend ``"amx"``), AVX-512 (``"avx512"``: FMA,
         ``vfmadd231ps``; on AMD CPUs with AVX-512 BF16 (Zen 4 and later) ``vdpbf16ps``, which
         does twice the multiplies per instruction there, against a quarter of the FMA rate on

@@ -464,7 +464,8 @@ impl Packed {
                 // from its threshold on, and small groups on AMX leave the dense path for
                 // `bf16` from their own.
                 let n = bf16::auto_min_n(opts.backend).unwrap_or(2).max(2);
-                for n in [n, bf16::AMX_SMALL_GROUP_MIN_N.max(n)] {
+                let small = bf16::amx_over_dense_min_n(pw.group_size()).unwrap_or(n);
+                for n in [n, small.max(n)] {
                     match parsed.for_call(&pw, n) {
                         Call::Tables(o) if o.precision == TablePrecision::I16 => {
                             pw.dense_layout()?;

@@ -79,22 +79,26 @@ pub const AUTO_MIN_N_AVX512_BF16: usize = 12;
 /// tables, even at N = 16 and 1.3x faster at N = 64).
 pub const AUTO_MIN_N_AVX2: usize = 16;
 
-/// Default batches that the dense `i16` path would run take `bf16` mode on the AMX kernel
-/// instead when their groups hold at most this many inputs and they have at least
-/// [`AMX_SMALL_GROUP_MIN_N`] columns. The dense path scales the integer sums of every group of
-/// every 16 rows by 16 columns in float32, an epilogue that dominates at 32 inputs per group;
-/// `bf16` mode applies the scales while decoding the weights instead. int4, uint4 with zero
-/// points and fp4 at G = 32, 4096 x 4096, 2 threads, minima (Sapphire Rapids, one run): N = 32
-/// 2.1 / 1.9 / 2.0 ms against 2.5 / 4.3 / 2.8 on the dense path, N = 64 2.3 / 3.1 / 2.2
-/// against 4.5 / 4.8 / 5.1; N = 16 mixed (1.8 / 1.6 / 1.2 against 1.2 / 1.7 / 1.7). At G = 64
-/// and 128 the two are within this host's noise at N = 64 (0.9x), slower below; on AVX-512
-/// without AMX the VNNI path stays ahead at every N (the FMA kernel reads 16 weights per
-/// instruction where `tdpbf16ps` reads 512). `bf16` is also the more accurate of the two (about
-/// 2e-3 relative L1 against 6e-3 for int8 activations).
-pub const AMX_SMALL_GROUP: usize = 32;
-
-/// See [`AMX_SMALL_GROUP`].
-pub const AMX_SMALL_GROUP_MIN_N: usize = 32;
+/// The fewest columns from which default batches that the dense `i16` path would run take
+/// `bf16` mode on the AMX kernel instead, by group size: groups of at most 16 inputs from 8
+/// columns, of at most 32 from 32, larger ones never (`None`). The dense path scales the
+/// integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
+/// dominates for small groups; `bf16` mode applies the scales while decoding the weights.
+/// 4096 x 4096, 2 threads, minima, `bf16` against dense (Sapphire Rapids, busy host, ratios
+/// from the same rounds): G = 16 (uint2, int3, fp4, int4) N = 8 0.55-0.69x, N = 16
+/// 0.29-0.84x, N = 64 0.15-0.36x; G = 32 (int4, uint4 with zero points, fp4) N = 16
+/// 0.61-1.57x (mixed), N = 32 0.44-0.84x, N = 64 0.43-0.65x; G = 64 and 128 0.8-0.9x at
+/// N = 64 (within this host's noise) and slower below. On AVX-512 without AMX the VNNI path
+/// stays ahead (the FMA kernel multiplies 16 weights per instruction where `tdpbf16ps`
+/// multiplies 512). `bf16` is also the more accurate of the two (about 2e-3 relative L1
+/// against 6e-3 for int8 activations).
+pub fn amx_over_dense_min_n(group_size: usize) -> Option<usize> {
+    match group_size {
+        0..=16 => Some(8),
+        17..=32 => Some(32),
+        _ => None,
+    }
+}
 
 /// Inputs the portable kernel decodes at a time (64 rows x 64 inputs of float32, 16 KiB).
 const PORTABLE_INPUTS: usize = 64;
@@ -252,12 +256,17 @@ pub fn check_weights(pw: &PackedWeights) -> Result<()> {
             ),
         ));
     }
-    if !pw.group_size().is_multiple_of(STEP) {
+    // Groups of whole chunks of the dense layout; the AMX and `vdpbf16ps` kernels take K in
+    // steps of 32 inputs (their decode finds each chunk's group, so groups of 8 or 16 inputs
+    // may split a step).
+    if !pw.group_size().is_multiple_of(CHUNK) || !pw.k().is_multiple_of(STEP) {
         return Err(Error::invalid(
             "table",
             format!(
-                "'bf16' takes group sizes that are multiples of {STEP}; got {}",
-                pw.group_size()
+                "'bf16' takes group sizes that are multiples of {CHUNK} and K a multiple of \
+                 {STEP}; got group size {}, K = {}",
+                pw.group_size(),
+                pw.k()
             ),
         ));
     }
@@ -328,15 +337,13 @@ fn kernel_of(backend: Backend) -> Option<Kernel> {
 /// - still `i8` (not a dense call): a batch of at least [`auto_min_n`] columns on backend
 ///   `auto`, `amx`, `avx512` or `avx2` of a CPU that runs that backend's `bf16` kernel.
 ///   Faster and more accurate than `i8` tables there (see the Python docs).
-/// - dense `i16`: groups of at most [`AMX_SMALL_GROUP`] inputs, at least
-///   [`AMX_SMALL_GROUP_MIN_N`] columns, on the AMX kernel.
+/// - dense `i16`: on the AMX kernel, from [`amx_over_dense_min_n`] columns on (small groups).
 pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
     use crate::plan::TablePrecision;
     let size = match opts.precision {
         TablePrecision::I8 => auto_min_n(opts.backend).is_some_and(|min| n >= min),
         TablePrecision::I16 => {
-            n >= AMX_SMALL_GROUP_MIN_N
-                && pw.group_size() <= AMX_SMALL_GROUP
+            amx_over_dense_min_n(pw.group_size()).is_some_and(|min| n >= min)
                 && kernel_of(opts.backend) == Some(Kernel::Amx)
         }
         _ => false,
@@ -740,6 +747,9 @@ mod tests {
             (Format::Nf4, 64, 96, 32, 17),
             (Format::Uint4, 33, 64, 32, 1),
             (Format::Fp4, 130, 256, 128, 20),
+            // Groups of 16 and 8 inputs: a step of 32 spans several.
+            (Format::Uint2, 70, 128, 16, 18),
+            (Format::Int3, 65, 64, 8, 5),
         ] {
             let pw = weights(fmt, m, k, g, 7);
             let x = activations(k * n, 37);
@@ -826,30 +836,35 @@ mod tests {
     fn small_groups_leave_the_dense_path_for_bf16_on_amx_only() {
         use crate::gemm::auto_precision;
         let auto = GemmOptions::default();
-        let g32 = weights(Format::Int4, 64, 128, 32, 1);
         let g64 = weights(Format::Int4, 64, 128, 64, 1);
         for backend in [Backend::Auto, Backend::Amx, Backend::Avx512, Backend::Avx2] {
             let opts = GemmOptions { backend, ..auto };
-            for n in [2, AMX_SMALL_GROUP_MIN_N - 1, AMX_SMALL_GROUP_MIN_N, 64] {
-                let resolved = auto_precision(&g32, n, &opts);
-                let amx = kernel_of(backend) == Some(Kernel::Amx);
-                let dense = resolved.precision == crate::plan::TablePrecision::I16;
-                assert_eq!(
-                    auto_applies(&g32, n, &resolved),
-                    dense && amx && n >= AMX_SMALL_GROUP_MIN_N,
-                    "{backend:?} n = {n}"
-                );
+            for (g, min) in [(16, 8), (32, 32)] {
+                assert_eq!(amx_over_dense_min_n(g), Some(min));
+            }
+            for n in [2, 7, 8, 31, 32, 64] {
+                for (g, min) in [(16, 8), (32, 32)] {
+                    let small = weights(Format::Int4, 64, 128, g, 1);
+                    let resolved = auto_precision(&small, n, &opts);
+                    let amx = kernel_of(backend) == Some(Kernel::Amx);
+                    let dense = resolved.precision == crate::plan::TablePrecision::I16;
+                    assert_eq!(
+                        auto_applies(&small, n, &resolved),
+                        dense && amx && n >= min,
+                        "{backend:?} g = {g} n = {n}"
+                    );
+                    // A named depth is not the library's choice.
+                    let fixed = GemmOptions {
+                        depth: crate::gemm::Depth::Fixed(1),
+                        ..resolved
+                    };
+                    assert!(!auto_applies(&small, n, &fixed));
+                }
                 // Larger groups stay on the dense path.
                 let resolved = auto_precision(&g64, n, &opts);
                 if resolved.precision == crate::plan::TablePrecision::I16 {
                     assert!(!auto_applies(&g64, n, &resolved), "{backend:?} n = {n}");
                 }
-                // A named depth is not the library's choice.
-                let fixed = GemmOptions {
-                    depth: crate::gemm::Depth::Fixed(1),
-                    ..resolved
-                };
-                assert!(!auto_applies(&g32, n, &fixed));
             }
         }
     }
@@ -868,7 +883,7 @@ mod tests {
             &mut y,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("multiples of 32"), "{err}");
+        assert!(err.to_string().contains("K a multiple of 32"), "{err}");
         let pw = weights(Format::Nf4, 8, 64, 32, 1);
         let err = kernel_for(&pw, Backend::Neon).unwrap_err();
         assert!(

@@ -117,15 +117,22 @@ pub(in crate::bf16) unsafe fn decode(
     let shift = |bits: u32| _mm512_set1_epi32(bits as i32);
     for t in 0..steps {
         let j0 = (t0 + t) * STEP;
-        let g = j0 / g_size;
-        let c0 = (j0 % g_size) / CHUNK;
         for s in 0..PARTS {
-            let ti = (g * lay.row_blocks + rb) * ROW_BLOCK + s * SUB;
-            // SAFETY: 64 tiled values per (group, row block).
-            let (sc, z) = unsafe { (load16(job.scales, ti), job.zeros.map(|z| load16(z, ti))) };
-            let words = &lay.data[lay.part(g, rb, s) + c0 * SUB * 4..][..STEP / CHUNK * 64];
             let dst = &mut out[(t * PARTS + s) * TILE_U16..][..TILE_U16];
-            for (cc, word) in words.chunks_exact(64).enumerate() {
+            // The step's chunks of 8 inputs, each in its group (groups of 8 or 16 inputs
+            // split a step; larger ones hold it whole, and their scales are loaded once).
+            let mut loaded = usize::MAX;
+            let (mut sc, mut z) = (_mm512_setzero_ps(), None);
+            for cc in 0..STEP / CHUNK {
+                let input = j0 + cc * CHUNK;
+                let (g, c) = (input / g_size, (input % g_size) / CHUNK);
+                if g != loaded {
+                    let ti = (g * lay.row_blocks + rb) * ROW_BLOCK + s * SUB;
+                    // SAFETY: 64 tiled values per (group, row block).
+                    (sc, z) = unsafe { (load16(job.scales, ti), job.zeros.map(|z| load16(z, ti))) };
+                    loaded = g;
+                }
+                let word = &lay.data[lay.part(g, rb, s) + c * SUB * 4..][..64];
                 // SAFETY: 64 bytes, aligned (the layout's chunks are 64-byte words).
                 let v = unsafe { _mm512_load_si512(word.as_ptr() as *const __m512i) };
                 for j in 0..4u32 {
