@@ -230,3 +230,55 @@ def test_review_shape_and_bytes() -> None:
         mg.PackedWeights.from_gguf(q41, "Q4_1")
     with pytest.raises(ValueError, match="1-bit"):
         mg.PackedWeights.from_gguf(q4, "Q1_0")
+
+
+def _model_file(path) -> None:
+    """A small GGUF file: two types msgemm loads, an expert tensor, and two it does not."""
+    gguf = _gguf()
+    rng = np.random.default_rng(21)
+    t = gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.attn_q.weight", random_blocks("Q4_K", 256, 512, rng), raw_dtype=t.Q4_K)
+    writer.add_tensor("blk.0.ffn_down.weight", random_blocks("TQ2_0", 96, 768, rng), raw_dtype=t.TQ2_0)
+    writer.add_tensor("blk.0.attn_v.weight",
+                      gguf.quants.quantize(rng.standard_normal((64, 256)).astype(np.float32), t.Q8_0), raw_dtype=t.Q8_0)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(512, np.float32))
+    writer.add_tensor("blk.0.ffn_gate_exps.weight",
+                      np.stack([random_blocks("Q4_0", 128, 256, rng) for _ in range(3)]), raw_dtype=t.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_cli_times_a_files_tensors(tmp_path, capsys) -> None:
+    from maleki_rs import cli
+    from maleki_rs.msgemm import _cli
+
+    path = tmp_path / "model.gguf"
+    _model_file(path)
+    assert cli.main(["msgemm", "gguf", str(path), "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "blk.0.attn_q.weight" in out and "Q4_K" in out and "as uint4 g32+z" in out
+    assert "blk.0.ffn_gate_exps.weight (expert 0 of 3)" in out and "as int4 g32" in out
+    assert "3 tensors one after another" in out
+    assert "not loaded (types msgemm has no format for, or not matrices): 1 F32, 1 Q8_0" in out
+    # The figures, and products checked against gguf's own dequantization.
+    rows = _cli.gguf_bench(str(path), names=["ffn"], n=5, repeat=1, out=lambda line: None)
+    assert [r["type"] for r in rows] == ["TQ2_0", "Q4_0"]
+    assert all(r["rel_l1"] < 2e-2 and r["msgemm_s"] > 0 and r["numpy_s"] > 0 for r in rows)
+    assert len(_cli.gguf_bench(str(path), max_tensors=1, repeat=1, out=lambda line: None)) == 1
+
+
+def test_cli_errors(tmp_path, capsys, monkeypatch) -> None:
+    from maleki_rs import cli
+
+    bad = tmp_path / "not.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    assert cli.main(["msgemm", "gguf", str(bad)]) == 2
+    assert "not a GGUF file the gguf package reads" in capsys.readouterr().err
+    assert cli.main(["msgemm", "gguf", str(tmp_path / "missing.gguf")]) == 1
+    assert "No such file" in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # not installed
+    assert cli.main(["msgemm", "gguf", str(bad)]) == 2
+    assert "pip install gguf" in capsys.readouterr().err

@@ -131,6 +131,77 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
             "read_floor_s": floor, "packed_bytes": pw.nbytes, "counted": counted, "depth": d, "kernel": info["backend"]}
 
 
+def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat: int = 10,
+               max_tensors: int | None = None, out: Callable[[str], None] = print, seed: int = 0) -> list[dict[str, Any]]:
+    """Times ``msgemm`` on the tensors of a llama.cpp GGUF file against numpy on the same
+    weights dequantized beforehand, and checks each product against ``gguf``'s own
+    dequantization (the ``gguf`` package reads the file). One line per tensor; returns the
+    figures. ``names``: substrings, a tensor is taken when its name holds one of them;
+    3-D (experts) tensors are timed on their first expert; types ``from_gguf`` does not load
+    are counted and listed.
+    """
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError("maleki msgemm gguf reads the file with the gguf package: pip install gguf") from None
+    from ._gguf import SUPPORTED
+
+    n = check_int(n, "n", min=1)
+    repeat = check_int(repeat, "repeat", min=1)
+    try:
+        reader = gguf.GGUFReader(path)
+    except OSError:
+        raise  # the file's own error (missing, unreadable), named by the command line
+    except Exception as exc:  # whatever gguf raises for a file it cannot parse
+        raise ValueError(f"{path}: not a GGUF file the gguf package reads ({type(exc).__name__}: {exc})") from exc
+    rng = np.random.default_rng(seed)
+    skipped: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    out(f"{path}: {len(reader.tensors)} tensors; msgemm against numpy float32 on weights dequantized beforehand, "
+        f"N = {n}, min of {repeat} calls")
+    chosen = [t for t in reader.tensors if not names or any(s in t.name for s in names)]
+
+    def label(t: Any) -> str:
+        return t.name + (f" (expert 0 of {t.data.shape[0]})" if t.data.ndim == 3 else "")
+
+    width = max((len(label(t)) for t in chosen), default=0)
+    for t in chosen:
+        if max_tensors is not None and len(rows) >= max_tensors:
+            break
+        qtype = gguf.GGMLQuantizationType(int(t.tensor_type))
+        data = t.data
+        if qtype.name not in SUPPORTED or data.ndim not in (2, 3):
+            skipped[qtype.name] = skipped.get(qtype.name, 0) + 1
+            continue
+        data = data[0] if data.ndim == 3 else data
+        t0 = time.perf_counter()
+        pw = mg.PackedWeights.from_gguf(data, int(qtype))
+        load = time.perf_counter() - t0
+        m, k = pw.shape
+        wd = np.asarray(gguf.quants.dequantize(data, qtype), dtype=np.float32).reshape(m, k)
+        x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
+        ref = wd.astype(np.float64) @ x
+        y = mg.msgemm(pw, x)
+        rel = float(np.abs(y - ref).sum() / max(np.abs(ref).sum(), 1e-300))
+        ours = _times(lambda: mg.msgemm(pw, x), repeat)
+        dense = _times(lambda: wd @ x, repeat)
+        kind = f"{pw.format} g{pw.group_size}{'+z' if pw.zeros is not None else ''}"
+        rows.append({"name": t.name, "type": qtype.name, "shape": (m, k), "format": kind, "load_s": load,
+                     "msgemm_s": ours[0], "numpy_s": dense[0], "rel_l1": rel})
+        out(f"  {label(t):<{width}} {qtype.name:<6} {m:>6} x {k:<6} as {kind:<16} load {_time(load):>8}  "
+            f"msgemm {_time(ours[0]):>8}  numpy {_time(dense[0]):>8}  {dense[0] / ours[0]:5.2f}x  "
+            f"rel. L1 error {rel:.1e}")
+    if rows:
+        tm, tn = sum(r["msgemm_s"] for r in rows), sum(r["numpy_s"] for r in rows)
+        out(f"  {len(rows)} tensor{'s' if len(rows) > 1 else ''} one after another: msgemm {_time(tm)}, numpy {_time(tn)} -> {tn / tm:.2f}x")
+    else:
+        out("  no tensor of a type msgemm loads" + (" matches --tensor" if names else ""))
+    if skipped:
+        out("  not loaded (types msgemm has no format for, or not matrices): "
+            + ", ".join(f"{v} {key}" for key, v in sorted(skipped.items())))
+    return rows
+
+
 def _depth(text: str) -> int | str:
     # The largest depth depends on the format (the library names it).
     return "auto" if text == "auto" else int_arg(1)(text)
@@ -144,6 +215,11 @@ def _group_size(text: str) -> int | None:
 def _bench_cmd(args: argparse.Namespace) -> int:
     bench(args.m, args.k, args.n, args.format, args.group_size, args.table, args.depth, args.repeat,
           scale_dtype=args.scale_dtype)
+    return 0
+
+
+def _gguf_cmd(args: argparse.Namespace) -> int:
+    gguf_bench(args.file, names=args.tensor, n=args.n, repeat=args.repeat, max_tensors=args.max_tensors)
     return 0
 
 
@@ -166,6 +242,14 @@ def register(subparsers: Any) -> None:
     b.add_argument("--scale-dtype", default="float32", choices=["float32", "float16"],
                    help="precision of the quantized scales (float16: as GPTQ/AWQ checkpoints)")
     b.set_defaults(func=_bench_cmd)
+    g = sub.add_parser("gguf", help="msgemm on the tensors of a llama.cpp GGUF file against numpy (needs gguf)")
+    g.add_argument("file", help="a .gguf file")
+    g.add_argument("--tensor", action="append", metavar="SUBSTRING",
+                   help="only tensors whose name holds this (repeatable; default: every tensor msgemm loads)")
+    g.add_argument("--n", type=int_arg(1), default=1, help="columns of X (default 1: GEMV)")
+    g.add_argument("--repeat", type=int_arg(1), default=10, help="timed calls per tensor (default 10; the min)")
+    g.add_argument("--max-tensors", type=int_arg(1), default=None, help="stop after this many tensors")
+    g.set_defaults(func=_gguf_cmd)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
