@@ -259,7 +259,7 @@ F16_FIELDS = {"Q4_0": (0,), "IQ4_NL": (0,), "Q4_1": (0, 2), "Q2_K": (80, 82), "Q
 
 def random_blocks(name: str, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """``(m, bytes per row)`` uint8 of random ``name`` blocks (test and benchmark data): random
-    bytes with float16 fields in +-[0.01, 2], TQ2_0 codes in 0..2, MXFP4 exponents 100..149 and
+    bytes with float16 fields in +-[0.01, 2], TQ2_0 codes in 0..2, MXFP4 exponents 110..134 and
     NVFP4 scale bytes below 0x80 (0x7F, which ggml reads as 0, included)."""
     bs, ts = SUPPORTED[name][:2]
     nb = k // bs
@@ -270,8 +270,8 @@ def random_blocks(name: str, m: int, k: int, rng: np.random.Generator) -> np.nda
     if name == "TQ2_0":
         t = rng.integers(0, 3, (m, nb, 64, 4), dtype=np.uint8)
         b[..., 0:64] = t[..., 0] | t[..., 1] << 2 | t[..., 2] << 4 | t[..., 3] << 6
-    elif name == "MXFP4":
-        b[..., 0] = rng.integers(100, 150, (m, nb))
+    elif name == "MXFP4":  # scales 2^-17 .. 2^7, as in models (and float16 values)
+        b[..., 0] = rng.integers(110, 135, (m, nb))
     elif name == "NVFP4":
         b[..., 0:4] = rng.integers(0, 0x80, (m, nb, 4))
     return b.reshape(m, nb * ts)
