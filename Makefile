@@ -15,7 +15,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "maturin==1.16.0" "numpy>=2.0,<2.6" "pytest>=8" "hypothesis>=6" "scipy>=1.11" \
 	    "tqdm>=4.60" "ml_dtypes>=0.4" "matplotlib>=3.7" \
-	    "onnxruntime>=1.20" "onnx>=1.15" "onnx-ir>=0.1" "gguf>=0.17" \
+	    "onnxruntime>=1.20" "onnx>=1.15" "onnx-ir>=0.1" "gguf>=0.19" \
 	    "nvidia-cuda-nvrtc==13.*" "nvidia-cuda-runtime==13.*" "cuda-bindings==13.*"
 	touch $@
 

@@ -276,9 +276,37 @@ def test_cli_errors(tmp_path, capsys, monkeypatch) -> None:
     bad = tmp_path / "not.gguf"
     bad.write_bytes(b"not a gguf file at all")
     assert cli.main(["msgemm", "gguf", str(bad)]) == 2
-    assert "not a GGUF file the gguf package reads" in capsys.readouterr().err
+    assert "not a GGUF file that gguf" in capsys.readouterr().err
     assert cli.main(["msgemm", "gguf", str(tmp_path / "missing.gguf")]) == 1
     assert "No such file" in capsys.readouterr().err
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # not installed
     assert cli.main(["msgemm", "gguf", str(bad)]) == 2
     assert "pip install gguf" in capsys.readouterr().err
+
+
+def test_cli_names_a_refused_tensor_and_goes_on(tmp_path, capsys) -> None:
+    """Review (helper-41): a malformed block stopped the whole run without naming the tensor."""
+    from maleki_rs.msgemm import _cli
+
+    gguf = _gguf()
+    rng = np.random.default_rng(4)
+    t = gguf.GGMLQuantizationType
+    bad = random_blocks("NVFP4", 8, 128, rng)
+    bad[3, 0] = 0x80
+    path = tmp_path / "bad.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.a.weight", random_blocks("Q2_K", 16, 256, rng), raw_dtype=t.Q2_K)
+    writer.add_tensor("blk.0.b.weight", bad, raw_dtype=t.NVFP4)
+    writer.add_tensor("blk.0.c.weight", random_blocks("MXFP4", 16, 64, rng), raw_dtype=t.MXFP4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    lines: list[str] = []
+    rows = _cli.gguf_bench(str(path), repeat=1, out=lines.append)
+    assert [r["name"] for r in rows] == ["blk.0.a.weight", "blk.0.c.weight"]
+    assert any("blk.0.b.weight" in line and "not loaded: data: row 3, block 0" in line for line in lines)
+    # gguf's reversed shape array is accepted as shape (M, K).
+    reader = gguf.GGUFReader(str(path))
+    ta = reader.tensors[0]
+    assert mg.PackedWeights.from_gguf(ta.data.ravel(), ta.tensor_type, shape=ta.shape[::-1]).shape == (16, 256)

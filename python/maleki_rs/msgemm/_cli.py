@@ -138,7 +138,9 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
     dequantization (the ``gguf`` package reads the file). One line per tensor; returns the
     figures. ``names``: substrings, a tensor is taken when its name holds one of them;
     3-D (experts) tensors are timed on their first expert; types ``from_gguf`` does not load
-    are counted and listed.
+    are counted and listed, and a tensor it refuses (a malformed block) is named with the
+    reason and skipped. Memory: about twice the float32 weights of the largest tensor timed
+    (numpy's copy and the loaded one); ``names`` leaves out large ones such as embeddings.
     """
     try:
         import gguf
@@ -153,9 +155,13 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
     except OSError:
         raise  # the file's own error (missing, unreadable), named by the command line
     except Exception as exc:  # whatever gguf raises for a file it cannot parse
-        raise ValueError(f"{path}: not a GGUF file the gguf package reads ({type(exc).__name__}: {exc})") from exc
+        from importlib.metadata import version
+
+        raise ValueError(f"{path}: not a GGUF file that gguf {version('gguf')} reads ({type(exc).__name__}: {exc}; "
+                         "a tensor type newer than the package needs pip install -U gguf)") from exc
     rng = np.random.default_rng(seed)
     skipped: dict[str, int] = {}
+    refused: list[str] = []
     rows: list[dict[str, Any]] = []
     out(f"{path}: {len(reader.tensors)} tensors; msgemm against numpy float32 on weights dequantized beforehand, "
         f"N = {n}, min of {repeat} calls")
@@ -175,12 +181,22 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
             continue
         data = data[0] if data.ndim == 3 else data
         t0 = time.perf_counter()
-        pw = mg.PackedWeights.from_gguf(data, int(qtype))
+        try:
+            pw = mg.PackedWeights.from_gguf(data, int(qtype))
+        except ValueError as exc:  # a block it refuses: say which tensor, go on
+            refused.append(f"{t.name}: {exc}")
+            out(f"  {label(t):<{width}} {qtype.name:<6} not loaded: {exc}")
+            continue
         load = time.perf_counter() - t0
         m, k = pw.shape
-        wd = np.asarray(gguf.quants.dequantize(data, qtype), dtype=np.float32).reshape(m, k)
         x = rng.standard_normal((k,) if n == 1 else (k, n), dtype=np.float32)
-        ref = wd.astype(np.float64) @ x
+        # gguf's dequantization and the float64 reference, in row chunks (bounded memory).
+        wd = np.empty((m, k), np.float32)
+        ref = np.empty((m,) + x.shape[1:], np.float64)
+        step = max(1, (1 << 22) // k)
+        for r in range(0, m, step):
+            wd[r:r + step] = np.asarray(gguf.quants.dequantize(data[r:r + step], qtype)).reshape(-1, k)
+            ref[r:r + step] = wd[r:r + step].astype(np.float64) @ x
         y = mg.msgemm(pw, x)
         rel = float(np.abs(y - ref).sum() / max(np.abs(ref).sum(), 1e-300))
         ours = _times(lambda: mg.msgemm(pw, x), repeat)
@@ -195,7 +211,7 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
         tm, tn = sum(r["msgemm_s"] for r in rows), sum(r["numpy_s"] for r in rows)
         out(f"  {len(rows)} tensor{'s' if len(rows) > 1 else ''} one after another: msgemm {_time(tm)}, numpy {_time(tn)} -> {tn / tm:.2f}x")
     else:
-        out("  no tensor of a type msgemm loads" + (" matches --tensor" if names else ""))
+        out("  no tensor timed" + (" (none of a type msgemm loads matches --tensor)" if names else ""))
     if skipped:
         out("  not loaded (types msgemm has no format for, or not matrices): "
             + ", ".join(f"{v} {key}" for key, v in sorted(skipped.items())))
@@ -245,7 +261,8 @@ def register(subparsers: Any) -> None:
     g = sub.add_parser("gguf", help="msgemm on the tensors of a llama.cpp GGUF file against numpy (needs gguf)")
     g.add_argument("file", help="a .gguf file")
     g.add_argument("--tensor", action="append", metavar="SUBSTRING",
-                   help="only tensors whose name holds this (repeatable; default: every tensor msgemm loads)")
+                   help="only tensors whose name holds this (repeatable; default: every tensor msgemm loads; "
+                        "each takes about twice its float32 size in memory)")
     g.add_argument("--n", type=int_arg(1), default=1, help="columns of X (default 1: GEMV)")
     g.add_argument("--repeat", type=int_arg(1), default=10, help="timed calls per tensor (default 10; the min)")
     g.add_argument("--max-tensors", type=int_arg(1), default=None, help="stop after this many tensors")

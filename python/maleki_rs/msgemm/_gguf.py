@@ -105,7 +105,8 @@ def blocks_of(data: Any, name: str, shape: Any) -> tuple[np.ndarray, int, int]:
                              "is the type right?")
         m, k = arr.shape[0], arr.shape[1] // ts * bs
     else:
-        if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        # Any sequence of two: a tuple, a list, or gguf's (reversed) shape array.
+        if isinstance(shape, (str, bytes)) or np.ndim(shape) != 1 or len(shape) != 2:
             raise ValueError(f"shape: expected (M, K), got {shape!r}")
         m = check_int(shape[0], "shape[0] (M)", min=1)
         k = check_int(shape[1], "shape[1] (K)", min=1)

@@ -29,8 +29,10 @@
 //! `Wd @ x`, each product adds at most `2^-8 + 2^-16` of its magnitude (two bfloat16
 //! roundings).
 //!
-//! Applies to codebooks of at most 16 levels (every format but fp8) and group sizes that are
-//! multiples of [`STEP`] (32 inputs: a tile step shares one scale per row).
+//! Applies to codebooks of at most 16 levels (every format but fp8), group sizes that are
+//! multiples of [`CHUNK`] (8 inputs: the dense layout's chunk) and K a multiple of [`STEP`]
+//! (32 inputs: the AMX and `vdpbf16ps` kernels' step, within which each chunk finds its
+//! group's scale).
 
 use half::bf16;
 use rayon::prelude::*;
@@ -85,9 +87,9 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
 /// dominates for small groups; `bf16` mode applies the scales while decoding the weights.
 /// 4096 x 4096, 2 threads, minima, `bf16` against dense (Sapphire Rapids, busy host, ratios
-/// from the same rounds): G = 16 (uint2, int3, fp4, int4) N = 8 0.55-0.69x, N = 16
-/// 0.29-0.84x, N = 64 0.15-0.36x; G = 32 (int4, uint4 with zero points, fp4) N = 16
-/// 0.61-1.57x (mixed), N = 32 0.44-0.84x, N = 64 0.43-0.65x; G = 64 and 128 0.8-0.9x at
+/// from the same rounds, over three runs): G = 16 (uint2, int3, fp4, int4) N = 8 0.55-0.88x,
+/// N = 16 0.29-0.85x, N = 64 0.15-0.36x; G = 32 (int4, uint4 with zero points, fp4) N = 16
+/// 0.61-1.57x (mixed), N = 32 0.44-0.84x, N = 64 0.21-0.65x; G = 64 and 128 0.8-0.9x at
 /// N = 64 (within this host's noise) and slower below. On AVX-512 without AMX the VNNI path
 /// stays ahead (the FMA kernel multiplies 16 weights per instruction where `tdpbf16ps`
 /// multiplies 512). `bf16` is also the more accurate of the two (about 2e-3 relative L1
@@ -243,8 +245,8 @@ pub fn avx2_ready() -> bool {
     }
 }
 
-/// An error when `bf16` mode does not apply to these weights (more than 16 levels, or a
-/// group size that is not a multiple of [`STEP`]).
+/// An error when `bf16` mode does not apply to these weights (more than 16 levels, a group
+/// size that is not a multiple of [`CHUNK`], or K not a multiple of [`STEP`]).
 pub fn check_weights(pw: &PackedWeights) -> Result<()> {
     if pw.codebook().levels() > 16 {
         return Err(Error::invalid(
