@@ -457,8 +457,8 @@ def main() -> None:
 
     # --- batches by format: the issue's goal of at least 2x A1 for N = 16..64 -----------------
     # The default call for each format (the dense `i16` path for integer codebooks, `bf16`
-    # mode for float ones on AMX-BF16 CPUs, and there for small groups of integer ones too;
-    # else `i8` tables) in the same rounds as `i8` tables, A0 and A1.
+    # mode for float ones on AMX-BF16 CPUs, and for small groups of integer ones in larger
+    # batches; else `i8` tables) in the same rounds as `i8` tables, A0 and A1.
     frows = []
     fcases = [("int4 g128", dict(format="int4", group_size=128)), ("fp4 g32", dict(format="fp4", group_size=32)),
               ("nf4 g64", dict(format="nf4", group_size=64)), ("nf4 g128", dict(format="nf4", group_size=128)),
@@ -489,8 +489,9 @@ def main() -> None:
     )
     lines.append("\nThe default call runs the dense `i16` path for integer codebooks (int4, fp4) and, on CPUs "
                  "with AMX-BF16, `bf16` mode for float ones (nf4, float custom codebooks; elsewhere `i8` tables, "
-                 "about a GEMV per column) and for integer ones with groups of at most 16 inputs from N = 8, of "
-                 "at most 32 from N = 32. Errors are relative L1 against the float64 product of the dequantized "
+                 "about a GEMV per column), and for integer ones with small groups (on AMX groups of at most 16 "
+                 "inputs from N = 8 and of at most 32 from N = 32; on AVX-512 and AVX2 groups of at most 16 from "
+                 "N = 32). Errors are relative L1 against the float64 product of the dequantized "
                  "weights.")
 
     # --- the bf16 kernels by batch size: where the defaults' thresholds come from -------------

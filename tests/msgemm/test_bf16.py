@@ -157,19 +157,32 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     pi = mg.quantize(np.random.default_rng(3).standard_normal((64, 256)), "int4", 64)
     assert mg.plan_info(pi, n=12)["dense_bf16"] is False
     assert mg.plan_info(pi, n=64)["dense_bf16"] is False
-    # ... except small groups on AMX, whose per-group epilogue costs more than decoding to
-    # bfloat16 (documented at amx_over_dense_min_n): groups of 16 from 8 columns, of 32 from 32.
-    amx = KERNEL_IDS.get("amx") == "amx-tdpbf16ps" and "amx" in KERNELS
-    for fmt, g, min_n in (("int4", 32, 32), ("uint4", 32, 32), ("fp4", 32, 32), ("uint2", 16, 8), ("int3", 16, 8)):
+    # ... except small groups, whose per-group epilogue costs more than decoding to bfloat16
+    # (documented at dense_to_bf16_min_n): on AMX groups of 16 from 8 columns and of 32 from
+    # 32; on the AVX-512 and AVX2 kernels groups of 16 from 32.
+    def rule(backend: str, g: int) -> int | None:
+        if backend == "auto":
+            backend = next((b for b in ("amx", "avx512", "avx2") if b in KERNELS), "scalar")
+        kernel = KERNEL_IDS.get(backend) if backend in KERNELS else None
+        if kernel == "amx-tdpbf16ps":
+            return 8 if g <= 16 else 32
+        return 32 if kernel in ("avx512-fma", "avx512-vdpbf16ps", "avx2-fma") and g <= 16 else None
+
+    for fmt, g in (("int4", 32), ("uint4", 32), ("fp4", 32), ("uint2", 16), ("int3", 16), ("fp4", 16)):
         small = mg.quantize(np.random.default_rng(5).standard_normal((64, 256)), fmt, g)
-        for n in (2, min_n - 1, min_n, 64):
-            info = mg.plan_info(small, n=n)
-            assert info["dense_bf16"] == (amx and n >= min_n), (fmt, n)
-            assert info["dense_int8"] == (not info["dense_bf16"] and mg.plan_info(small, n=n, table="i16")["dense_int8"])
-        if amx:
+        for backend in ("auto", "avx512", "avx2"):
+            if not mg.backend_supports(small, backend, n=2, table="i16"):
+                continue
+            min_n = rule(backend, g)
+            for n in (2, 7, 8, 31, 32, 64):
+                info = mg.plan_info(small, n=n, backend=backend)
+                dense = mg.plan_info(small, n=n, backend=backend, table="i16")["dense_int8"]
+                switch = dense and min_n is not None and n >= min_n
+                assert info["dense_bf16"] == switch, (fmt, g, backend, n)
+                assert info["dense_int8"] == (dense and not switch), (fmt, g, backend, n)
+        if rule("auto", g) is not None:
             xs = np.random.default_rng(6).standard_normal((256, 40)).astype(np.float32)
             np.testing.assert_array_equal(mg.msgemm(small, xs), mg.msgemm(small, xs, table="bf16"))
-            assert mg.plan_info(small, n=40, backend="avx512")["dense_bf16"] is False
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)

@@ -814,12 +814,13 @@ def msgemm(
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both
           faster and more accurate (int4 g128 4096 x 4096, 2 threads: N = 2 0.35 against
-          0.66 ms, N = 16 1.1 against 2.0 ms); except that on CPUs with AMX-BF16, small
-          groups run in ``"bf16"`` mode (without ``mirror``, K a multiple of 32): groups of
-          at most 16 inputs (GGUF's Q2_K, Q3_K, NVFP4) from 8 columns on, of at most 32
-          (Q4_0, Q4_K, MXFP4) from 32 on, where the dense path's per-group scaling costs
-          more than decoding the weights to bfloat16 (4096 x 4096, N = 64, three runs:
-          0.15-0.36x the dense path's time at G = 16, 0.21-0.65x at G = 32);
+          0.66 ms, N = 16 1.1 against 2.0 ms); except that small groups run in ``"bf16"``
+          mode (without ``mirror``, K a multiple of 32) where the dense path's per-group
+          scaling costs more than decoding the weights to bfloat16: on CPUs with AMX-BF16
+          groups of at most 16 inputs (GGUF's Q2_K, Q3_K, NVFP4) from 8 columns on and of at
+          most 32 (Q4_0, Q4_K, MXFP4) from 32 on (4096 x 4096, N = 64, three runs: 0.15-0.36x
+          the dense path's time at G = 16, 0.21-0.65x at G = 32); on other CPUs with AVX-512
+          or AVX2 and FMA groups of at most 16 from 32 columns on (0.5-0.9x at N = 64);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
           that are multiples of 8 and K a multiple of 32, in batches without ``mirror`` of 6 columns or more on a
           CPU with AMX-BF16, of 8 or more on other CPUs with AVX-512 (12 on AMD's with

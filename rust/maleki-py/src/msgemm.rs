@@ -464,7 +464,7 @@ impl Packed {
                 // from its threshold on, and small groups on AMX leave the dense path for
                 // `bf16` from their own.
                 let n = bf16::auto_min_n(opts.backend).unwrap_or(2).max(2);
-                let small = bf16::amx_over_dense_min_n(pw.group_size()).unwrap_or(n);
+                let small = bf16::dense_to_bf16_min_n(opts.backend, pw.group_size()).unwrap_or(n);
                 for n in [n, small.max(n)] {
                     match parsed.for_call(&pw, n) {
                         Call::Tables(o) if o.precision == TablePrecision::I16 => {

@@ -81,23 +81,29 @@ pub const AUTO_MIN_N_AVX512_BF16: usize = 12;
 /// tables, even at N = 16 and 1.3x faster at N = 64).
 pub const AUTO_MIN_N_AVX2: usize = 16;
 
-/// The fewest columns from which default batches that the dense `i16` path would run take
-/// `bf16` mode on the AMX kernel instead, by group size: groups of at most 16 inputs from 8
-/// columns, of at most 32 from 32, larger ones never (`None`). The dense path scales the
-/// integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
+/// The fewest columns from which default batches that the dense `i16` path would run on
+/// `backend` take `bf16` mode instead, by group size (`None`: never). The dense path scales
+/// the integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
 /// dominates for small groups; `bf16` mode applies the scales while decoding the weights.
-/// 4096 x 4096, 2 threads, minima, `bf16` against dense (Sapphire Rapids, busy host, ratios
-/// from the same rounds, over three runs): G = 16 (uint2, int3, fp4, int4) N = 8 0.55-0.88x,
-/// N = 16 0.29-0.85x, N = 64 0.15-0.36x; G = 32 (int4, uint4 with zero points, fp4) N = 16
-/// 0.61-1.57x (mixed), N = 32 0.44-0.84x, N = 64 0.21-0.65x; G = 64 and 128 0.8-0.9x at
-/// N = 64 (within this host's noise) and slower below. On AVX-512 without AMX the VNNI path
-/// stays ahead (the FMA kernel multiplies 16 weights per instruction where `tdpbf16ps`
-/// multiplies 512). `bf16` is also the more accurate of the two (about 2e-3 relative L1
+/// - AMX kernel: groups of at most 16 inputs from 8 columns, of at most 32 from 32.
+/// - AVX-512 (FMA or, on AMD, BF16) and AVX2 kernels: groups of at most 16 from 32 columns.
+/// - The portable kernel: never.
+///
+/// 4096 x 4096, 2 threads, minima, `bf16` against dense, ratios from the same rounds
+/// (Sapphire Rapids, busy host). AMX, three runs: G = 16 (uint2, int3, fp4, int4) N = 8
+/// 0.55-0.88x, N = 16 0.29-0.85x, N = 64 0.15-0.36x; G = 32 (int4, uint4 with zero points,
+/// fp4) N = 16 0.61-1.57x (mixed), N = 32 0.44-0.84x, N = 64 0.21-0.65x; G = 64 and 128
+/// 0.8-0.9x at N = 64 (within this host's noise) and slower below. AVX-512 FMA against VNNI:
+/// G = 16 N = 8 0.85-1.71x, N = 16 0.81-1.01x, N = 32 0.63-0.75x, N = 64 0.50-0.91x; G = 32
+/// 1.3-2x at N <= 32 and 0.9x at 64. AVX2 FMA against `vpmaddubsw`: G = 16 N = 16
+/// 0.61-1.09x, N = 64 0.49-0.77x. (AMD's `vdpbf16ps` kernel is not timed; it takes the FMA
+/// kernel's rule.) `bf16` is also the more accurate of the two (about 2e-3 relative L1
 /// against 6e-3 for int8 activations).
-pub fn amx_over_dense_min_n(group_size: usize) -> Option<usize> {
-    match group_size {
-        0..=16 => Some(8),
-        17..=32 => Some(32),
+pub fn dense_to_bf16_min_n(backend: Backend, group_size: usize) -> Option<usize> {
+    match (kernel_of(backend)?, group_size) {
+        (Kernel::Amx, 0..=16) => Some(8),
+        (Kernel::Amx, 17..=32) => Some(32),
+        (Kernel::Avx512 | Kernel::Avx512Bf16 | Kernel::Avx2, 0..=16) => Some(32),
         _ => None,
     }
 }
@@ -339,14 +345,13 @@ fn kernel_of(backend: Backend) -> Option<Kernel> {
 /// - still `i8` (not a dense call): a batch of at least [`auto_min_n`] columns on backend
 ///   `auto`, `amx`, `avx512` or `avx2` of a CPU that runs that backend's `bf16` kernel.
 ///   Faster and more accurate than `i8` tables there (see the Python docs).
-/// - dense `i16`: on the AMX kernel, from [`amx_over_dense_min_n`] columns on (small groups).
+/// - dense `i16`: small groups, from [`dense_to_bf16_min_n`] columns on.
 pub fn auto_applies(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> bool {
     use crate::plan::TablePrecision;
     let size = match opts.precision {
         TablePrecision::I8 => auto_min_n(opts.backend).is_some_and(|min| n >= min),
         TablePrecision::I16 => {
-            amx_over_dense_min_n(pw.group_size()).is_some_and(|min| n >= min)
-                && kernel_of(opts.backend) == Some(Kernel::Amx)
+            dense_to_bf16_min_n(opts.backend, pw.group_size()).is_some_and(|min| n >= min)
         }
         _ => false,
     };
@@ -835,24 +840,40 @@ mod tests {
     }
 
     #[test]
-    fn small_groups_leave_the_dense_path_for_bf16_on_amx_only() {
+    fn small_groups_leave_the_dense_path_for_bf16() {
         use crate::gemm::auto_precision;
         let auto = GemmOptions::default();
         let g64 = weights(Format::Int4, 64, 128, 64, 1);
-        for backend in [Backend::Auto, Backend::Amx, Backend::Avx512, Backend::Avx2] {
+        for backend in [
+            Backend::Auto,
+            Backend::Amx,
+            Backend::Avx512,
+            Backend::Avx2,
+            Backend::Scalar,
+        ] {
             let opts = GemmOptions { backend, ..auto };
-            for (g, min) in [(16, 8), (32, 32)] {
-                assert_eq!(amx_over_dense_min_n(g), Some(min));
+            // The documented rule, by the kernel the backend runs here.
+            let rule = |g: usize| match kernel_of(backend) {
+                Some(Kernel::Amx) => Some(if g <= 16 { 8 } else { 32 }),
+                Some(Kernel::Avx512 | Kernel::Avx512Bf16 | Kernel::Avx2) if g <= 16 => Some(32),
+                _ => None,
+            };
+            for g in [8, 16, 32] {
+                assert_eq!(
+                    dense_to_bf16_min_n(backend, g),
+                    rule(g),
+                    "{backend:?} g = {g}"
+                );
             }
+            assert_eq!(dense_to_bf16_min_n(backend, 64), None);
             for n in [2, 7, 8, 31, 32, 64] {
-                for (g, min) in [(16, 8), (32, 32)] {
+                for g in [16, 32] {
                     let small = weights(Format::Int4, 64, 128, g, 1);
                     let resolved = auto_precision(&small, n, &opts);
-                    let amx = kernel_of(backend) == Some(Kernel::Amx);
                     let dense = resolved.precision == crate::plan::TablePrecision::I16;
                     assert_eq!(
                         auto_applies(&small, n, &resolved),
-                        dense && amx && n >= min,
+                        dense && rule(g).is_some_and(|min| n >= min),
                         "{backend:?} g = {g} n = {n}"
                     );
                     // A named depth is not the library's choice.
