@@ -95,7 +95,7 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// fp4) N = 16 0.61-1.57x (mixed), N = 32 0.44-0.84x, N = 64 0.21-0.65x; G = 64 and 128
 /// 0.8-0.9x at N = 64 (within this host's noise) and slower below. AVX-512 FMA against VNNI:
 /// G = 16 N = 8 0.85-1.71x, N = 16 0.81-1.01x, N = 32 0.63-0.75x, N = 64 0.50-0.91x; G = 32
-/// 1.3-2x at N <= 32 and 0.9x at 64. AVX2 FMA against `vpmaddubsw`: G = 16 N = 16
+/// 1.3-2x at N <= 32 and 0.9-1.45x at 64. AVX2 FMA against `vpmaddubsw`: G = 16 N = 16
 /// 0.61-1.09x, N = 64 0.49-0.77x. (AMD's `vdpbf16ps` kernel is not timed; it takes the FMA
 /// kernel's rule.) `bf16` is also the more accurate of the two (about 2e-3 relative L1
 /// against 6e-3 for int8 activations).
