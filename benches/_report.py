@@ -79,3 +79,11 @@ def update_section(name: str, body: str) -> None:
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     BENCHMARKS.write_text(text)
+
+
+def publish(name: str, lines: list[str], write: bool) -> None:
+    """Prints the section ``name`` (its lines) and, if ``write``, puts it in BENCHMARKS.md."""
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        update_section(name, text)

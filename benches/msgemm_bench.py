@@ -650,10 +650,7 @@ def main() -> None:
         "in blocks, in 3-8 rounds; medians vary by up to 2x between runs (bursts of load from other "
         "tenants of the host); minima are the most stable figures.",
     ]
-    text = "\n".join(body)
-    print(text)
-    if not args.no_write:
-        _report.update_section("msgemm", text)
+    _report.publish("msgemm", body, not args.no_write)
 
 
 if __name__ == "__main__":

@@ -137,10 +137,7 @@ def main() -> None:
         "AVX2 CPUs groups of at most 16 from N = 32). A0 is numpy on the int4 g32 weights dequantized "
         "beforehand, in the same rounds.",
     ]
-    text = "\n".join(body)
-    print(text)
-    if not args.no_write:
-        _report.update_section("msgemm-gguf", text)
+    _report.publish("msgemm-gguf", body, not args.no_write)
 
 
 if __name__ == "__main__":
