@@ -161,7 +161,6 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
                          "a tensor type newer than the package needs pip install -U gguf)") from exc
     rng = np.random.default_rng(seed)
     skipped: dict[str, int] = {}
-    refused: list[str] = []
     rows: list[dict[str, Any]] = []
     out(f"{path}: {len(reader.tensors)} tensors; msgemm against numpy float32 on weights dequantized beforehand, "
         f"N = {n}, min of {repeat} calls")
@@ -184,7 +183,6 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
         try:
             pw = mg.PackedWeights.from_gguf(data, int(qtype))
         except ValueError as exc:  # a block it refuses: say which tensor, go on
-            refused.append(f"{t.name}: {exc}")
             out(f"  {label(t):<{width}} {qtype.name:<6} not loaded: {exc}")
             continue
         load = time.perf_counter() - t0

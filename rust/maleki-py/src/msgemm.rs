@@ -461,8 +461,8 @@ impl Packed {
             }
             if parsed.auto {
                 // A batch: the dense `i16` decision is the same for every N >= 2, `bf16`'s
-                // from its threshold on, and small groups on AMX leave the dense path for
-                // `bf16` from their own.
+                // from its threshold on, and small groups leave the dense path for `bf16`
+                // from their own (`bf16::dense_to_bf16_min_n`).
                 let n = bf16::auto_min_n(opts.backend).unwrap_or(2).max(2);
                 let small = bf16::dense_to_bf16_min_n(opts.backend, pw.group_size()).unwrap_or(n);
                 for n in [n, small.max(n)] {
