@@ -311,3 +311,51 @@ def test_cli_names_a_refused_tensor_and_goes_on(tmp_path, capsys) -> None:
     reader = gguf.GGUFReader(str(path))
     ta = reader.tensors[0]
     assert mg.PackedWeights.from_gguf(ta.data.ravel(), ta.tensor_type, shape=ta.shape[::-1]).shape == (16, 256)
+
+
+def _fuzz_case():
+    from hypothesis import strategies as st
+
+    @st.composite
+    def case(draw):
+        name = draw(st.sampled_from(sorted(SUPPORTED)))
+        bs, ts = SUPPORTED[name][:2]
+        m = draw(st.integers(1, 3))
+        nb = draw(st.integers(1, 2))
+        raw = draw(st.binary(min_size=m * nb * ts, max_size=m * nb * ts))
+        return name, m, nb * bs, np.frombuffer(raw, np.uint8).reshape(m, nb * ts).copy()
+
+    return case()
+
+
+def test_fuzzed_blocks_load_exactly_or_are_refused() -> None:
+    """Any bytes (a corrupted or hand-edited file): ``from_gguf`` either refuses them with a
+    ValueError naming the row and block, or loads weights equal to gguf's own dequantization
+    (within one float32 rounding for the types with minimums) whose products are finite and
+    match the float64 product of those weights."""
+    _gguf()
+    hyp = pytest.importorskip("hypothesis")
+
+    @hyp.settings(max_examples=300, deadline=None, derandomize=True)
+    @hyp.given(_fuzz_case())
+    def run(c):
+        name, m, k, data = c
+        try:
+            pw = mg.PackedWeights.from_gguf(data, name)
+        except ValueError as e:
+            assert str(e).startswith("data: row "), str(e)
+            return
+        assert pw.shape == (m, k)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ref = _reference(data, name)
+        assert np.isfinite(ref).all()
+        _assert_weights(pw, ref, name)
+        x = np.linspace(-1.0, 1.0, k)
+        y = mg.msgemm(pw, x, table="f32")
+        y_ref = ref @ x
+        # The section-4 f32 bound (K float32 roundings of |w| |x|), plus the weights' own
+        # float32 rounding for the types with minimums.
+        tol = 4 * k * 2.0**-24 * (np.abs(ref) @ np.abs(x)) + 1e-30
+        assert np.isfinite(y).all() and (np.abs(y - y_ref) <= tol).all()
+
+    run()
