@@ -420,8 +420,9 @@ extern "C" __global__ void dequant_gemv_shfl(const unsigned char* __restrict__ p
 // tiles computes (arrivals: a counter per warp tile and block along N, zeroed by msgemm_mma_x).
 // With one split the kernel writes y directly: no partial results.
 // ZP: zero points read (zeros_t, sums) or not. A template parameter, not a null test: their
-// registers (a group's zero points are loaded a group ahead, as its scales) would cost the
-// (4, 2) shape a block per SM (172 registers a thread, not 167).
+// registers (a group's zero points are loaded a group ahead, as its scales) would cost every
+// shape without zero points registers, and so blocks per SM (with NVRTC 13.5 the zero-point
+// instantiations take 176-191 registers a thread).
 #define MSGEMM_MMA_WARPS 4
 // With `prefetch` on, a warp asks for the weights this many chunks beyond the next into L2.
 #define MSGEMM_MMA_PREFETCH 2
@@ -549,7 +550,7 @@ __device__ __forceinline__ unsigned int msgemm_word(const uint4& v, int j) {
 // The split reduction of msgemm_mma, by the last of the splits' warps to finish a warp's tiles:
 // their partial results added in split order (as msgemm_reduce_splits does for the LUT kernel:
 // deterministic, whichever warp is last), times col_inv, into y; no second launch. Each warp's
-// stores are fenced before its count; the last one fences again before reading them from L2.
+// stores are released with its count; the last one fences again before reading them from L2.
 // Not inlined, with its indices from blockIdx again: its registers do not add to the kernel's
 // step loop (inlined, they cost the (4, 1) shape with zero points a block per SM).
 template <int MT, int NT>
@@ -561,10 +562,15 @@ __device__ __noinline__ void msgemm_mma_add_splits(const float* __restrict__ par
     const long long warp_tile = static_cast<long long>(blockIdx.x) * MSGEMM_MMA_WARPS + threadIdx.x / 32;
     const long long tile0 = warp_tile * MT;
     const int nt0 = blockIdx.z * NT;
-    __threadfence();
+    // Release (PTX memory model: a fence, then the strong write, in the same thread): the warp
+    // barrier orders every lane's partial stores before lane 0's fence, and that fence before
+    // its count.
     __syncwarp();
     unsigned int arrived = 0;
-    if (lane == 0) arrived = atomicAdd(arrivals + warp_tile * gridDim.z + blockIdx.z, 1u);
+    if (lane == 0) {
+        __threadfence();
+        arrived = atomicAdd(arrivals + warp_tile * gridDim.z + blockIdx.z, 1u);
+    }
     arrived = __shfl_sync(0xffffffffu, arrived, 0);
     if (arrived != gridDim.y - 1) return;
     __threadfence();
@@ -670,7 +676,7 @@ __global__ void __launch_bounds__(32 * MSGEMM_MMA_WARPS)
     }
     // Evict first: read once per block along N, and blocks along N (N > 8 NT) come one after
     // another in launch order, long after the weights would have left L2 (choosing the hint
-    // per launch costs registers: ptxas spills at its 168-register budget).
+    // per launch costs registers).
     uint4 cur[MT];
 #pragma unroll
     for (int i = 0; i < MT; ++i) cur[i] = __ldcs(wp[i]);

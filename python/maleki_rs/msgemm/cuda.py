@@ -676,6 +676,9 @@ def dequant_mma_cuda(pwd: DeviceWeights, x: Any, *, splits: int | None = None, c
     unit = 4 // np.gcd(4, steps)  # groups per split come in these units: a split starts on a chunk
     grid_x = -(-row_tiles // (_MMA_WARPS * mt))
     grid_z = n_pad // (8 * nt)
+    if grid_z > 65535:  # CUDA's limit on gridDim.z: more columns than one launch takes
+        raise ValueError(f"x: {n} columns; dequant_mma_cuda takes at most {65535 * 8 * nt} per call "
+                         "(split the columns into several calls)")
     fmt, b, vscale = pwd.mma_format
     if fmt == _MMA_AFFINE and vscale != 1.0:  # the kernel leaves FMT 0's scales as they are
         raise ValueError(f"pwd.mma_format: integer codebooks decode unscaled (vscale 1), got {vscale}")
