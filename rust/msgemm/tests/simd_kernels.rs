@@ -777,3 +777,52 @@ fn float16_tiled_scales_give_the_float32_bits() {
     }
     assert!(ran >= 18, "only {ran} comparisons ran");
 }
+
+#[test]
+fn whole_tile_epilogues_of_every_scale_and_zero_variant() {
+    // 842 rows: kernel tiles of 8, 4 and 1 row blocks whose rows are all below M (the
+    // specialised epilogue of the AVX-512 `i8` kernel) and a last block of 10 rows (the general
+    // one), with groups of one int16 chunk; scales float32 or float16, zero points none, tiled
+    // float32, tiled float16, or one shifted value for every row (int4 with every code, read
+    // through its mirror).
+    let (m, k) = (842, 256);
+    let int4 = Codebook::new(Format::Int4).unwrap();
+    let uint4 = Codebook::new(Format::Uint4).unwrap();
+    let cases = [
+        (
+            "int4 labels",
+            weights_from(&int4, m, k, 32, false, 501, 1),
+            false,
+        ),
+        (
+            "int4 labels, f16 scales",
+            with_f16_scales(&weights_from(&int4, m, k, 32, false, 502, 1)),
+            false,
+        ),
+        (
+            "int4 shifted mirror",
+            weights(&int4, m, k, 32, false, 503),
+            true,
+        ),
+        ("uint4 zeros", weights(&uint4, m, k, 16, true, 504), false),
+        (
+            "uint4 f16 scales and zeros",
+            with_f16_scales(&weights(&uint4, m, k, 16, true, 505)),
+            true,
+        ),
+    ];
+    let mut ran = 0;
+    for (what, pw, mirror) in &cases {
+        for n in [1usize, 3] {
+            let x = activations(k, n, 600 + n as u64);
+            let base = GemmOptions {
+                depth: Depth::Fixed(2),
+                precision: TablePrecision::I8,
+                backend: Backend::Scalar,
+                mirror: *mirror,
+            };
+            ran += each_simd_kernel(pw, &x, n, base, what, |_, _| {});
+        }
+    }
+    assert!(simd_kernels().is_empty() || ran > 0);
+}
