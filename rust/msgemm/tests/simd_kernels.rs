@@ -781,8 +781,8 @@ fn float16_tiled_scales_give_the_float32_bits() {
 #[test]
 fn whole_tile_epilogues_of_every_scale_and_zero_variant() {
     // 842 rows: kernel tiles of 8, 4 and 1 row blocks whose rows are all below M (the
-    // specialised epilogue of the AVX-512 `i8` kernel) and a last block of 10 rows (the general
-    // one), with groups of one int16 chunk; scales float32 or float16, zero points none, tiled
+    // specialised epilogues of the AVX-512 `i8` kernel and of the AVX2 kernels' whole row
+    // blocks) and a last block of 10 rows (the general ones), with groups of one int16 chunk; scales float32 or float16, zero points none, tiled
     // float32, tiled float16, or one shifted value for every row (int4 with every code, read
     // through its mirror).
     let (m, k) = (842, 256);
@@ -815,13 +815,21 @@ fn whole_tile_epilogues_of_every_scale_and_zero_variant() {
     for (what, pw, mirror) in &cases {
         for n in [1usize, 3] {
             let x = activations(k, n, 600 + n as u64);
-            let base = GemmOptions {
-                depth: Depth::Fixed(2),
-                precision: TablePrecision::I8,
-                backend: Backend::Scalar,
-                mirror: *mirror,
-            };
-            ran += each_simd_kernel(pw, &x, n, base, what, |_, _| {});
+            // Depth 2: the AVX-512 kernel; depth 1: also the AVX2 one (16-entry tables), in
+            // both table precisions whose epilogue it shares.
+            for (d, precision) in [
+                (2, TablePrecision::I8),
+                (1, TablePrecision::I8),
+                (1, TablePrecision::I16),
+            ] {
+                let base = GemmOptions {
+                    depth: Depth::Fixed(d),
+                    precision,
+                    backend: Backend::Scalar,
+                    mirror: *mirror,
+                };
+                ran += each_simd_kernel(pw, &x, n, base, what, |_, _| {});
+            }
         }
     }
     assert!(simd_kernels().is_empty() || ran > 0);

@@ -402,6 +402,12 @@ unsafe fn epilogue_rows(
     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
     let y0 = job.y_index(b * ROW_BLOCK, n);
     let yb = &mut y[y0..y0 + rows];
+    if rows == ROW_BLOCK {
+        // SAFETY: a whole row block: `sums`, the tiled arrays from `sz` and `yb` hold its 64
+        // rows.
+        unsafe { whole_block_epilogue(job, sums, sz, (tsc, zs), yb.as_mut_ptr()) };
+        return;
+    }
     let full = rows / 8 * 8;
     // SAFETY: `sums`, the tiled scales / zero points (64 per row block) and `yb` hold the rows
     // `0 .. full` read here.
@@ -434,6 +440,121 @@ unsafe fn epilogue_rows(
             zs,
             yb[r],
         );
+    }
+}
+
+/// 8 consecutive float32 values of a tiled array (scales or zero points), or one value for
+/// every row, with the variant fixed at compile time.
+trait Rows8: Copy {
+    /// Values `i .. i + 8` from the block's start.
+    unsafe fn at(self, i: usize) -> __m256;
+}
+
+#[derive(Clone, Copy)]
+struct RowsF32(*const f32);
+#[derive(Clone, Copy)]
+struct RowsF16(*const u16);
+#[derive(Clone, Copy)]
+struct RowsSplat(__m256);
+
+impl Rows8 for RowsF32 {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> __m256 {
+        // SAFETY: the callers keep `i + 8` inside the block's rows.
+        unsafe { _mm256_loadu_ps(self.0.add(i)) }
+    }
+}
+impl Rows8 for RowsF16 {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> __m256 {
+        // SAFETY: as above; float16 bits widened exactly (F16C, enabled by the callers).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(i) as *const __m128i)) }
+    }
+}
+impl Rows8 for RowsSplat {
+    #[inline(always)]
+    unsafe fn at(self, _: usize) -> __m256 {
+        self.0
+    }
+}
+
+/// [`epilogue_rows`] of a whole row block with the scale and zero-point variants fixed at
+/// compile time: the same operations on 8 rows per vector, without the per-vector tests of
+/// the variants and the slice bounds checks.
+#[inline(always)]
+unsafe fn block_epilogue<const ZT: bool, S: Rows8, Z: Rows8>(
+    sums: &[i32; ROW_BLOCK],
+    sc: S,
+    z: Z,
+    (tsc, zs): (f32, f32),
+    y: *mut f32,
+) {
+    // SAFETY: `y` holds the block's 64 rows and the tiled arrays 64 values (the callers);
+    // features enabled by the callers.
+    unsafe {
+        let (tv, zv) = (_mm256_set1_ps(tsc), _mm256_set1_ps(zs));
+        for r in (0..ROW_BLOCK).step_by(8) {
+            let mut u =
+                _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(r) as *const __m256i));
+            if ZT {
+                u = _mm256_sub_ps(u, _mm256_mul_ps(z.at(r), zv));
+            }
+            u = _mm256_mul_ps(u, tv);
+            let yp = y.add(r);
+            _mm256_storeu_ps(
+                yp,
+                _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(sc.at(r), u)),
+            );
+        }
+    }
+}
+
+/// [`block_epilogue`] for the job's variants; `sz`: the block's offset in the tiled arrays.
+#[inline(always)]
+unsafe fn whole_block_epilogue(
+    job: &RowJob<'_>,
+    sums: &[i32; ROW_BLOCK],
+    sz: usize,
+    tz: (f32, f32),
+    y: *mut f32,
+) {
+    // SAFETY: the tiled arrays hold 64 values from `sz` (one per row of the block); the rest
+    // as `block_epilogue`.
+    unsafe {
+        macro_rules! with_zeros {
+            ($sc:expr) => {
+                match (job.plan.zero_term, job.zeros) {
+                    (false, _) | (true, Zeros::None) => block_epilogue::<false, _, _>(
+                        sums,
+                        $sc,
+                        RowsSplat(_mm256_setzero_ps()),
+                        tz,
+                        y,
+                    ),
+                    (true, Zeros::Uniform(v)) => {
+                        block_epilogue::<true, _, _>(sums, $sc, RowsSplat(_mm256_set1_ps(v)), tz, y)
+                    }
+                    (true, Zeros::Tiled(Tiled::F32(z))) => block_epilogue::<true, _, _>(
+                        sums,
+                        $sc,
+                        RowsF32(z[sz..sz + 64].as_ptr()),
+                        tz,
+                        y,
+                    ),
+                    (true, Zeros::Tiled(Tiled::F16(z))) => block_epilogue::<true, _, _>(
+                        sums,
+                        $sc,
+                        RowsF16(z[sz..sz + 64].as_ptr()),
+                        tz,
+                        y,
+                    ),
+                }
+            };
+        }
+        match job.scales {
+            Tiled::F32(s) => with_zeros!(RowsF32(s[sz..sz + 64].as_ptr())),
+            Tiled::F16(s) => with_zeros!(RowsF16(s[sz..sz + 64].as_ptr())),
+        }
     }
 }
 
