@@ -31,14 +31,21 @@ def _reference(data: np.ndarray, name: str) -> np.ndarray:
     return gguf.quants.dequantize(data, gguf.GGMLQuantizationType[name]).astype(np.float64)
 
 
+def _weights_bound(pw: mg.PackedWeights, name: str) -> np.ndarray:
+    """Per weight, how far ``pw.dequantize()`` may lie from ggml's weights: 0, or for the types
+    with minimums (z = mn / sc rounded to float32: half an ulp of z, times s, against ggml's
+    float32 rounding of d q - m) 2^-23 of |d q| + |m|."""
+    if name not in WITH_MINS:
+        return np.zeros(pw.shape)
+    s = np.repeat(pw.scales.astype(np.float64), pw.group_size, axis=1)
+    z = np.repeat(pw.zeros.astype(np.float64), pw.group_size, axis=1)
+    return 2.0**-23 * (np.abs(s * pw.codes) + np.abs(s * z)) + 1e-45
+
+
 def _assert_weights(pw: mg.PackedWeights, ref: np.ndarray, name: str) -> None:
     wd = pw.dequantize()
     if name in WITH_MINS:
-        # z = mn / sc rounded to float32 (half an ulp of z, times s) against ggml's float32
-        # rounding of d q - m: within 2^-23 of |d q| + |m| per weight.
-        s = np.repeat(pw.scales.astype(np.float64), pw.group_size, axis=1)
-        z = np.repeat(pw.zeros.astype(np.float64), pw.group_size, axis=1)
-        bound = 2.0**-23 * (np.abs(s * pw.codes) + np.abs(s * z)) + 1e-45
+        bound = _weights_bound(pw, name)
         assert (np.abs(wd - ref) <= bound).all(), float((np.abs(wd - ref) / bound).max())
     else:
         assert np.array_equal(wd, ref)
@@ -328,22 +335,35 @@ def _fuzz_case():
     return case()
 
 
+#: A Q4_1 block whose weights nearly cancel (d = 6.398, m = -31.98, every code 5: d q + m is
+#: about 0), then a block of zeros: the zero points' float32 rounding dominates the error
+#: (review, helper-43; a bound on |w| |x| alone is 69x too tight here).
+_CANCELLING_Q4_1 = ("Q4_1", 1, 64, np.frombuffer(bytes.fromhex("6646ffcf" + "55" * 16) + bytes(20),
+                                                  np.uint8).reshape(1, 40).copy())
+
+
 def test_fuzzed_blocks_load_exactly_or_are_refused() -> None:
     """Any bytes (a corrupted or hand-edited file): ``from_gguf`` either refuses them with a
     ValueError naming the row and block, or loads weights equal to gguf's own dequantization
-    (within one float32 rounding for the types with minimums) whose products are finite and
-    match the float64 product of those weights."""
+    (within one float32 rounding for the types with minimums) whose ``table="f32"`` products
+    are finite and within the f32 bound of ``test_bounds`` (zero-point term included) plus
+    those weights' own rounding, of the float64 product of gguf's weights."""
+    import re
+
+    from .test_bounds import _f32_bound
+
     _gguf()
     hyp = pytest.importorskip("hypothesis")
 
     @hyp.settings(max_examples=300, deadline=None, derandomize=True)
     @hyp.given(_fuzz_case())
+    @hyp.example(_CANCELLING_Q4_1)
     def run(c):
         name, m, k, data = c
         try:
             pw = mg.PackedWeights.from_gguf(data, name)
         except ValueError as e:
-            assert str(e).startswith("data: row "), str(e)
+            assert re.match(r"data: row \d+, block \d+ ", str(e)), str(e)
             return
         assert pw.shape == (m, k)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -352,10 +372,10 @@ def test_fuzzed_blocks_load_exactly_or_are_refused() -> None:
         _assert_weights(pw, ref, name)
         x = np.linspace(-1.0, 1.0, k)
         y = mg.msgemm(pw, x, table="f32")
-        y_ref = ref @ x
-        # The section-4 f32 bound (K float32 roundings of |w| |x|), plus the weights' own
-        # float32 rounding for the types with minimums.
-        tol = 4 * k * 2.0**-24 * (np.abs(ref) @ np.abs(x)) + 1e-30
-        assert np.isfinite(y).all() and (np.abs(y - y_ref) <= tol).all()
+        depth = mg.plan_info(pw, table="f32")["depth"]
+        tol = _f32_bound(pw, x, depth, False) + _weights_bound(pw, name) @ np.abs(x) + 1e-30
+        assert np.isfinite(y).all()
+        err = np.abs(y - ref @ x)
+        assert (err <= tol).all(), (name, float((err / tol).max()))
 
     run()

@@ -828,6 +828,13 @@ fn whole_tile_epilogues_of_every_scale_and_zero_variant() {
                     backend: Backend::Scalar,
                     mirror: *mirror,
                 };
+                // On a pool of one thread the calling thread takes every row block, so the
+                // kernel's tiles of 8 and 4 blocks occur whatever this machine's core count
+                // (a larger pool cuts the rows into smaller tasks); then on the default pool.
+                let one = maleki_common::pool::sized_pool(1).unwrap();
+                ran += maleki_common::pool::with_pool(one, || {
+                    each_simd_kernel(pw, &x, n, base, what, |_, _| {})
+                });
                 ran += each_simd_kernel(pw, &x, n, base, what, |_, _| {});
             }
         }
