@@ -61,15 +61,19 @@ def test_random_blocks_match_ggml(name: str) -> None:
     ref = _reference(data, name)
     _assert_weights(pw, ref, name)
     # Products too, by every backend: f32 tables against the float64 product of ggml's weights
-    # (the section-4 bound, on top of the weights' own rounding for the types with minimums).
+    # (test_bounds' f32 bound, zero-point term included, on top of the weights' own rounding
+    # for the types with minimums).
+    from .test_bounds import _f32_bound
+
     x = rng.standard_normal((K, 3))
     y_ref = ref @ x
-    scale = np.abs(ref) @ np.abs(x)
     backends = [b for b in mg.available_backends() if mg.backend_supports(pw, b, n=3, table="f32")]
     assert "scalar" in backends
     for backend in backends:
         y = mg.msgemm(pw, x, table="f32", backend=backend)
-        assert (np.abs(y - y_ref) <= 2 * (K + 8) * 2.0**-24 * scale + 1e-30).all(), backend
+        depth = mg.plan_info(pw, n=3, table="f32", backend=backend)["depth"]
+        tol = _f32_bound(pw, x, depth, False) + _weights_bound(pw, name) @ np.abs(x) + 1e-30
+        assert (np.abs(y - y_ref) <= tol).all(), backend
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "TQ1_0", "TQ2_0", "MXFP4"])
