@@ -402,34 +402,10 @@ unsafe fn epilogue_rows(
     let sz = (g * plan.row_blocks + b) * ROW_BLOCK;
     let y0 = job.y_index(b * ROW_BLOCK, n);
     let yb = &mut y[y0..y0 + rows];
-    if rows == ROW_BLOCK {
-        // SAFETY: a whole row block: `sums`, the tiled arrays from `sz` and `yb` hold its 64
-        // rows.
-        unsafe { whole_block_epilogue(job, sums, sz, (tsc, zs), yb.as_mut_ptr()) };
-        return;
-    }
     let full = rows / 8 * 8;
-    // SAFETY: `sums`, the tiled scales / zero points (64 per row block) and `yb` hold the rows
-    // `0 .. full` read here.
-    unsafe {
-        let (tv, zv) = (_mm256_set1_ps(tsc), _mm256_set1_ps(zs));
-        for r in (0..full).step_by(8) {
-            let mut u =
-                _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(r) as *const __m256i));
-            if plan.zero_term {
-                let z = match job.zeros {
-                    Zeros::None => _mm256_setzero_ps(),
-                    Zeros::Uniform(z) => _mm256_set1_ps(z),
-                    Zeros::Tiled(z) => load_tiled8(z, sz + r),
-                };
-                u = _mm256_sub_ps(u, _mm256_mul_ps(z, zv));
-            }
-            u = _mm256_mul_ps(u, tv);
-            let s = load_tiled8(job.scales, sz + r);
-            let yp = yb.as_mut_ptr().add(r);
-            _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(s, u)));
-        }
-    }
+    // SAFETY: `sums`, the tiled arrays from `sz` (64 values per row block) and `yb` hold the
+    // rows `0 .. full`.
+    unsafe { vector_epilogue(job, sums, sz, (tsc, zs), yb.as_mut_ptr(), full) };
     for r in full..rows {
         yb[r] = epilogue(
             plan,
@@ -478,9 +454,9 @@ impl Rows8 for RowsSplat {
     }
 }
 
-/// [`epilogue_rows`] of a whole row block with the scale and zero-point variants fixed at
-/// compile time: the same operations on 8 rows per vector, without the per-vector tests of
-/// the variants and the slice bounds checks.
+/// The vector part of [`epilogue_rows`]: its first `full` rows (a multiple of 8), 8 rows per
+/// vector, with the scale and zero-point variants fixed at compile time (no per-vector tests
+/// of the variants or slice bounds checks).
 #[inline(always)]
 unsafe fn block_epilogue<const ZT: bool, S: Rows8, Z: Rows8>(
     sums: &[i32; ROW_BLOCK],
@@ -488,12 +464,13 @@ unsafe fn block_epilogue<const ZT: bool, S: Rows8, Z: Rows8>(
     z: Z,
     (tsc, zs): (f32, f32),
     y: *mut f32,
+    full: usize,
 ) {
-    // SAFETY: `y` holds the block's 64 rows and the tiled arrays 64 values (the callers);
-    // features enabled by the callers.
+    // SAFETY: `y` holds the block's first `full` rows and the tiled arrays 64 values (the
+    // callers); features enabled by the callers.
     unsafe {
         let (tv, zv) = (_mm256_set1_ps(tsc), _mm256_set1_ps(zs));
-        for r in (0..ROW_BLOCK).step_by(8) {
+        for r in (0..full).step_by(8) {
             let mut u =
                 _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(r) as *const __m256i));
             if ZT {
@@ -511,12 +488,13 @@ unsafe fn block_epilogue<const ZT: bool, S: Rows8, Z: Rows8>(
 
 /// [`block_epilogue`] for the job's variants; `sz`: the block's offset in the tiled arrays.
 #[inline(always)]
-unsafe fn whole_block_epilogue(
+unsafe fn vector_epilogue(
     job: &RowJob<'_>,
     sums: &[i32; ROW_BLOCK],
     sz: usize,
     tz: (f32, f32),
     y: *mut f32,
+    full: usize,
 ) {
     // SAFETY: the tiled arrays hold 64 values from `sz` (one per row of the block); the rest
     // as `block_epilogue`.
@@ -530,16 +508,23 @@ unsafe fn whole_block_epilogue(
                         RowsSplat(_mm256_setzero_ps()),
                         tz,
                         y,
+                        full,
                     ),
-                    (true, Zeros::Uniform(v)) => {
-                        block_epilogue::<true, _, _>(sums, $sc, RowsSplat(_mm256_set1_ps(v)), tz, y)
-                    }
+                    (true, Zeros::Uniform(v)) => block_epilogue::<true, _, _>(
+                        sums,
+                        $sc,
+                        RowsSplat(_mm256_set1_ps(v)),
+                        tz,
+                        y,
+                        full,
+                    ),
                     (true, Zeros::Tiled(Tiled::F32(z))) => block_epilogue::<true, _, _>(
                         sums,
                         $sc,
                         RowsF32(z[sz..sz + 64].as_ptr()),
                         tz,
                         y,
+                        full,
                     ),
                     (true, Zeros::Tiled(Tiled::F16(z))) => block_epilogue::<true, _, _>(
                         sums,
@@ -547,6 +532,7 @@ unsafe fn whole_block_epilogue(
                         RowsF16(z[sz..sz + 64].as_ptr()),
                         tz,
                         y,
+                        full,
                     ),
                 }
             };
