@@ -53,6 +53,31 @@ def bf16_kernels() -> dict[str, str]:
     return out
 
 
+def dense_to_bf16_min_n(kernel: str | None, g: int) -> int | None:
+    """The documented columns (``bf16::dense_to_bf16_min_n``) from which a default batch that
+    the dense ``i16`` path would run takes ``bf16`` mode on the ``bf16`` kernel ``kernel``
+    instead, for group size ``g`` (None: never)."""
+    if kernel == "amx-tdpbf16ps":
+        return 8 if g <= 16 else 32 if g <= 32 else None
+    if kernel == "avx512-vdpbf16ps":
+        return 4 if g <= 16 else 12 if g <= 32 else None
+    return 32 if kernel in ("avx512-fma", "avx2-fma") and g <= 16 else None
+
+
+def dense_gemv_default(pw: mg.PackedWeights, backend: str = "auto") -> bool:
+    """Whether a default-table GEMV of ``pw`` on ``backend`` runs on the dense ``i16`` path,
+    by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, groups of
+    at least 64 inputs, weights whose ``i16`` GEMV the dense path runs (not 2-bit codes)."""
+    if backend not in ("auto", "avx512") or pw.group_size < 64:
+        return False
+    if not (cpu_has("AVX512F", "AVX512BW", "AVX512VNNI") and "AuthenticAMD" in _cpuinfo()):
+        return False
+    try:
+        return mg.plan_info(pw, n=1, table="i16", backend=backend)["dense_int8"]
+    except ValueError:  # no `i16` plan (float codebooks)
+        return False
+
+
 #: Formats with dyadic codebooks: exact on integer data. (format, depths to test)
 EXACT_FORMATS = [
     ("int4", (1, 2, 3)),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import maleki_rs
 from maleki_rs import msgemm as mg
 
-from .conftest import BACKENDS, integer_weights, integer_x
+from .conftest import BACKENDS, dense_gemv_default, integer_weights, integer_x
 
 
 @pytest.fixture(scope="module")
@@ -323,9 +323,11 @@ def test_default_gemv_survives_fork(pw, threads):
     maleki_rs.set_num_threads(threads)
     try:
         x = np.linspace(-1, 1, 512, dtype=np.float32)
-        # The scalar kernel at the depth the default call resolves to (AVX2 and NEON kernels
-        # take other depths than the model's).
-        want = mg.msgemm(pw, x, backend="scalar", depth=mg.plan_info(pw)["depth"])
+        # The scalar kernel at the depth and table precision the default call resolves to
+        # (AVX2 and NEON kernels take other depths than the model's; AMD's AVX-512 GEMVs of
+        # large groups run `i16`, whose bits are the same at every depth).
+        info = mg.plan_info(pw)
+        want = mg.msgemm(pw, x, backend="scalar", depth=info["depth"], table=info["table"])
         np.testing.assert_array_equal(mg.msgemm(pw, x), want)
         ctx = mp.get_context("fork")
         with ctx.Pool(1) as p:
@@ -365,7 +367,10 @@ def test_default_options_fast_path_matches_checked_defaults():
         pw = mg.quantize(rng.standard_normal((40, 256)).astype(np.float32), format=fmt, group_size=64)
         assert _api._check_opts(pw, "auto", None, "auto", None, False, False) == _api._DEFAULTS
         y = mg.msgemm(pw, x)
-        np.testing.assert_array_equal(y, mg.msgemm(pw, x, depth="auto", table="i8", backend="auto", mirror=False))
+        np.testing.assert_array_equal(y, mg.msgemm(pw, x, depth="auto", table=None, backend="auto", mirror=False))
+        # What the default GEMV runs: `i8` tables, or the dense `i16` path by the rule.
+        table = "i16" if dense_gemv_default(pw) else "i8"
+        np.testing.assert_array_equal(y, mg.msgemm(pw, x, table=table))
         np.testing.assert_array_equal(mg.linear(x[None], pw)[0], y)
 
 

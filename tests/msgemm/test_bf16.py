@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import maleki_rs
 import maleki_rs.msgemm as mg
 
-from .conftest import CUSTOM, bf16_kernels
+from .conftest import CUSTOM, bf16_kernels, dense_to_bf16_min_n
 
 #: The backends of the mode on this machine (AMX where the CPU has AMX-BF16, AVX-512 where
 #: it has AVX-512 F, AVX2 where it has AVX2 and FMA).
@@ -30,7 +30,7 @@ KERNELS = [b for b in ("scalar", "amx", "avx512", "avx2") if mg.backend_supports
 KERNEL_IDS = bf16_kernels()
 
 #: The documented thresholds of default batches in ``bf16`` mode, per kernel.
-MIN_N_OF = {"amx-tdpbf16ps": 6, "avx512-fma": 8, "avx512-vdpbf16ps": 12, "avx2-fma": 16}
+MIN_N_OF = {"amx-tdpbf16ps": 6, "avx512-fma": 8, "avx512-vdpbf16ps": 8, "avx2-fma": 16}
 #: The same per backend of this machine.
 MIN_N = {b: MIN_N_OF[KERNEL_IDS[b]] for b in KERNELS if b != "scalar"}
 #: The fewest columns of a default batch in ``bf16`` mode on backend "auto" (its kernel's
@@ -159,14 +159,13 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     assert mg.plan_info(pi, n=64)["dense_bf16"] is False
     # ... except small groups, whose per-group epilogue costs more than decoding to bfloat16
     # (documented at dense_to_bf16_min_n): on AMX groups of 16 from 8 columns and of 32 from
-    # 32; on the AVX-512 and AVX2 kernels groups of 16 from 32.
+    # 32; on AMD's vdpbf16ps kernel groups of 16 from 4 and of 32 from 12; on the AVX-512 FMA
+    # and AVX2 kernels groups of 16 from 32.
     def rule(backend: str, g: int) -> int | None:
         if backend == "auto":
             backend = next((b for b in ("amx", "avx512", "avx2") if b in KERNELS), "scalar")
         kernel = KERNEL_IDS.get(backend) if backend in KERNELS else None
-        if kernel == "amx-tdpbf16ps":
-            return 8 if g <= 16 else 32
-        return 32 if kernel in ("avx512-fma", "avx512-vdpbf16ps", "avx2-fma") and g <= 16 else None
+        return dense_to_bf16_min_n(kernel, g)
 
     for fmt, g in (("int4", 32), ("uint4", 32), ("fp4", 32), ("uint2", 16), ("int3", 16), ("fp4", 16)):
         small = mg.quantize(np.random.default_rng(5).standard_normal((64, 256)), fmt, g)
@@ -174,7 +173,7 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
             if not mg.backend_supports(small, backend, n=2, table="i16"):
                 continue
             min_n = rule(backend, g)
-            for n in (2, 7, 8, 31, 32, 64):
+            for n in (2, 3, 4, 7, 8, 11, 12, 31, 32, 64):
                 info = mg.plan_info(small, n=n, backend=backend)
                 dense = mg.plan_info(small, n=n, backend=backend, table="i16")["dense_int8"]
                 switch = dense and min_n is not None and n >= min_n
@@ -186,8 +185,8 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))
         np.testing.assert_array_equal(mg.linear(x.T, pw), mg.msgemm(pw, x, table="bf16").T)
-    # Named backends: "amx" from 6 columns, "avx512" from 8 (12 on vdpbf16ps), "avx2" from
-    # 16, on their own kernels.
+    # Named backends: "amx" from 6 columns, "avx512" from 8, "avx2" from 16, on their own
+    # kernels.
     for kernel, min_n in MIN_N.items():
         if kernel not in KERNELS:
             continue

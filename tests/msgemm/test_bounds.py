@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from maleki_rs import msgemm as mg
 
-from .conftest import BACKENDS, bf16_kernels, cpu_flags, cpu_has
+from .conftest import BACKENDS, bf16_kernels, cpu_flags, cpu_has, dense_gemv_default, dense_to_bf16_min_n
 
 U = 2.0**-24
 
@@ -294,11 +294,12 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     if "avx2" in BACKENDS:  # AVX2 CPUs sum densely too (vpmaddubsw + vpmaddwd)
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["dense_int8"]
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["backend"] == "avx2"
-    # The default table runs batches densely wherever `i16` does; GEMVs and named depths
-    # keep the `i8` tables.
-    assert mg.plan_info(pw, n=16)["dense_int8"] == info["dense_int8"]
-    assert mg.plan_info(pw, n=16)["table"] == ("i16" if info["dense_int8"] else "i8")
-    assert not mg.plan_info(pw, n=1)["dense_int8"]
+    # The default table runs batches densely wherever `i16` does (from 4 columns on, small
+    # groups may take `bf16` instead: test_bf16); named depths keep the `i8` tables, and so
+    # do GEMVs, except those of AMD's AVX-512 VNNI with groups of 64 or more.
+    assert mg.plan_info(pw, n=2)["dense_int8"] == info["dense_int8"]
+    assert mg.plan_info(pw, n=2)["table"] == ("i16" if info["dense_int8"] else "i8")
+    assert mg.plan_info(pw, n=1)["dense_int8"] == dense_gemv_default(pw)
     assert not mg.plan_info(pw, n=16, depth=2)["dense_int8"]
     # Plans it never takes.
     assert not mg.plan_info(pw, n=16, table="i8")["dense_int8"]
@@ -331,20 +332,27 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     if fmt == "nf4" or g % 8:  # a non-integer codebook, groups off the 8-input chunks
         assert not dense_possible
     # Other weights of at most 16 levels with groups of 32s: `bf16` for batches of 6 columns
-    # or more where AMX runs it, of 8 or more where AVX-512 does (12 on AMD's `vdpbf16ps`),
-    # of 16 or more where AVX2 and FMA do (the documented thresholds).
+    # or more where AMX runs it, of 8 or more where AVX-512 does, of 16 or more where AVX2
+    # and FMA do (the documented thresholds). GEMVs: `i8` tables, except where AMD's AVX-512
+    # VNNI takes groups of 64 or more densely (conftest's dense_gemv_default).
     amx_bf16 = mg.backend_supports(pw, "amx", n=16, table="bf16")
     assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and cpu_flags("amx_bf16", "avx512_bf16"))
     avx512_bf16 = mg.backend_supports(pw, "avx512", n=16, table="bf16")
     assert avx512_bf16 == (g % 32 == 0 and cpu_has("AVX512F", "F16C"))
     avx2_bf16 = mg.backend_supports(pw, "avx2", n=16, table="bf16")
     assert avx2_bf16 == (g % 32 == 0 and "avx2" in BACKENDS)
-    dpbf16 = bf16_kernels().get("avx512") == "avx512-vdpbf16ps"
-    min_n = 6 if amx_bf16 else (12 if dpbf16 else 8) if avx512_bf16 else 16 if avx2_bf16 else None
+    min_n = 6 if amx_bf16 else 8 if avx512_bf16 else 16 if avx2_bf16 else None
+    # Small groups that the dense path takes switch to `bf16` from their own column counts.
+    kernel = next((bf16_kernels()[b] for b in ("amx", "avx512", "avx2") if b in bf16_kernels()), None)
+    small_min = dense_to_bf16_min_n(kernel, g) if g % 8 == 0 and k % 32 == 0 else None
+    dense_gemv = dense_gemv_default(pw)
+    assert not dense_gemv or (dense_possible and g >= 64)
     for n in (1, 2, 3, 5, 6, 7, 8, 11, 12, 15, 16):
         x = rng.standard_normal((k, n)).astype(np.float32)
-        dense = dense_possible and n >= 2
-        bf16 = not dense and min_n is not None and n >= min_n
+        dense = dense_possible and (n >= 2 or dense_gemv)
+        small = dense and small_min is not None and n >= small_min
+        dense = dense and not small
+        bf16 = small or (not dense and min_n is not None and n >= min_n)
         table = "i16" if dense else "bf16" if bf16 else "i8"
         info = mg.plan_info(pw, n=n)
         assert (info["table"], info["dense_int8"], info["dense_bf16"]) == (table, dense, bf16), (n, info)

@@ -809,7 +809,11 @@ def msgemm(
         last tuple of a group is then shorter.
     table : {"i8", "i16", "f32", "bf16"}, optional
         Table precision. Default: the fast mode for the call, ``"i8"``, except for batches
-        (``N >= 2``) at ``depth="auto"``:
+        (``N >= 2``) at ``depth="auto"``, and for GEMVs on AMD CPUs with AVX-512 VNNI (Zen 4
+        and later) of the weights below with groups of at least 64 inputs, which run on the
+        dense ``i16`` path (measured on Zen 5, int4 g128 4096 x 4096, 2 threads: 0.074 against
+        0.085-0.10 ms warm, as fast or faster from DRAM; small groups read their scales better
+        through the tables):
 
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both
@@ -819,12 +823,14 @@ def msgemm(
           scaling costs more than decoding the weights to bfloat16: on CPUs with AMX-BF16
           groups of at most 16 inputs (GGUF's Q2_K, Q3_K, NVFP4) from 8 columns on and of at
           most 32 (Q4_0, Q4_K, MXFP4) from 32 on (4096 x 4096, N = 64, three runs: 0.15-0.36x
-          the dense path's time at G = 16, 0.21-0.65x at G = 32); on other CPUs with AVX-512
-          or AVX2 and FMA groups of at most 16 from 32 columns on (0.5-0.9x at N = 64);
+          the dense path's time at G = 16, 0.21-0.65x at G = 32); on AMD CPUs with AVX-512
+          BF16 groups of at most 16 from 4 columns on and of at most 32 from 12 (Zen 5, N = 16:
+          0.54x at G = 16, 0.81-0.85x at G = 32); on other CPUs with AVX-512 or AVX2 and FMA
+          groups of at most 16 from 32 columns on (0.5-0.9x at N = 64);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
           that are multiples of 8 and K a multiple of 32, in batches without ``mirror`` of 6 columns or more on a
-          CPU with AMX-BF16, of 8 or more on other CPUs with AVX-512 (12 on AMD's with
-          AVX-512 BF16), of 16 or more on other CPUs with AVX2 and FMA, run in ``"bf16"``
+          CPU with AMX-BF16, of 8 or more on other CPUs with AVX-512, of 16 or more on other
+          CPUs with AVX2 and FMA, run in ``"bf16"``
           mode, also faster and more accurate (nf4 g64
           4096 x 4096, 2 threads, in one benchmark run: N = 16 1.3 against 3.5 ms on ``i8``
           tables, N = 64 3.0 against 13.8 ms; numpy on pre-dequantized float32 weights 5.1 and

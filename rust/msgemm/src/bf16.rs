@@ -72,10 +72,13 @@ pub const AUTO_MIN_N: usize = 6;
 /// 12.9), at a third of their error.
 pub const AUTO_MIN_N_AVX512: usize = 8;
 
-/// The same on the AVX-512 BF16 kernel (AMD CPUs). Measured on the Sapphire Rapids, where
-/// `vdpbf16ps` issues at half the rate of AMD's: as fast as the AVX-512 `i8` tables from
-/// N = 12 on (4.5 against 4.6 ms, 4.7 against 5.9); a bound for AMD's, not yet timed there.
-pub const AUTO_MIN_N_AVX512_BF16: usize = 12;
+/// The same on the AVX-512 BF16 kernel (AMD CPUs). Measured on Zen 5 (nf4 4096 x 4096, 2
+/// threads, from Python, minima of three alternations, ms, `i8` tables against `bf16`): g64
+/// N = 6 0.51-0.54 / 0.53-0.55, N = 7 0.60-0.65 / 0.54-0.57, N = 8 0.68-0.69 / 0.58-0.63,
+/// N = 12 0.99 / 0.78; g128 N = 7 0.56 / 0.54, N = 8 0.59 / 0.58. There `vdpbf16ps` runs
+/// 1.6-2x faster than the FMA kernel (`examples/bf16_kernels`: N = 8 0.56 against 0.98 ms,
+/// N = 64 3.2 against 6.5).
+pub const AUTO_MIN_N_AVX512_BF16: usize = 8;
 
 /// The same on the AVX2 kernel (FMA: measured on the same machine against the AVX2 `i8`
 /// tables, even at N = 16 and 1.3x faster at N = 64).
@@ -86,7 +89,8 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// the integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
 /// dominates for small groups; `bf16` mode applies the scales while decoding the weights.
 /// - AMX kernel: groups of at most 16 inputs from 8 columns, of at most 32 from 32.
-/// - AVX-512 (FMA or, on AMD, BF16) and AVX2 kernels: groups of at most 16 from 32 columns.
+/// - AVX-512 BF16 kernel (AMD): groups of at most 16 from 4 columns, of at most 32 from 12.
+/// - AVX-512 FMA and AVX2 kernels: groups of at most 16 from 32 columns.
 /// - The portable kernel: never.
 ///
 /// 4096 x 4096, 2 threads, minima, `bf16` against dense, ratios from the same rounds
@@ -96,14 +100,20 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// 0.8-0.9x at N = 64 (within this host's noise) and slower below. AVX-512 FMA against VNNI:
 /// G = 16 N = 8 0.85-1.71x, N = 16 0.81-1.01x, N = 32 0.63-0.75x, N = 64 0.50-0.91x; G = 32
 /// 1.3-2x at N <= 32 and 0.9-1.45x at 64. AVX2 FMA against `vpmaddubsw`: G = 16 N = 16
-/// 0.61-1.09x, N = 64 0.49-0.77x. (AMD's `vdpbf16ps` kernel is not timed; it takes the FMA
-/// kernel's rule.) `bf16` is also the more accurate of the two (about 2e-3 relative L1
-/// against 6e-3 for int8 activations).
+/// 0.61-1.09x, N = 64 0.49-0.77x. AMD's `vdpbf16ps` against VNNI (Zen 5, from Python, minima
+/// of three alternations, ms, dense / `bf16`): G = 16 N = 2 0.19 / 0.37, N = 4 0.47-0.52 /
+/// 0.43-0.45, N = 8 0.95-1.07 / 0.65-0.90, N = 32 3.4 / 1.8; G = 32 N = 8 0.59 / 0.58,
+/// N = 10 0.69 / 0.69, N = 12 0.79-0.87 / 0.76, N = 16 1.06-1.12 / 0.90-0.93, N = 64 4.6 /
+/// 3.0; G = 64 N = 16 0.76 / 0.97, N = 64 3.2 / 3.0; G = 128 N = 64 2.2 / 2.8. `bf16` is
+/// also the more accurate of the two (about 2e-3 relative L1 against 6e-3 for int8
+/// activations).
 pub fn dense_to_bf16_min_n(backend: Backend, group_size: usize) -> Option<usize> {
     match (kernel_of(backend)?, group_size) {
         (Kernel::Amx, 0..=16) => Some(8),
         (Kernel::Amx, 17..=32) => Some(32),
-        (Kernel::Avx512 | Kernel::Avx512Bf16 | Kernel::Avx2, 0..=16) => Some(32),
+        (Kernel::Avx512Bf16, 0..=16) => Some(4),
+        (Kernel::Avx512Bf16, 17..=32) => Some(12),
+        (Kernel::Avx512 | Kernel::Avx2, 0..=16) => Some(32),
         _ => None,
     }
 }
@@ -223,15 +233,7 @@ pub fn dpbf16_ready() -> bool {
 pub fn dpbf16_preferred() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        dpbf16_ready()
-            && *AMD.get_or_init(|| {
-                #[allow(unused_unsafe)] // safe functions in newer Rust
-                // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-                let id = unsafe { std::arch::x86_64::__cpuid(0) };
-                // The vendor string, "AuthenticAMD", in EBX, EDX, ECX.
-                (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
-            })
+        dpbf16_ready() && crate::kernels::amd_cpu()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -328,6 +328,26 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
     Some(kind)
 }
 
+/// The smallest group size whose default GEMVs run densely ([`gemv_preferred`]).
+pub const GEMV_MIN_GROUP: usize = 64;
+
+/// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path instead of `i8`
+/// tables: AVX-512 VNNI on AMD CPUs, groups of at least [`GEMV_MIN_GROUP`] inputs. There it
+/// is faster and, with int8 activations summed exactly, more accurate (relative L1 about
+/// 6.7e-3 against 9.1e-3). Measured on Zen 5 (int4 4096 x 4096, `examples/prof`, minima,
+/// alternating the two): one thread g128 0.113-0.133 against 0.134-0.150 ms, g32 0.17-0.24
+/// against 0.19-0.23, g16 0.24 against 0.25; over 9 weight sets (DRAM) on two threads g128
+/// about level, g32 0.38 against 0.29 and g16 0.57-0.60 against 0.34-0.43 ms: small groups'
+/// scales are a large strided stream that the tables' tiles read better. On Intel's Sapphire
+/// Rapids a GEMV on the tables was faster (0.158 against 0.182 ms), measured before the
+/// dense kernel kept several accumulator chains in flight, and not timed there since. A fixed
+/// rule, not a timing, so a machine's choice (and its bits) never changes from run to run.
+pub fn gemv_preferred(backend: Backend, group_size: usize) -> bool {
+    group_size >= GEMV_MIN_GROUP
+        && kind_for(backend) == Some(Kind::Vnni512)
+        && crate::kernels::amd_cpu()
+}
+
 /// Whether a call with `opts` may take the dense path, before its plan is made (the driver
 /// then decides with [`applies`]).
 pub fn may_apply(opts: &GemmOptions) -> bool {
@@ -700,7 +720,9 @@ mod vnni {
     use std::ops::Range;
 
     use super::{Job, CHUNK, SUB, SUBS};
-    use crate::kernels::avx512::{epilogue16_with, load16, zero_vec, TileEpi};
+    use crate::kernels::avx512::{
+        epilogue16_with, load16, prefetch_tiled, scaled16, zero_vec, TileEpi,
+    };
     use crate::layout::ROW_BLOCK;
 
     /// The low and the high nibbles of a 64-byte word of codes, as bytes; with `MAP`, each
@@ -720,67 +742,202 @@ mod vnni {
         }
     }
 
-    /// The sums `Q = sum_k q_k xq_k` of one 16-row part and one group for `NC` columns:
-    /// `w` the part's words (`chunks` of 64 bytes), `x` the first column's activations of the
-    /// group, `stride` bytes between columns.
-    /// With `MAP`, each 4-bit code `c` is replaced by `map[c]` (the 16 bytes of `map`, in
-    /// every 128-bit lane) before it is multiplied.
+    /// How far ahead of their use the weights are prefetched, in bytes: a page. The hardware
+    /// prefetchers stop at page boundaries, and from DRAM each new page then started with
+    /// misses (int4 4096 x 4096 GEMV over 9 weight sets, Zen 5: one thread 0.56-0.64 -> 0.32
+    /// ms, two 0.29-0.35 -> 0.21-0.24 ms; 2 KiB did not help, 8 KiB about as much as 4).
+    const PF_DIST: usize = 4096;
+
+    /// The sums `Q = sum_k q_k xq_k` of `P` consecutive 16-row parts and one group for `NC`
+    /// columns: `w` the first part's words (each part `chunks` words of 64 bytes, the parts
+    /// one after another), `x` the first column's activations of the group, `stride` bytes
+    /// between columns. With `MAP`, each 4-bit code `c` is replaced by `map[c]` (the 16 bytes
+    /// of `map`, in every 128-bit lane) before it is multiplied.
+    ///
+    /// Why several parts at once: each accumulator is a chain of dependent `vpdpbusd`s (4-5
+    /// cycles each), so one part of one column (a GEMV) waited on that latency, not on the
+    /// issue rate. `P * NC` accumulators, and below 8 of them a second set for the high
+    /// nibbles (added at the end: integers, so the same sums), keep 8 or more chains in flight.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn part_sums<const NC: usize, const MAP: bool>(
+    unsafe fn parts_sums<const P: usize, const NC: usize, const MAP: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
         stride: usize,
         map: __m512i,
-    ) -> [__m512i; NC] {
-        let mut acc = [_mm512_setzero_si512(); NC];
+    ) -> [[__m512i; NC]; P] {
+        let split = P * NC < 8;
+        let mut acc = [[_mm512_setzero_si512(); NC]; P];
+        let mut acc_hi = [[_mm512_setzero_si512(); NC]; P];
         for ch in 0..chunks {
-            // SAFETY: the part holds `chunks` words of 64 bytes; each column holds the group's
-            // `8 chunks` activations.
+            // SAFETY: the parts hold `chunks` words of 64 bytes each; each column holds the
+            // group's `8 chunks` activations.
             unsafe {
-                let v = _mm512_load_si512(w.add(ch * 64) as *const __m512i);
-                let (lo, hi) = nibbles::<MAP>(v, map);
-                for (c, s) in acc.iter_mut().enumerate() {
+                let mut xs = [(_mm512_setzero_si512(), _mm512_setzero_si512()); NC];
+                for (c, x2) in xs.iter_mut().enumerate() {
                     let p = x.add(c * stride + ch * CHUNK) as *const i32;
-                    let even = _mm512_set1_epi32(p.read_unaligned());
-                    let odd = _mm512_set1_epi32(p.add(1).read_unaligned());
-                    *s = _mm512_dpbusd_epi32(*s, lo, even);
-                    *s = _mm512_dpbusd_epi32(*s, hi, odd);
+                    *x2 = (
+                        _mm512_set1_epi32(p.read_unaligned()),
+                        _mm512_set1_epi32(p.add(1).read_unaligned()),
+                    );
+                }
+                for (pi, (acc, acc_hi)) in acc.iter_mut().zip(acc_hi.iter_mut()).enumerate() {
+                    let at = w.add((pi * chunks + ch) * 64);
+                    _mm_prefetch::<_MM_HINT_T0>(at.add(PF_DIST) as *const i8);
+                    let v = _mm512_load_si512(at as *const __m512i);
+                    let (lo, hi) = nibbles::<MAP>(v, map);
+                    for (c, &(even, odd)) in xs.iter().enumerate() {
+                        acc[c] = _mm512_dpbusd_epi32(acc[c], lo, even);
+                        if split {
+                            acc_hi[c] = _mm512_dpbusd_epi32(acc_hi[c], hi, odd);
+                        } else {
+                            acc[c] = _mm512_dpbusd_epi32(acc[c], hi, odd);
+                        }
+                    }
+                }
+            }
+        }
+        if split {
+            for (acc, acc_hi) in acc.iter_mut().zip(acc_hi.iter()) {
+                for (a, &h) in acc.iter_mut().zip(acc_hi.iter()) {
+                    *a = _mm512_add_epi32(*a, h);
                 }
             }
         }
         acc
     }
 
-    /// One 16-row part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: sums and
-    /// epilogue into `ys` (`[n][64]`).
+    /// The 16-row parts `s0 .. s0 + P` of row block `rb`, group `g`, columns `c0 .. c0 + NC`:
+    /// sums and epilogue into `ys` (`[n][64]`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn part<const NC: usize>(
+    unsafe fn parts<const P: usize, const NC: usize>(
         job: &Job<'_>,
         rb: usize,
         g: usize,
-        s: usize,
+        s0: usize,
         c0: usize,
         ys: &mut [f32],
     ) {
         let (plan, lay, acts) = (job.plan, job.lay, job.acts);
         let k = plan.k;
-        let w = lay.data[lay.part(g, rb, s)..].as_ptr();
+        let w = lay.data[lay.part(g, rb, s0)..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
-        // SAFETY: offsets inside the layout and the activations (see `part_sums`).
+        // SAFETY: offsets inside the layout and the activations (see `parts_sums`); the
+        // callers keep `s0 + P` within the row block's parts.
         let q = unsafe {
             match &job.map {
-                None => part_sums::<NC, false>(w, lay.chunks, x, k, _mm512_setzero_si512()),
+                None => parts_sums::<P, NC, false>(w, lay.chunks, x, k, _mm512_setzero_si512()),
                 Some(m) => {
                     let t = _mm512_broadcast_i32x4(_mm_loadu_si128(m.as_ptr() as *const __m128i));
-                    part_sums::<NC, true>(w, lay.chunks, x, k, t)
+                    parts_sums::<P, NC, true>(w, lay.chunks, x, k, t)
                 }
             }
         };
-        // SAFETY: as `part_epilogue`.
-        unsafe { part_epilogue(job, rb, g, s, c0, &q, ys) };
+        for (pi, q) in q.iter().enumerate() {
+            // SAFETY: as `part_epilogue`.
+            unsafe { part_epilogue(job, rb, g, s0 + pi, c0, q, ys) };
+        }
+    }
+
+    /// [`parts`] for the groups `groups` one after another, the rows' results kept in
+    /// registers between them (added to `ys` at the end) instead of loaded and stored per
+    /// group: the same operations in the same order, so the same bits. For narrow calls
+    /// (`P * NC <= 8`), whose few sums per group left the epilogue's memory traffic a large
+    /// part of the work.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn parts_groups<const P: usize, const NC: usize>(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        s0: usize,
+        c0: usize,
+        ys: &mut [f32],
+    ) {
+        let (plan, lay, acts) = (job.plan, job.lay, job.acts);
+        let (k, ng) = (plan.k, plan.groups);
+        let rows = plan.m - rb * ROW_BLOCK;
+        assert!(ys.len() >= (c0 + NC) * ROW_BLOCK && s0 + P <= SUBS);
+        let map = match &job.map {
+            // SAFETY: 16 bytes.
+            Some(m) => unsafe {
+                _mm512_broadcast_i32x4(_mm_loadu_si128(m.as_ptr() as *const __m128i))
+            },
+            None => _mm512_setzero_si512(),
+        };
+        let a = _mm512_set1_epi32(job.a);
+        let mask = |pi: usize| -> __mmask16 {
+            let lanes = rows.saturating_sub((s0 + pi) * SUB).min(SUB);
+            if lanes == SUB {
+                !0
+            } else {
+                (1u16 << lanes) - 1
+            }
+        };
+        // The rows' values so far (the first add of each is then the one `part_epilogue`
+        // makes).
+        let mut y = [[_mm512_setzero_ps(); NC]; P];
+        for (pi, y) in y.iter_mut().enumerate() {
+            for (c, y) in y.iter_mut().enumerate() {
+                let at = (c0 + c) * ROW_BLOCK + (s0 + pi) * SUB;
+                // SAFETY: 64 floats per column of `ys` (asserted above).
+                *y = unsafe { _mm512_maskz_loadu_ps(mask(pi), ys.as_ptr().add(at)) };
+            }
+        }
+        // Scales and zero points this many groups ahead (about 2048 inputs: their lines come
+        // from DRAM, and a group of few inputs takes less than that latency).
+        let ahead = (2048 / plan.group_size).max(1);
+        for g in groups.clone() {
+            if g + ahead < groups.end {
+                let next = ((g + ahead) * plan.row_blocks + rb) * ROW_BLOCK;
+                prefetch_tiled(job.scales, job.zeros, next, 1);
+            }
+            let w = lay.data[lay.part(g, rb, s0)..].as_ptr();
+            let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
+            // SAFETY: as `parts`.
+            let q = unsafe {
+                if job.map.is_some() {
+                    parts_sums::<P, NC, true>(w, lay.chunks, x, k, map)
+                } else {
+                    parts_sums::<P, NC, false>(w, lay.chunks, x, k, map)
+                }
+            };
+            let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
+            for (pi, (q, y)) in q.iter().zip(y.iter_mut()).enumerate() {
+                let i = sz + (s0 + pi) * SUB;
+                // SAFETY: 64 tiled values per (group, row block).
+                let (sc, z) = unsafe {
+                    let z = if plan.zero_term {
+                        zero_vec(job.zeros, i)
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    (load16(job.scales, i), z)
+                };
+                for (c, (&q, y)) in q.iter().zip(y.iter_mut()).enumerate() {
+                    let gn = (c0 + c) * ng + g;
+                    let p = if job.a == 1 {
+                        q
+                    } else {
+                        _mm512_mullo_epi32(q, a)
+                    };
+                    let p = _mm512_add_epi32(p, _mm512_set1_epi32(acts.corr[gn]));
+                    let (zs, tsc) = (acts.zsum[gn], acts.tsc[gn]);
+                    // SAFETY: register operations.
+                    let su = unsafe { scaled16(plan, zs, tsc, _mm512_cvtepi32_ps(p), sc, z) };
+                    *y = _mm512_add_ps(*y, su);
+                }
+            }
+        }
+        for (pi, y) in y.iter().enumerate() {
+            for (c, &y) in y.iter().enumerate() {
+                let at = (c0 + c) * ROW_BLOCK + (s0 + pi) * SUB;
+                // SAFETY: as the loads above.
+                unsafe { _mm512_mask_storeu_ps(ys.as_mut_ptr().add(at), mask(pi), y) };
+            }
+        }
     }
 
     /// The epilogue of one 16-row part `s` of row block `rb`, group `g`, for the columns
@@ -847,36 +1004,92 @@ mod vnni {
         let (plan, n) = (job.plan, job.plan.n);
         assert!(ys.len() >= n * ROW_BLOCK);
         let rows = plan.m - rb * ROW_BLOCK;
-        let parts = rows.div_ceil(SUB).min(SUBS);
-        for g in groups {
-            for s in 0..parts {
-                let mut c0 = 0;
-                while c0 < n {
-                    // SAFETY: as `part`.
+        let nparts = rows.div_ceil(SUB).min(SUBS);
+        if n <= 2 {
+            // Narrow calls: all groups per part, the rows' results in registers.
+            let mut c0 = 0;
+            while c0 < n {
+                let mut s = 0;
+                while s < nparts {
+                    // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
                     unsafe {
-                        c0 += match n - c0 {
-                            16.. => {
-                                part::<16>(job, rb, g, s, c0, ys);
-                                16
-                            }
-                            8.. => {
-                                part::<8>(job, rb, g, s, c0, ys);
-                                8
-                            }
-                            4.. => {
-                                part::<4>(job, rb, g, s, c0, ys);
+                        s += match (n - c0, nparts - s) {
+                            (2.., 4..) => {
+                                parts_groups::<4, 2>(job, rb, groups.clone(), s, c0, ys);
                                 4
                             }
-                            2.. => {
-                                part::<2>(job, rb, g, s, c0, ys);
-                                2
+                            (2.., _) => {
+                                parts_groups::<1, 2>(job, rb, groups.clone(), s, c0, ys);
+                                1
+                            }
+                            (_, 4..) => {
+                                parts_groups::<4, 1>(job, rb, groups.clone(), s, c0, ys);
+                                4
                             }
                             _ => {
-                                part::<1>(job, rb, g, s, c0, ys);
+                                parts_groups::<1, 1>(job, rb, groups.clone(), s, c0, ys);
                                 1
                             }
                         }
                     }
+                }
+                c0 += 2;
+            }
+            return;
+        }
+        for g in groups.clone() {
+            // The next group's scales and zero points: strided lines that the hardware
+            // prefetchers miss.
+            if g + 1 < groups.end {
+                let next = ((g + 1) * plan.row_blocks + rb) * ROW_BLOCK;
+                prefetch_tiled(job.scales, job.zeros, next, 1);
+            }
+            // Columns 8 at a time (16 at a time ran out of registers: 1.6x slower per column
+            // on Zen 5), and the fewer the columns the more parts at once (see `parts_sums`).
+            let mut c0 = 0;
+            while c0 < n {
+                // SAFETY: as `parts`: `s + P <= nparts` in every arm.
+                unsafe {
+                    let nc = match n - c0 {
+                        8.. => 8,
+                        4.. => 4,
+                        2.. => 2,
+                        _ => 1,
+                    };
+                    let mut s = 0;
+                    while s < nparts {
+                        s += match (nc, nparts - s) {
+                            (8, _) => {
+                                parts::<1, 8>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                            (4, 2..) => {
+                                parts::<2, 4>(job, rb, g, s, c0, ys);
+                                2
+                            }
+                            (4, _) => {
+                                parts::<1, 4>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                            (2, 4..) => {
+                                parts::<4, 2>(job, rb, g, s, c0, ys);
+                                4
+                            }
+                            (2, _) => {
+                                parts::<1, 2>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                            (_, 4..) => {
+                                parts::<4, 1>(job, rb, g, s, c0, ys);
+                                4
+                            }
+                            _ => {
+                                parts::<1, 1>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                        };
+                    }
+                    c0 += nc;
                 }
             }
         }

@@ -248,15 +248,17 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// per lane. Measured from Python (int4 g128 4096 x 4096, 2 threads, AVX-512 VNNI, minima):
 /// N = 2 0.35 against 0.66 ms, N = 4 0.39 against 0.97 ms, N = 16 1.09 against 2.03 ms;
 /// relative L1 error 6.4e-3 against 9.1e-3. A GEMV keeps the `i8` tables (0.20 against
-/// 0.23 ms). `opts` is returned unchanged when its depth is fixed (tables were asked for) or
+/// 0.23 ms) except where [`dense::gemv_preferred`] says otherwise. `opts` is returned unchanged when its depth is fixed (tables were asked for) or
 /// its precision is not `i8`.
 ///
 /// The choice depends only on the weights, `n` and `opts`, never on what is cached, so a call
 /// gives the same bits whenever it runs. Off every pool it runs on the library pool (the
 /// plan of fresh weights first finds the codes they use, in parallel).
 pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmOptions {
-    // Backend `amx` has no tables: its GEMVs are dense calls too.
-    let min_n = if opts.backend == Backend::Amx { 1 } else { 2 };
+    // Backend `amx` has no tables: its GEMVs are dense calls too; so are those that
+    // `dense::gemv_preferred` picks.
+    let gemv = opts.backend == Backend::Amx || dense::gemv_preferred(opts.backend, pw.group_size());
+    let min_n = if gemv { 1 } else { 2 };
     if n < min_n || opts.depth != Depth::Auto || opts.precision != TablePrecision::I8 {
         return *opts;
     }
@@ -269,7 +271,7 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
     }
     // Not a dense call, or no `i16` plan at all: the `i8` call reports its own errors. A plan
     // depends on N only through `n >= 2` here, so the decision is made once per weights,
-    // backend and mirror (a plan costs microseconds: a large part of a small call).
+    // backend, mirror and `n >= 2` (a plan costs microseconds: a large part of a small call).
     let decide =
         || matches!(plan(pw, n, &dense_opts), Ok(p) if dense::applies(&p, dense_opts.backend));
     let decide_here = || {
@@ -279,12 +281,8 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
             pool::install(decide)
         }
     };
-    // The cache holds the batches' decision; an `amx` GEMV (2-bit codes differ) decides anew.
-    let dense = if n >= 2 {
-        pw.batch_dense(opts.backend, opts.mirror, decide_here)
-    } else {
-        decide_here()
-    };
+    // GEMVs and batches are cached apart: 2-bit codes run densely in batches only.
+    let dense = pw.batch_dense(opts.backend, opts.mirror, n == 1, decide_here);
     if dense {
         dense_opts
     } else {

@@ -39,13 +39,13 @@ pub struct PackedWeights {
     used_codes: OnceLock<Vec<bool>>,
     /// The weights for the dense `i16` path ([`crate::dense`]).
     dense: OnceLock<DenseLayout>,
-    /// Whether default-table batches run on the dense path, by backend and mirror
-    /// ([`crate::gemm::auto_precision`]: the same for every N >= 2).
+    /// Whether default-table calls run on the dense path, by backend, mirror and whether a
+    /// GEMV ([`crate::gemm::auto_precision`]: the same for every N >= 2).
     batch_dense: [OnceLock<bool>; BATCH_KEYS],
 }
 
-/// Slots of [`PackedWeights::batch_dense`]: one per (backend, mirror).
-const BATCH_KEYS: usize = 2 * (Backend::Reference as usize + 1);
+/// Slots of [`PackedWeights::batch_dense`]: one per (backend, mirror, GEMV or batch).
+const BATCH_KEYS: usize = 4 * (Backend::Reference as usize + 1);
 
 impl Clone for PackedWeights {
     fn clone(&self) -> Self {
@@ -816,15 +816,17 @@ impl PackedWeights {
         })
     }
 
-    /// The cached decision of [`crate::gemm::auto_precision`] for batches on `backend` with
-    /// `mirror`, made by `decide` on first use.
+    /// The cached decision of [`crate::gemm::auto_precision`] for GEMVs (`gemv`) or batches
+    /// on `backend` with `mirror`, made by `decide` on first use.
     pub(crate) fn batch_dense(
         &self,
         backend: Backend,
         mirror: bool,
+        gemv: bool,
         decide: impl FnOnce() -> bool,
     ) -> bool {
-        *self.batch_dense[2 * backend as usize + usize::from(mirror)].get_or_init(decide)
+        let slot = 4 * backend as usize + 2 * usize::from(mirror) + usize::from(gemv);
+        *self.batch_dense[slot].get_or_init(decide)
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).

@@ -794,6 +794,12 @@ unsafe fn widen_rows(lo: __m512i, hi: __m512i, perm: &(__m512i, __m512i)) -> [__
 /// stalls on them.
 #[inline(always)]
 fn prefetch_epilogue(job: &RowJob<'_>, off: usize, blocks: usize) {
+    prefetch_tiled(job.scales, job.zeros, off, blocks);
+}
+
+/// [`prefetch_epilogue`] for any kernel that reads these tiled scales and zero points.
+#[inline(always)]
+pub(crate) fn prefetch_tiled(scales: Tiled<'_>, zeros: Zeros<'_>, off: usize, blocks: usize) {
     let lines = |t: Tiled<'_>| {
         let per_line = 64 / t.elem_bytes();
         for i in 0..blocks * ROW_BLOCK / per_line {
@@ -801,8 +807,8 @@ fn prefetch_epilogue(job: &RowJob<'_>, off: usize, blocks: usize) {
             unsafe { _mm_prefetch::<_MM_HINT_T0>(t.addr(off + per_line * i)) };
         }
     };
-    lines(job.scales);
-    if let Some(z) = job.zeros.tiled() {
+    lines(scales);
+    if let Some(z) = zeros.tiled() {
         lines(z);
     }
 }
@@ -844,7 +850,7 @@ pub(crate) unsafe fn epilogue16(e: &TileEpi<'_>, u: __m512, i: usize, lanes: usi
 #[inline(always)]
 pub(crate) unsafe fn epilogue16_with(
     e: &TileEpi<'_>,
-    mut u: __m512,
+    u: __m512,
     i: usize,
     lanes: usize,
     sc: __m512,
@@ -852,13 +858,7 @@ pub(crate) unsafe fn epilogue16_with(
 ) {
     // SAFETY: `e.dst` holds the rows `i .. i + lanes`; features enabled by the callers.
     unsafe {
-        if e.plan.zero_term {
-            u = _mm512_sub_ps(u, _mm512_mul_ps(z, _mm512_set1_ps(e.zs)));
-        }
-        if e.plan.precision != TablePrecision::F32 {
-            u = _mm512_mul_ps(u, _mm512_set1_ps(e.tsc));
-        }
-        let su = _mm512_mul_ps(sc, u);
+        let su = scaled16(e.plan, e.zs, e.tsc, u, sc, z);
         let yp = e.dst.add(i);
         if lanes == 16 {
             _mm512_storeu_ps(yp, _mm512_add_ps(_mm512_loadu_ps(yp), su));
@@ -867,6 +867,29 @@ pub(crate) unsafe fn epilogue16_with(
             let yv = _mm512_maskz_loadu_ps(m, yp);
             _mm512_mask_storeu_ps(yp, m, _mm512_add_ps(yv, su));
         }
+    }
+}
+
+/// The term `s*u` that [`epilogue16_with`] adds to 16 rows, in the contract's order: `u = P;
+/// u -= z*zsum; u *= tscale` (not for `f32` tables)`; s*u`.
+#[inline(always)]
+pub(crate) unsafe fn scaled16(
+    plan: &Plan,
+    zs: f32,
+    tsc: f32,
+    mut u: __m512,
+    sc: __m512,
+    z: __m512,
+) -> __m512 {
+    // SAFETY: register operations; AVX-512 F enabled by the callers.
+    unsafe {
+        if plan.zero_term {
+            u = _mm512_sub_ps(u, _mm512_mul_ps(z, _mm512_set1_ps(zs)));
+        }
+        if plan.precision != TablePrecision::F32 {
+            u = _mm512_mul_ps(u, _mm512_set1_ps(tsc));
+        }
+        _mm512_mul_ps(sc, u)
     }
 }
 

@@ -600,6 +600,27 @@ pub fn select(backend: Backend, plan: &Plan) -> Result<&'static dyn LutKernel> {
     }
 }
 
+/// Whether this is an AMD CPU (the CPUID vendor string "AuthenticAMD"): the fixed rules that
+/// pick a kernel by vendor ([`crate::bf16::dpbf16_preferred`],
+/// [`crate::dense::gemv_preferred`]) read it, so a machine's choice never changes between runs.
+pub fn amd_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AMD.get_or_init(|| {
+            #[allow(unused_unsafe)] // safe functions in newer Rust
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+            let id = unsafe { std::arch::x86_64::__cpuid(0) };
+            // The vendor string, "AuthenticAMD", in EBX, EDX, ECX.
+            (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Backends usable on this machine (compiled in and supported by the CPU), by name, plus
 /// `"reference"`.
 pub fn available_backends() -> Vec<Backend> {
