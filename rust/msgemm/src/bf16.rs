@@ -857,7 +857,8 @@ mod tests {
             // The documented rule, by the kernel the backend runs here.
             let rule = |g: usize| match kernel_of(backend) {
                 Some(Kernel::Amx) => Some(if g <= 16 { 8 } else { 32 }),
-                Some(Kernel::Avx512 | Kernel::Avx512Bf16 | Kernel::Avx2) if g <= 16 => Some(32),
+                Some(Kernel::Avx512Bf16) => Some(if g <= 16 { 4 } else { 12 }),
+                Some(Kernel::Avx512 | Kernel::Avx2) if g <= 16 => Some(32),
                 _ => None,
             };
             for g in [8, 16, 32] {
@@ -868,7 +869,7 @@ mod tests {
                 );
             }
             assert_eq!(dense_to_bf16_min_n(backend, 64), None);
-            for n in [2, 7, 8, 31, 32, 64] {
+            for n in [2, 3, 4, 7, 8, 11, 12, 31, 32, 64] {
                 for g in [16, 32] {
                     let small = weights(Format::Int4, 64, 128, g, 1);
                     let resolved = auto_precision(&small, n, &opts);
