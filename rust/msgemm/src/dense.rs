@@ -329,16 +329,19 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
 }
 
 /// The smallest group size whose default GEMVs run densely ([`gemv_preferred`]).
-pub const GEMV_MIN_GROUP: usize = 64;
+pub const GEMV_MIN_GROUP: usize = 32;
 
 /// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path instead of `i8`
 /// tables: AVX-512 VNNI on AMD CPUs, groups of at least [`GEMV_MIN_GROUP`] inputs. There it
 /// is faster and, with int8 activations summed exactly, more accurate (relative L1 about
-/// 6.7e-3 against 9.1e-3). Measured on Zen 5 (int4 4096 x 4096, `examples/prof`, minima,
-/// alternating the two): one thread g128 0.113-0.133 against 0.134-0.150 ms, g32 0.17-0.24
-/// against 0.19-0.23, g16 0.24 against 0.25; over 9 weight sets (DRAM) on two threads g128
-/// about level, g32 0.38 against 0.29 and g16 0.57-0.60 against 0.34-0.43 ms: small groups'
-/// scales are a large strided stream that the tables' tiles read better. On Intel's Sapphire
+/// 6.7e-3 against 9.1e-3 at g128, 5.3e-3 against 6.9e-3 at g32). Measured on Zen 5 (int4
+/// 4096 x 4096, minima, alternating the two, ms, dense against tables): one thread
+/// (`examples/prof`) g128 0.113-0.133 against 0.134-0.150, g32 0.17-0.24 against 0.19-0.23;
+/// two threads from Python, warm / over 9 weight sets (DRAM), g128 0.074-0.084 / 0.23-0.24
+/// against 0.085-0.11 / 0.25-0.27, g32 0.100 / 0.233 against 0.120 / 0.275 (fp4 g32 0.094 /
+/// 0.209 against 0.105 / 0.235). Groups of 16 were level (0.13 / 0.31 both ways; a busy host
+/// gave either the lead), so they keep the tables, whose tiles read the scales' strided
+/// stream as well as the dense kernel's prefetches do. On Intel's Sapphire
 /// Rapids a GEMV on the tables was faster (0.158 against 0.182 ms), measured before the
 /// dense kernel kept several accumulator chains in flight, and not timed there since. A fixed
 /// rule, not a timing, so a machine's choice (and its bits) never changes from run to run.
@@ -886,14 +889,8 @@ mod vnni {
                 *y = unsafe { _mm512_maskz_loadu_ps(mask(pi), ys.as_ptr().add(at)) };
             }
         }
-        // Scales and zero points this many groups ahead (about 2048 inputs: their lines come
-        // from DRAM, and a group of few inputs takes less than that latency).
-        let ahead = (2048 / plan.group_size).max(1);
-        for g in groups.clone() {
-            if g + ahead < groups.end {
-                let next = ((g + ahead) * plan.row_blocks + rb) * ROW_BLOCK;
-                prefetch_tiled(job.scales, job.zeros, next, 1);
-            }
+        for g in groups {
+            prefetch_next_scales(job, g, rb);
             let w = lay.data[lay.part(g, rb, s0)..].as_ptr();
             let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
             // SAFETY: as `parts`.
@@ -993,6 +990,20 @@ mod vnni {
         }
     }
 
+    /// Prefetches the scales and zero points of group `g` of the next row block, a row
+    /// block's sweep ahead of their use: strided lines that the hardware prefetchers miss.
+    /// (Int4 4096 x 4096 GEMV over 9 weight sets, two threads, ms, g128 / g32: no prefetch
+    /// 0.22-0.26 / 0.36-0.58, the next group's 0.20-0.24 / 0.27-0.34, 2048 inputs ahead
+    /// 0.20-0.25 / 0.31-0.47, this 0.21-0.23 / 0.24-0.26.)
+    #[inline(always)]
+    fn prefetch_next_scales(job: &Job<'_>, g: usize, rb: usize) {
+        let plan = job.plan;
+        if rb + 1 < plan.row_blocks {
+            let next = (g * plan.row_blocks + rb + 1) * ROW_BLOCK;
+            prefetch_tiled(job.scales, job.zeros, next, 1);
+        }
+    }
+
     /// [`super::block_sums`] on this CPU.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn block_sums(
@@ -1037,13 +1048,8 @@ mod vnni {
             }
             return;
         }
-        for g in groups.clone() {
-            // The next group's scales and zero points: strided lines that the hardware
-            // prefetchers miss.
-            if g + 1 < groups.end {
-                let next = ((g + 1) * plan.row_blocks + rb) * ROW_BLOCK;
-                prefetch_tiled(job.scales, job.zeros, next, 1);
-            }
+        for g in groups {
+            prefetch_next_scales(job, g, rb);
             // Columns 8 at a time (16 at a time ran out of registers: 1.6x slower per column
             // on Zen 5), and the fewer the columns the more parts at once (see `parts_sums`).
             let mut c0 = 0;

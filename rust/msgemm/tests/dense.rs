@@ -640,8 +640,26 @@ fn auto_precision_takes_the_dense_path_for_batches_only() {
             assert_eq!(auto_precision(&int4, n, &opts), opts);
         }
     }
-    // A GEMV keeps its tables.
-    assert_eq!(auto_precision(&int4, 1, &i8_auto), i8_auto);
+    // A GEMV keeps its tables, except where the documented rule (`dense::gemv_preferred`:
+    // AVX-512 VNNI on AMD CPUs, groups of at least 32) takes it densely; groups of 16 never.
+    let gemv_dense = cpu && dense::gemv_preferred(Backend::Auto, 32);
+    assert_eq!(
+        auto_precision(&int4, 1, &i8_auto).precision,
+        if gemv_dense {
+            TablePrecision::I16
+        } else {
+            TablePrecision::I8
+        }
+    );
+    assert!(!dense::gemv_preferred(Backend::Auto, 16));
+    let g16 = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 128, 16),
+        false,
+        false,
+        3,
+    );
+    assert_eq!(auto_precision(&g16, 1, &i8_auto), i8_auto);
     // The choice runs the batch densely: the same bits as naming `i16`.
     if cpu {
         let x = activations(128, 5, 4);
