@@ -300,6 +300,8 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     assert mg.plan_info(pw, n=2)["dense_int8"] == info["dense_int8"]
     assert mg.plan_info(pw, n=2)["table"] == ("i16" if info["dense_int8"] else "i8")
     assert mg.plan_info(pw, n=1)["dense_int8"] == dense_gemv_default(pw)
+    # The GEMV's choice is cached apart from the batches' (2-bit codes: dense in batches only).
+    assert mg.plan_info(pw, n=1)["table"] == ("i16" if dense_gemv_default(pw) else "i8")
     assert not mg.plan_info(pw, n=16, depth=2)["dense_int8"]
     # Plans it never takes.
     assert not mg.plan_info(pw, n=16, table="i8")["dense_int8"]
@@ -387,16 +389,22 @@ def test_prepare_builds_what_an_i16_call_reads():
 
 @pytest.mark.parametrize("fmt", ["int4", "fp4", "nf4"])
 def test_default_prepare_builds_what_default_calls_read(fmt):
-    # prepare() with the default table: the i8 GEMV's layout and, where default batches run
-    # densely (`i16`, or `bf16` from its kernel's threshold: 6, 8, 12 or 16 columns), the dense
-    # layout; the calls that follow build nothing more.
+    # prepare() with the default table: the GEMV's layout (the i8 tables', or the dense one
+    # where GEMVs run densely: AMD's AVX-512 VNNI) and, where default batches run densely
+    # (`i16`, or `bf16` from its kernel's threshold: 6, 8 or 16 columns), the dense layout;
+    # the calls that follow build nothing more.
     w = np.random.default_rng(3).standard_normal((256, 512))
     pw, only_i8 = mg.quantize(w, fmt, 128), mg.quantize(w, fmt, 128)
     assert pw.prepare() is pw
     only_i8.prepare(table="i8")
     info = mg.plan_info(pw, n=16)
     dense = info["dense_int8"] or info["dense_bf16"]
-    assert (pw.cache_nbytes > only_i8.cache_nbytes) == dense
+    if dense_gemv_default(pw):
+        # No tile layout: exactly what an `i16` GEMV reads (the dense layout, the scales).
+        only_dense = mg.quantize(w, fmt, 128).prepare(table="i16")
+        assert pw.cache_nbytes == only_dense.cache_nbytes
+    else:
+        assert (pw.cache_nbytes > only_i8.cache_nbytes) == dense
     built = pw.cache_nbytes
     mg.msgemm(pw, np.ones(512, dtype=np.float32))
     mg.msgemm(pw, np.ones((512, 5), dtype=np.float32))

@@ -378,8 +378,9 @@ class PackedWeights:
         layout of ``depth``, or the dense ``i16`` layout, tiled scales and zero points, the
         codes used) ahead of the first call. ``depth`` defaults to the depth a GEMV with that
         ``table`` resolves to (:func:`plan_info`). ``table=None``: what calls with the default
-        table read, the ``i8`` GEMV's layout and, where batches run on the dense ``i16`` path
-        or in ``bf16`` mode (see :func:`msgemm`'s ``table``), the dense layout too.
+        table read, the GEMV's (the ``i8`` tables' layout, or the dense layout where GEMVs run
+        on the dense ``i16`` path) and, where batches run on the dense ``i16`` path or in
+        ``bf16`` mode (see :func:`msgemm`'s ``table``), the dense layout too.
         ``table="bf16"``: the dense layout only. Returns ``self``."""
         d = None if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
         if table is not None and (not isinstance(table, str) or table not in TABLES):

@@ -448,8 +448,9 @@ impl Packed {
     /// Builds (and caches) what a call with `table` (backend auto) of `depth` (None: the depth
     /// such a GEMV resolves to) reads: the codes used, the tile layout (or the dense `i16`
     /// layout), the tiled scales and zero points; then even the first GEMV runs on the calling
-    /// thread. `table="auto"` (the library's choice): the `i8` GEMV's, and the dense layout
-    /// too when batches take the dense path (`core_gemm::auto_precision`).
+    /// thread. `table="auto"` (the library's choice): the GEMV's (`i8` tables, or the dense
+    /// layout where GEMVs take the dense path), and the dense layout too when batches take it
+    /// (`core_gemm::auto_precision`).
     #[pyo3(signature = (depth=None, table="i8"))]
     fn prepare(&self, py: Python<'_>, depth: Option<usize>, table: &str) -> PyResult<()> {
         let pw = self.get();
@@ -475,6 +476,13 @@ impl Packed {
                     }
                 }
             }
+            // The default GEMV's own options: `i8` tables, or the dense path where
+            // `dense::gemv_preferred` takes it (then no tile layout is built).
+            let opts = if parsed.auto {
+                core_gemm::auto_precision(&pw, 1, &opts)
+            } else {
+                opts
+            };
             match (core_gemm::prepare(&pw, &opts), depth) {
                 (Ok(_), _) => Ok(()),
                 // A depth no i8 kernel runs (e.g. int4 d=3): its layout still serves f32 calls.

@@ -787,7 +787,8 @@ mod vnni {
                 }
                 for (pi, (acc, acc_hi)) in acc.iter_mut().zip(acc_hi.iter_mut()).enumerate() {
                     let at = w.add((pi * chunks + ch) * 64);
-                    _mm_prefetch::<_MM_HINT_T0>(at.add(PF_DIST) as *const i8);
+                    // Past the layout's end near its last page: never dereferenced.
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST) as *const i8);
                     let v = _mm512_load_si512(at as *const __m512i);
                     let (lo, hi) = nibbles::<MAP>(v, map);
                     for (c, &(even, odd)) in xs.iter().enumerate() {
@@ -845,8 +846,8 @@ mod vnni {
     }
 
     /// [`parts`] for the groups `groups` one after another, the rows' results kept in
-    /// registers between them (added to `ys` at the end) instead of loaded and stored per
-    /// group: the same operations in the same order, so the same bits. For narrow calls
+    /// registers between them (loaded from `ys` at the start, stored at the end) instead of
+    /// loaded and stored per group: the same operations in the same order, so the same bits. For narrow calls
     /// (`P * NC <= 8`), whose few sums per group left the epilogue's memory traffic a large
     /// part of the work.
     #[inline]
