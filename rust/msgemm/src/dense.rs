@@ -329,19 +329,18 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
 }
 
 /// The smallest group size whose default GEMVs run densely ([`gemv_preferred`]).
-pub const GEMV_MIN_GROUP: usize = 32;
+pub const GEMV_MIN_GROUP: usize = 64;
 
 /// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path instead of `i8`
 /// tables: AVX-512 VNNI on AMD CPUs, groups of at least [`GEMV_MIN_GROUP`] inputs. There it
 /// is faster and, with int8 activations summed exactly, more accurate (relative L1 about
-/// 6.7e-3 against 9.1e-3 at g128, 5.3e-3 against 6.9e-3 at g32). Measured on Zen 5 (int4
-/// 4096 x 4096, minima, alternating the two, ms, dense against tables): one thread
-/// (`examples/prof`) g128 0.113-0.133 against 0.134-0.150, g32 0.17-0.24 against 0.19-0.23;
-/// two threads from Python, warm / over 9 weight sets (DRAM), g128 0.074-0.084 / 0.23-0.24
-/// against 0.085-0.11 / 0.25-0.27, g32 0.100 / 0.233 against 0.120 / 0.275 (fp4 g32 0.094 /
-/// 0.209 against 0.105 / 0.235). Groups of 16 were level (0.13 / 0.31 both ways; a busy host
-/// gave either the lead), so they keep the tables, whose tiles read the scales' strided
-/// stream as well as the dense kernel's prefetches do. On Intel's Sapphire
+/// 6.7e-3 against 9.1e-3 at g128). Measured on Zen 5 (4096 x 4096, minima, alternating the
+/// two, ms, dense against tables): one thread (`examples/prof`, int4) g128 0.113-0.133
+/// against 0.134-0.150; two threads from Python, warm / over 9 weight sets (DRAM), int4 g128
+/// 0.074-0.084 / 0.23-0.24 against 0.085-0.11 / 0.25-0.27, fp4 g64 0.072 against 0.094
+/// (warm). Groups of 32 were mixed (int4 0.088-0.10 against 0.11-0.12 in two runs, level in
+/// another; uint4 0.106 against 0.112; fp4, whose codes are looked up, 0.130 against 0.118
+/// in five alternations) and groups of 16 level, so they keep the tables. On Intel's Sapphire
 /// Rapids a GEMV on the tables was faster (0.158 against 0.182 ms), measured before the
 /// dense kernel kept several accumulator chains in flight, and not timed there since. A fixed
 /// rule, not a timing, so a machine's choice (and its bits) never changes from run to run.

@@ -664,26 +664,26 @@ fn auto_precision_takes_the_dense_path_for_batches_and_amd_gemvs() {
         }
     }
     // A GEMV keeps its tables, except where the documented rule (`dense::gemv_preferred`:
-    // AVX-512 VNNI on AMD CPUs, groups of at least 32) takes it densely; groups of 16 never.
+    // AVX-512 VNNI on AMD CPUs, groups of at least 64) takes it densely; groups of 32 never.
+    assert_eq!(auto_precision(&int4, 1, &i8_auto), i8_auto);
     let gemv_dense = amd_with_vnni();
-    assert_eq!(dense::gemv_preferred(Backend::Auto, 32), gemv_dense);
+    assert_eq!(dense::gemv_preferred(Backend::Auto, 64), gemv_dense);
+    assert!(!dense::gemv_preferred(Backend::Auto, 32));
+    let g64 = random_weights(
+        &Codebook::new(Format::Int4).unwrap(),
+        (64, 128, 64),
+        false,
+        false,
+        3,
+    );
     assert_eq!(
-        auto_precision(&int4, 1, &i8_auto).precision,
+        auto_precision(&g64, 1, &i8_auto).precision,
         if gemv_dense {
             TablePrecision::I16
         } else {
             TablePrecision::I8
         }
     );
-    assert!(!dense::gemv_preferred(Backend::Auto, 16));
-    let g16 = random_weights(
-        &Codebook::new(Format::Int4).unwrap(),
-        (64, 128, 16),
-        false,
-        false,
-        3,
-    );
-    assert_eq!(auto_precision(&g16, 1, &i8_auto), i8_auto);
     // The choice runs the batch densely: the same bits as naming `i16`.
     if cpu {
         let x = activations(128, 5, 4);
