@@ -248,8 +248,8 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// per lane. Measured from Python (int4 g128 4096 x 4096, 2 threads, AVX-512 VNNI, minima):
 /// N = 2 0.35 against 0.66 ms, N = 4 0.39 against 0.97 ms, N = 16 1.09 against 2.03 ms;
 /// relative L1 error 6.4e-3 against 9.1e-3. A GEMV keeps the `i8` tables (0.20 against
-/// 0.23 ms) except where [`dense::gemv_preferred`] says otherwise. `opts` is returned unchanged when its depth is fixed (tables were asked for) or
-/// its precision is not `i8`.
+/// 0.23 ms) except where [`dense::gemv_preferred`] says otherwise. `opts` is returned
+/// unchanged when its depth is fixed (tables were asked for) or its precision is not `i8`.
 ///
 /// The choice depends only on the weights, `n` and `opts`, never on what is cached, so a call
 /// gives the same bits whenever it runs. Off every pool it runs on the library pool (the
@@ -282,7 +282,7 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
         }
     };
     // GEMVs and batches are cached apart: 2-bit codes run densely in batches only.
-    let dense = pw.batch_dense(opts.backend, opts.mirror, n == 1, decide_here);
+    let dense = pw.dense_choice(opts.backend, opts.mirror, n == 1, decide_here);
     if dense {
         dense_opts
     } else {

@@ -41,11 +41,11 @@ pub struct PackedWeights {
     dense: OnceLock<DenseLayout>,
     /// Whether default-table calls run on the dense path, by backend, mirror and whether a
     /// GEMV ([`crate::gemm::auto_precision`]: the same for every N >= 2).
-    batch_dense: [OnceLock<bool>; BATCH_KEYS],
+    dense_choice: [OnceLock<bool>; DENSE_CHOICE_KEYS],
 }
 
-/// Slots of [`PackedWeights::batch_dense`]: one per (backend, mirror, GEMV or batch).
-const BATCH_KEYS: usize = 4 * (Backend::Reference as usize + 1);
+/// Slots of [`PackedWeights::dense_choice`]: one per (backend, mirror, GEMV or batch).
+const DENSE_CHOICE_KEYS: usize = 4 * (Backend::Reference as usize + 1);
 
 impl Clone for PackedWeights {
     fn clone(&self) -> Self {
@@ -64,7 +64,7 @@ impl Clone for PackedWeights {
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
             dense: OnceLock::new(),
-            batch_dense: Default::default(),
+            dense_choice: Default::default(),
         }
     }
 }
@@ -395,7 +395,7 @@ impl PackedWeights {
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
             dense: OnceLock::new(),
-            batch_dense: Default::default(),
+            dense_choice: Default::default(),
         })
     }
 
@@ -818,7 +818,7 @@ impl PackedWeights {
 
     /// The cached decision of [`crate::gemm::auto_precision`] for GEMVs (`gemv`) or batches
     /// on `backend` with `mirror`, made by `decide` on first use.
-    pub(crate) fn batch_dense(
+    pub(crate) fn dense_choice(
         &self,
         backend: Backend,
         mirror: bool,
@@ -826,7 +826,7 @@ impl PackedWeights {
         decide: impl FnOnce() -> bool,
     ) -> bool {
         let slot = 4 * backend as usize + 2 * usize::from(mirror) + usize::from(gemv);
-        *self.batch_dense[slot].get_or_init(decide)
+        *self.dense_choice[slot].get_or_init(decide)
     }
 
     /// Which codes occur in the weights (`levels()` flags; built on first use, then cached).
