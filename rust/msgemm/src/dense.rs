@@ -417,7 +417,14 @@ impl Acts {
         let scale = 2f32.powi(plan.int_exp);
         let simd = simd_quantizer();
         let column = |((((xq, x), tsc), zsum), corr): ColumnOut<'_>| {
-            let mut q = vec![0i32; if simd && g_size % 16 == 0 { 0 } else { g_size }];
+            let mut q = vec![
+                0i32;
+                if simd && g_size.is_multiple_of(16) {
+                    0
+                } else {
+                    g_size
+                }
+            ];
             for g in 0..groups {
                 let (a, sum) = quantize_interleaved(
                     &x[g * g_size..(g + 1) * g_size],
@@ -484,7 +491,7 @@ fn simd_quantizer() -> bool {
 fn quantize_interleaved(x: &[f32], out: &mut [i8], q: &mut [i32], simd: bool) -> (f32, i32) {
     assert_eq!(x.len(), out.len());
     #[cfg(target_arch = "x86_64")]
-    if simd && x.len() % 16 == 0 {
+    if simd && x.len().is_multiple_of(16) {
         // SAFETY: `simd` is true only where AVX-512 F and BW were detected.
         return unsafe { quantize_avx512::group(x, out) };
     }
@@ -507,7 +514,7 @@ mod quantize_avx512 {
     /// [`super::quantize_interleaved`] for `x.len()` a multiple of 16.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn group(x: &[f32], out: &mut [i8]) -> (f32, i32) {
-        assert!(x.len() % 16 == 0 && out.len() == x.len());
+        assert!(x.len().is_multiple_of(16) && out.len() == x.len());
         let (xs, os) = (x.as_ptr(), out.as_mut_ptr());
         // SAFETY: every access is 16 floats / 16 bytes at a multiple of 16 below `x.len()`.
         unsafe {
