@@ -819,7 +819,9 @@ mod vnni {
     use crate::kernels::avx512::{
         epilogue16_with, load16, prefetch_tiled, scaled16, zero_vec, TileEpi,
     };
+    use crate::kernels::Tiled;
     use crate::layout::ROW_BLOCK;
+    use crate::plan::TablePrecision;
 
     /// The low and the high nibbles of a 64-byte word of codes, as bytes; with `MAP`, each
     /// code `c` replaced by `map[c]` (the 16 bytes of `map` in every 128-bit lane).
@@ -965,6 +967,17 @@ mod vnni {
             None => _mm512_setzero_si512(),
         };
         let a = _mm512_set1_epi32(job.a);
+        // The common case's epilogue in a few register operations (float32 scales, no zero
+        // term, `a = 1`: int4, int2, ternary without zero points): the general one below, kept
+        // in a loop of loads and branches, was ~19% of a GEMV's samples.
+        let plain = match job.scales {
+            Tiled::F32(v)
+                if !plan.zero_term && job.a == 1 && plan.precision == TablePrecision::I16 =>
+            {
+                Some(v)
+            }
+            _ => None,
+        };
         let mask = |pi: usize| -> __mmask16 {
             let lanes = rows.saturating_sub((s0 + pi) * SUB).min(SUB);
             if lanes == SUB {
@@ -996,6 +1009,28 @@ mod vnni {
                 }
             };
             let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
+            if let Some(scales) = plain {
+                // `scaled16` without a zero term: `P = Q + c0 S`, then `s (P tsc)`.
+                let mut cst = [(_mm512_setzero_si512(), _mm512_setzero_ps()); NC];
+                for (c, cst) in cst.iter_mut().enumerate() {
+                    let gn = (c0 + c) * ng + g;
+                    *cst = (
+                        _mm512_set1_epi32(acts.corr[gn]),
+                        _mm512_set1_ps(acts.tsc[gn]),
+                    );
+                }
+                for (pi, (q, y)) in q.iter().zip(y.iter_mut()).enumerate() {
+                    let i = sz + (s0 + pi) * SUB;
+                    assert!(i + SUB <= scales.len());
+                    // SAFETY: in bounds (asserted).
+                    let sc = unsafe { _mm512_loadu_ps(scales.as_ptr().add(i)) };
+                    for ((&q, y), &(corr, tsc)) in q.iter().zip(y.iter_mut()).zip(cst.iter()) {
+                        let u = _mm512_cvtepi32_ps(_mm512_add_epi32(q, corr));
+                        *y = _mm512_add_ps(*y, _mm512_mul_ps(sc, _mm512_mul_ps(u, tsc)));
+                    }
+                }
+                continue;
+            }
             for (pi, (q, y)) in q.iter().zip(y.iter_mut()).enumerate() {
                 let i = sz + (s0 + pi) * SUB;
                 // SAFETY: 64 tiled values per (group, row block).
