@@ -300,7 +300,8 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
     assert mg.plan_info(pw, n=2)["dense_int8"] == info["dense_int8"]
     assert mg.plan_info(pw, n=2)["table"] == ("i16" if info["dense_int8"] else "i8")
     assert mg.plan_info(pw, n=1)["dense_int8"] == dense_gemv_default(pw)
-    # The GEMV's choice is cached apart from the batches' (2-bit codes: dense in batches only).
+    # The GEMV's choice is cached apart from the batches' (2-bit codes: GEMVs dense on
+    # AVX-512 VNNI only).
     assert mg.plan_info(pw, n=1)["table"] == ("i16" if dense_gemv_default(pw) else "i8")
     assert not mg.plan_info(pw, n=16, depth=2)["dense_int8"]
     # Plans it never takes.

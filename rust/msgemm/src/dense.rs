@@ -56,18 +56,32 @@ pub const SUB: usize = 16;
 /// Vectors of rows per 64-row block.
 const SUBS: usize = ROW_BLOCK / SUB;
 
-/// The 4-bit codes of the weights for the dense kernel: `[rb][g][s][c][16 rows][4 bytes]`
-/// (`s`: 16-row part of the 64-row block `rb`, `c`: chunk of [`CHUNK`] inputs of group `g`).
-/// Byte `j` of a row's word holds the codes of inputs `k0 + 2j` (low nibble) and `k0 + 2j + 1`
-/// (high nibble), `k0 = g G + 8 c`. Rows past M hold code 0 (never written out).
+/// The codes of the weights for the dense kernel: `[rb][g][s][c][16 rows][4 bytes]`
+/// (`s`: 16-row part of the 64-row block `rb`, `c`: word of group `g`). Rows past M hold
+/// code 0 (never written out).
+///
+/// 4 bits per code (every dense call but 2-bit GEMVs): word `c` holds the chunk of
+/// [`CHUNK`] inputs from `k0 = g G + 8 c`; byte `j` of a row's word the codes of inputs
+/// `k0 + 2j` (low nibble) and `k0 + 2j + 1` (high nibble).
+///
+/// 2 bits per code ([`two_bit`] GEMVs): word `c` holds the 16 inputs from `k0 = g G + 16 c`;
+/// bits `2p, 2p + 1` of byte `j` the code of input `k0 + ORDER16[4p + j]`, so that the codes
+/// of bit pair `p` meet the activations at bytes `4p .. 4p + 4` of the chunk in the order that
+/// [`Acts`] stores them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DenseLayout {
     pub data: AlignedVec<u8>,
     pub groups: usize,
     pub row_blocks: usize,
-    /// Chunks per group, `G / 8`.
+    /// Words per part and group: `G / 8` (4 bits per code) or `G / 16` (2 bits).
     pub chunks: usize,
+    /// Bits per code: 4 or 2.
+    pub bits: u32,
 }
+
+/// The inputs of a 16-input chunk in the order [`Acts`] stores their activations (each 8 as
+/// `0, 2, 4, 6, 1, 3, 5, 7`).
+const ORDER16: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
 
 impl DenseLayout {
     /// Bytes of one 16-row part of one group.
@@ -82,25 +96,36 @@ impl DenseLayout {
         ((rb * self.groups + g) * SUBS + s) * self.part_bytes()
     }
 
-    /// Builds the layout from unpacked codes `(M, K)` row-major (every code < 16;
-    /// `group_size` a multiple of [`CHUNK`]). Fails only when its buffer cannot be allocated.
-    pub fn build(codes: &[u8], m: usize, k: usize, group_size: usize) -> Result<DenseLayout> {
-        assert!(group_size.is_multiple_of(CHUNK) && k.is_multiple_of(group_size));
+    /// Builds the layout from unpacked codes `(M, K)` row-major at `bits` (4: every code <
+    /// 16, `group_size` a multiple of [`CHUNK`]; 2: every code < 4, `group_size` a multiple of
+    /// 16). Fails only when its buffer cannot be allocated.
+    pub fn build(
+        codes: &[u8],
+        m: usize,
+        k: usize,
+        group_size: usize,
+        bits: u32,
+    ) -> Result<DenseLayout> {
+        assert!(bits == 4 || bits == 2);
+        let word_inputs = 32 / bits as usize;
+        assert!(group_size.is_multiple_of(word_inputs) && k.is_multiple_of(group_size));
         assert_eq!(codes.len(), m * k);
         let groups = k / group_size;
         let row_blocks = m.div_ceil(ROW_BLOCK);
-        let chunks = group_size / CHUNK;
+        let chunks = group_size / word_inputs;
+        let bytes_per_row_group = group_size * bits as usize / 8;
         let mut lay = DenseLayout {
             data: AlignedVec::try_zeroed(
-                groups * row_blocks * ROW_BLOCK * group_size / 2,
+                groups * row_blocks * ROW_BLOCK * bytes_per_row_group,
                 "the dense layout of the weights",
             )?,
             groups,
             row_blocks,
             chunks,
+            bits,
         };
         // One row block per task: its 64 rows of every group, contiguous.
-        let per_block = groups * ROW_BLOCK * group_size / 2;
+        let per_block = groups * ROW_BLOCK * bytes_per_row_group;
         let part = lay.part_bytes();
         if per_block > 0 {
             lay.data
@@ -111,15 +136,21 @@ impl DenseLayout {
                         let (g, s) = (gs / SUBS, gs % SUBS);
                         let row0 = rb * ROW_BLOCK + s * SUB;
                         for (c, words) in part_out.chunks_exact_mut(SUB * 4).enumerate() {
-                            let k0 = g * group_size + c * CHUNK;
+                            let k0 = g * group_size + c * word_inputs;
                             for (r, word) in words.chunks_exact_mut(4).enumerate() {
                                 let row = row0 + r;
                                 if row >= m {
                                     break;
                                 }
-                                let src = &codes[row * k + k0..row * k + k0 + CHUNK];
+                                let src = &codes[row * k + k0..row * k + k0 + word_inputs];
                                 for (j, b) in word.iter_mut().enumerate() {
-                                    *b = src[2 * j] | (src[2 * j + 1] << 4);
+                                    *b = if bits == 4 {
+                                        src[2 * j] | (src[2 * j + 1] << 4)
+                                    } else {
+                                        (0..4).fold(0, |b, p| {
+                                            b | (src[ORDER16[4 * p + j]] << (2 * p))
+                                        })
+                                    };
                                 }
                             }
                         }
@@ -350,6 +381,34 @@ pub fn gemv_preferred(backend: Backend, group_size: usize) -> bool {
         && crate::kernels::amd_cpu()
 }
 
+/// Whether a dense call of `plan` on `backend` reads the 2-bit layout ([`DenseLayout`]): GEMVs
+/// of codebooks of at most 4 levels affine in their codes (int2, uint2) on AVX-512 VNNI, groups
+/// a multiple of 16 and at most 2^16 inputs (the shifted bit pairs, up to `3 * 64`, times
+/// 127 summed over a group stay inside int32). They read half the bytes of the 4-bit layout,
+/// and sum each bit pair masked in place (4 `vpand` + 4 `vpdpbusd` per 256 codes).
+pub fn two_bit(plan: &Plan, backend: Backend) -> bool {
+    plan.n == 1
+        && plan.levels <= 4
+        && plan.group_size.is_multiple_of(16)
+        && plan.group_size <= 1 << 16
+        // Codes below 4 (at most 4 levels), summed as they are (no map).
+        && ints(plan).is_some_and(|i| i.map.is_none())
+        && kind_for_call(backend, plan) == Some(Kind::Vnni512)
+}
+
+/// The dense layout a call of `plan` on `backend` reads (built on first use, then cached).
+pub fn layout_of<'a>(
+    pw: &'a PackedWeights,
+    plan: &Plan,
+    backend: Backend,
+) -> Result<&'a DenseLayout> {
+    if two_bit(plan, backend) {
+        pw.dense_layout2()
+    } else {
+        pw.dense_layout()
+    }
+}
+
 /// Whether a call with `opts` may take the dense path, before its plan is made (the driver
 /// then decides with [`applies`]).
 pub fn may_apply(opts: &GemmOptions) -> bool {
@@ -363,10 +422,11 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
     // they are the codebook's own (see `affine`): the same sums and bits either way.
     plan.precision == TablePrecision::I16
         && plan.levels <= 16
-        // A GEMV of 2-bit codes reads them from the paired table layout at 2 bits per weight,
-        // here at 4: the tables measured faster (int2 g64 4096 x 4096, 2 threads: 0.19 against
+        // A GEMV of 2-bit codes reads them from the paired table layout at 2 bits per weight;
+        // the dense path reads them at 2 bits only on AVX-512 VNNI ([`two_bit`]), elsewhere at
+        // 4: the tables measured faster there (int2 g64 4096 x 4096, 2 threads: 0.19 against
         // 0.23 ms); from 2 columns on, the dense sums are (N = 4: 0.43 against 0.80 ms).
-        && (plan.n >= 2 || plan.levels > 4)
+        && (plan.n >= 2 || plan.levels > 4 || two_bit(plan, backend))
         && plan.group_size.is_multiple_of(CHUNK)
         && ints(plan).is_some_and(|i| {
             // |a Q| and |c0 S| (Q, S: sums of u(code) times activations and of activations)
@@ -578,7 +638,7 @@ fn setup<'a>(
     // A plan of `pw`'s shape and group size reads `pw`'s layout, built from that same
     // shape, within its bounds.
     check_plan_call(pw, plan, xt, y)?;
-    Ok((ints, kind, pw.dense_layout()?))
+    Ok((ints, kind, layout_of(pw, plan, backend)?))
 }
 
 /// `y = Wd @ X` on the dense path into `y` (overwritten, laid out as `y_layout`), for a plan
@@ -907,6 +967,47 @@ mod vnni {
         acc
     }
 
+    /// [`parts_sums`] for one column on the 2-bit layout: each word holds 16 inputs of 16
+    /// rows, and bit pair `p` of its bytes meets activation bytes `4p .. 4p + 4` of the chunk.
+    /// Each pair is masked in place (`c 4^p`, at most 192: an unsigned byte) into a sum of its
+    /// own, shifted back at the end (exact: a sum of multiples of `4^p`). `P` parts, so `4 P`
+    /// accumulator chains.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn parts_sums2<const P: usize>(
+        w: *const u8,
+        chunks: usize,
+        x: *const i8,
+    ) -> [[__m512i; 1]; P] {
+        let masks = [0x03u8, 0x0c, 0x30, 0xc0].map(|m| _mm512_set1_epi8(m as i8));
+        let mut acc = [[_mm512_setzero_si512(); 4]; P];
+        for ch in 0..chunks {
+            // SAFETY: the parts hold `chunks` words of 64 bytes each; the column holds the
+            // group's `16 chunks` activations.
+            unsafe {
+                let xp = x.add(ch * 16) as *const i32;
+                let xs: [__m512i; 4] =
+                    std::array::from_fn(|p| _mm512_set1_epi32(xp.add(p).read_unaligned()));
+                for (pi, acc) in acc.iter_mut().enumerate() {
+                    let at = w.add((pi * chunks + ch) * 64);
+                    // Past the layout's end near its last page: never dereferenced.
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST) as *const i8);
+                    let v = _mm512_load_si512(at as *const __m512i);
+                    for ((a, &m), &xv) in acc.iter_mut().zip(masks.iter()).zip(xs.iter()) {
+                        *a = _mm512_dpbusd_epi32(*a, _mm512_and_si512(v, m), xv);
+                    }
+                }
+            }
+        }
+        acc.map(|[a0, a1, a2, a3]| {
+            let hi = _mm512_add_epi32(_mm512_srai_epi32::<4>(a2), _mm512_srai_epi32::<6>(a3));
+            [_mm512_add_epi32(
+                _mm512_add_epi32(a0, _mm512_srai_epi32::<2>(a1)),
+                hi,
+            )]
+        })
+    }
+
     /// The 16-row parts `s0 .. s0 + P` of row block `rb`, group `g`, columns `c0 .. c0 + NC`:
     /// sums and epilogue into `ys` (`[n][64]`).
     #[inline]
@@ -945,9 +1046,11 @@ mod vnni {
     /// loaded and stored per group: the same operations in the same order, so the same bits. For narrow calls
     /// (`P * NC <= 8`), whose few sums per group left the epilogue's memory traffic a large
     /// part of the work.
+    ///
+    /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn parts_groups<const P: usize, const NC: usize>(
+    unsafe fn parts_groups<const P: usize, const NC: usize, const B2: bool>(
         job: &Job<'_>,
         rb: usize,
         groups: Range<usize>,
@@ -1002,7 +1105,11 @@ mod vnni {
             let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
             // SAFETY: as `parts`.
             let q = unsafe {
-                if job.map.is_some() {
+                if B2 {
+                    // One column (`two_bit`): `[[_; 1]; P]` is `[[_; NC]; P]`.
+                    let q = parts_sums2::<P>(w, lay.chunks, x);
+                    std::array::from_fn(|pi| std::array::from_fn(|c| q[pi][c]))
+                } else if job.map.is_some() {
                     parts_sums::<P, NC, true>(w, lay.chunks, x, k, map)
                 } else {
                     parts_sums::<P, NC, false>(w, lay.chunks, x, k, map)
@@ -1145,6 +1252,24 @@ mod vnni {
         assert!(ys.len() >= n * ROW_BLOCK);
         let rows = plan.m - rb * ROW_BLOCK;
         let nparts = rows.div_ceil(SUB).min(SUBS);
+        if job.lay.bits == 2 {
+            // A GEMV on the 2-bit layout (`two_bit`).
+            assert_eq!(n, 1);
+            let mut s = 0;
+            while s < nparts {
+                // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
+                unsafe {
+                    if nparts - s >= 4 {
+                        parts_groups::<4, 1, true>(job, rb, groups.clone(), s, 0, ys);
+                        s += 4;
+                    } else {
+                        parts_groups::<1, 1, true>(job, rb, groups.clone(), s, 0, ys);
+                        s += 1;
+                    }
+                }
+            }
+            return;
+        }
         if n <= 2 {
             // Narrow calls: all groups per part, the rows' results in registers.
             let mut c0 = 0;
@@ -1155,19 +1280,19 @@ mod vnni {
                     unsafe {
                         s += match (n - c0, nparts - s) {
                             (2.., 4..) => {
-                                parts_groups::<4, 2>(job, rb, groups.clone(), s, c0, ys);
+                                parts_groups::<4, 2, false>(job, rb, groups.clone(), s, c0, ys);
                                 4
                             }
                             (2.., _) => {
-                                parts_groups::<1, 2>(job, rb, groups.clone(), s, c0, ys);
+                                parts_groups::<1, 2, false>(job, rb, groups.clone(), s, c0, ys);
                                 1
                             }
                             (_, 4..) => {
-                                parts_groups::<4, 1>(job, rb, groups.clone(), s, c0, ys);
+                                parts_groups::<4, 1, false>(job, rb, groups.clone(), s, c0, ys);
                                 4
                             }
                             _ => {
-                                parts_groups::<1, 1>(job, rb, groups.clone(), s, c0, ys);
+                                parts_groups::<1, 1, false>(job, rb, groups.clone(), s, c0, ys);
                                 1
                             }
                         }

@@ -991,7 +991,10 @@ fn dense_here(
     };
     let threads = pool::pool().current_num_threads();
     let small = n == 1 || pw.m() * pw.k() * n <= CALLER_MAX_WORK;
-    if !small || !caller_may_run(threads, pw, opts) || !pw.dense_ready(&plan) {
+    if !small
+        || !caller_may_run(threads, pw, opts)
+        || !pw.dense_ready(&plan, dense::two_bit(&plan, opts.backend))
+    {
         return Ok(Here::NotReady);
     }
     check_inputs(pw, x, n, layout, Some(y.len()))?;
@@ -1037,7 +1040,7 @@ pub fn prepare(pw: &PackedWeights, opts: &GemmOptions) -> Result<Plan> {
         let plan = plan(pw, 1, opts)?;
         if opts.backend != Backend::Reference {
             if dense::applies(&plan, opts.backend) {
-                pw.dense_layout()?;
+                dense::layout_of(pw, &plan, opts.backend)?;
                 job_zeros(pw, &plan);
             } else {
                 let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;

@@ -39,6 +39,8 @@ pub struct PackedWeights {
     used_codes: OnceLock<Vec<bool>>,
     /// The weights for the dense `i16` path ([`crate::dense`]).
     dense: OnceLock<DenseLayout>,
+    /// The 2-bit dense layout ([`dense::two_bit`] GEMVs).
+    dense2: OnceLock<DenseLayout>,
     /// Whether default-table calls run on the dense path, by backend, mirror and whether a
     /// GEMV ([`crate::gemm::auto_precision`]: the same for every N >= 2).
     dense_choice: [OnceLock<bool>; DENSE_CHOICE_KEYS],
@@ -64,6 +66,7 @@ impl Clone for PackedWeights {
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
             dense: OnceLock::new(),
+            dense2: OnceLock::new(),
             dense_choice: Default::default(),
         }
     }
@@ -395,6 +398,7 @@ impl PackedWeights {
             tiled_mirror_zeros: OnceLock::new(),
             used_codes: OnceLock::new(),
             dense: OnceLock::new(),
+            dense2: OnceLock::new(),
             dense_choice: Default::default(),
         })
     }
@@ -471,7 +475,10 @@ impl PackedWeights {
                 .and_then(|z| z.as_ref().map(|v| v.capacity_bytes()))
                 .unwrap_or(0);
         let used = self.used_codes.get().map_or(0, |u| u.capacity());
-        let dense = self.dense.get().map_or(0, |d| d.data.capacity_bytes());
+        let dense = [&self.dense, &self.dense2]
+            .iter()
+            .map(|d| d.get().map_or(0, |d| d.data.capacity_bytes()))
+            .sum::<usize>();
         layouts + floats + used + dense
     }
 
@@ -742,8 +749,9 @@ impl PackedWeights {
     }
 
     /// [`ready_for`](Self::ready_for) for the dense `i16` path ([`crate::dense`]).
-    pub fn dense_ready(&self, plan: &Plan) -> bool {
-        self.dense.get().is_some() && self.tiles_ready(plan)
+    pub fn dense_ready(&self, plan: &Plan, two_bit: bool) -> bool {
+        let lay = if two_bit { &self.dense2 } else { &self.dense };
+        lay.get().is_some() && self.tiles_ready(plan)
     }
 
     /// Whether the tiled scales and the zero points a run of `plan` reads are built.
@@ -812,7 +820,23 @@ impl PackedWeights {
             )));
         }
         try_fill(&self.dense, || {
-            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size)
+            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size, 4)
+        })
+    }
+
+    /// The 2-bit code layout of the dense `i16` path's GEMVs of 2-bit codes
+    /// ([`dense::two_bit`]; built on first use, then cached): codebooks of at most 4 levels,
+    /// group sizes that are multiples of 16.
+    pub fn dense_layout2(&self) -> Result<&DenseLayout> {
+        if self.codebook.levels() > 4 || !self.group_size.is_multiple_of(16) {
+            return Err(Error::Unsupported(format!(
+                "no 2-bit dense layout for {} with group size {}",
+                self.codebook.format().name(),
+                self.group_size
+            )));
+        }
+        try_fill(&self.dense2, || {
+            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size, 2)
         })
     }
 

@@ -77,6 +77,21 @@ fn has_dense() -> bool {
     ok
 }
 
+/// Whether `auto` runs `pw`'s GEMVs of at most 4 levels densely, on the 2-bit layout: on
+/// CPUs with AVX-512 VNNI, groups a multiple of 16, codebooks in equal steps (int2, uint2,
+/// ternary, and the integer ones of this file: the codes are summed as they are).
+fn two_bit_gemvs(pw: &PackedWeights) -> bool {
+    let v = pw.codebook().values();
+    let equal_steps = v.windows(2).all(|w| w[1] - w[0] == v[1] - v[0]);
+    #[cfg(target_arch = "x86_64")]
+    let vnni = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    vnni && pw.group_size().is_multiple_of(16) && equal_steps
+}
+
 /// The backends that run dense kernels here: `auto` and each named one the CPU has (`amx`
 /// too on a CPU with AMX tiles, where `auto` takes them from `AMX_MIN_COLUMNS` on).
 fn dense_backends() -> Vec<Backend> {
@@ -158,8 +173,8 @@ fn first_mismatch(a: &[f32], b: &[f32]) -> Option<usize> {
 fn check(pw: &PackedWeights, n: usize, what: &str) {
     let x = activations(pw.k(), n, 11 + n as u64);
     let plan = make_plan(pw, n, &i16_opts(Backend::Auto)).unwrap();
-    // 2-bit GEMVs stay on the tables.
-    let expect = n >= 2 || pw.codebook().levels() > 4;
+    // 2-bit GEMVs stay on the tables, except on AVX-512 VNNI (the 2-bit layout).
+    let expect = n >= 2 || pw.codebook().levels() > 4 || two_bit_gemvs(pw);
     assert_eq!(dense::applies(&plan, Backend::Auto), expect, "{what} n={n}");
     let want = gemm(pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
     // The first call builds the dense layout on the pool and runs there, the next ones run
@@ -199,7 +214,7 @@ fn dense_layout_holds_the_codes() {
     let (m, k, g) = (70, 48, 16);
     let pw = random_weights(&cb, (m, k, g), false, false, 3);
     let codes = pw.codes().unwrap();
-    let lay = DenseLayout::build(&codes, m, k, g).unwrap();
+    let lay = DenseLayout::build(&codes, m, k, g, 4).unwrap();
     let parts = ROW_BLOCK / SUB;
     for gi in 0..k / g {
         for rb in 0..lay.row_blocks {
@@ -216,6 +231,43 @@ fn dense_layout_holds_the_codes() {
                                 0
                             };
                             assert_eq!(nib, want, "g={gi} row={row} chunk={c} j={j}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn two_bit_dense_layout_holds_the_codes() {
+    // Bit pair `p` of byte `j` of a row's word holds input `ORDER[4 p + j]` of its 16 (the
+    // order of the int8 activations: each 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7).
+    const ORDER: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
+    let cb = Codebook::new(Format::Int2).unwrap();
+    let (m, k, g) = (70, 96, 32);
+    let pw = random_weights(&cb, (m, k, g), false, false, 5);
+    let codes = pw.codes().unwrap();
+    let lay = DenseLayout::build(&codes, m, k, g, 2).unwrap();
+    assert_eq!((lay.bits, lay.chunks), (2, g / 16));
+    assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g / 4);
+    for gi in 0..k / g {
+        for rb in 0..lay.row_blocks {
+            for s in 0..ROW_BLOCK / SUB {
+                let part = &lay.data[lay.part(gi, rb, s)..][..lay.part_bytes()];
+                for (c, words) in part.chunks_exact(SUB * 4).enumerate() {
+                    for (r, word) in words.chunks_exact(4).enumerate() {
+                        let row = rb * ROW_BLOCK + s * SUB + r;
+                        for (j, &byte) in word.iter().enumerate() {
+                            for p in 0..4 {
+                                let got = (byte >> (2 * p)) & 3;
+                                let input = gi * g + c * 16 + ORDER[4 * p + j];
+                                let want = if row < m { codes[row * k + input] } else { 0 };
+                                assert_eq!(
+                                    got, want,
+                                    "g={gi} row={row} word={c} byte={j} pair={p}"
+                                );
+                            }
                         }
                     }
                 }
@@ -530,8 +582,8 @@ fn mirror_plans_run_densely_in_label_space_too() {
         for n in [1, 3, 16] {
             let plan = make_plan(&pw, n, &mirror(Backend::Auto)).unwrap();
             assert!(plan.mirror.is_some() && plan.labels.is_none(), "{f:?}");
-            // (2-bit GEMVs stay on the tables, as without mirror.)
-            let dense_call = n >= 2 || pw.codebook().levels() > 4;
+            // (2-bit GEMVs as without mirror.)
+            let dense_call = n >= 2 || pw.codebook().levels() > 4 || two_bit_gemvs(&pw);
             assert_eq!(
                 dense::applies(&plan, Backend::Auto),
                 dense_call,
@@ -541,7 +593,11 @@ fn mirror_plans_run_densely_in_label_space_too() {
             let want = gemm(&pw, &x, n, &mirror(Backend::Scalar)).unwrap();
             // A named backend without an `i16` mirror table kernel runs only dense calls.
             let backends = if dense_call {
+                // (2-bit GEMVs run densely on AVX-512 VNNI only.)
                 dense_backends()
+                    .into_iter()
+                    .filter(|&b| n >= 2 || b == Backend::Auto || dense::applies(&plan, b))
+                    .collect()
             } else {
                 vec![Backend::Auto]
             };
