@@ -855,8 +855,9 @@ def msgemm(
         ternary, fp4, and integer codebooks whose values span at most 64)
         with group sizes that are multiples of 8 sum those same integers with
         dot-product instructions (``vpdpbusd``, ``vpmaddubsw`` on AVX2, ``sdot`` on Arm64)
-        instead of tables (bitwise the same result, at any ``depth``; 2-bit formats for batches
-        only, their GEMVs read fewer bytes from the tables): there ``"i16"`` is the fastest
+        instead of tables (bitwise the same result, at any ``depth``; GEMVs of 2-bit formats on
+        AVX-512 VNNI only, from a layout of 2 bits per code with groups that are multiples of
+        16, elsewhere their tables read fewer bytes): there ``"i16"`` is the fastest
         mode for batches (int4 4096 x 4096, N = 16: about 2x the ``i8`` tables) and close to
         ``i8`` for a GEMV (:func:`plan_info` reports ``dense_int8``). ``"f32"``: float32 tables, error within
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Relative L1 errors measured on Gaussian int4 g128 GEMV

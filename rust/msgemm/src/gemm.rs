@@ -281,7 +281,8 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
             pool::install(decide)
         }
     };
-    // GEMVs and batches are cached apart: 2-bit codes run densely in batches only.
+    // GEMVs and batches are cached apart: GEMVs of 2-bit codes run densely on AVX-512 VNNI
+    // only (`dense::two_bit`).
     let dense = pw.dense_choice(opts.backend, opts.mirror, n == 1, decide_here);
     if dense {
         dense_opts
