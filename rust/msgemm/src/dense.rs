@@ -1070,17 +1070,11 @@ mod vnni {
             None => _mm512_setzero_si512(),
         };
         let a = _mm512_set1_epi32(job.a);
-        // The common case's epilogue in a few register operations (float32 scales, no zero
-        // term, `a = 1`: int4, int2, ternary without zero points): the general one below, kept
-        // in a loop of loads and branches, was ~19% of a GEMV's samples.
-        let plain = match job.scales {
-            Tiled::F32(v)
-                if !plan.zero_term && job.a == 1 && plan.precision == TablePrecision::I16 =>
-            {
-                Some(v)
-            }
-            _ => None,
-        };
+        // The common case's epilogue in a few register operations (no zero term, `a = 1`:
+        // int4, int2, ternary without zero points): the general one below, kept in a loop of
+        // loads and branches, was ~19% of a GEMV's samples.
+        let plain = (!plan.zero_term && job.a == 1 && plan.precision == TablePrecision::I16)
+            .then_some(job.scales);
         let mask = |pi: usize| -> __mmask16 {
             let lanes = rows.saturating_sub((s0 + pi) * SUB).min(SUB);
             if lanes == SUB {
@@ -1126,11 +1120,26 @@ mod vnni {
                         _mm512_set1_ps(acts.tsc[gn]),
                     );
                 }
-                for (pi, (q, y)) in q.iter().zip(y.iter_mut()).enumerate() {
-                    let i = sz + (s0 + pi) * SUB;
-                    assert!(i + SUB <= scales.len());
-                    // SAFETY: in bounds (asserted).
-                    let sc = unsafe { _mm512_loadu_ps(scales.as_ptr().add(i)) };
+                // The parts' scales, loaded before the loop (one branch on their type per group,
+                // none inside it).
+                let i0 = sz + s0 * SUB;
+                // SAFETY: in bounds (asserted).
+                let scs: [__m512; P] = unsafe {
+                    match scales {
+                        Tiled::F32(v) => {
+                            assert!(i0 + P * SUB <= v.len());
+                            std::array::from_fn(|pi| _mm512_loadu_ps(v.as_ptr().add(i0 + pi * SUB)))
+                        }
+                        Tiled::F16(h) => {
+                            assert!(i0 + P * SUB <= h.len());
+                            std::array::from_fn(|pi| {
+                                let at = h.as_ptr().add(i0 + pi * SUB) as *const __m256i;
+                                _mm512_cvtph_ps(_mm256_loadu_si256(at))
+                            })
+                        }
+                    }
+                };
+                for ((q, y), &sc) in q.iter().zip(y.iter_mut()).zip(scs.iter()) {
                     for ((&q, y), &(corr, tsc)) in q.iter().zip(y.iter_mut()).zip(cst.iter()) {
                         let u = _mm512_cvtepi32_ps(_mm512_add_epi32(q, corr));
                         *y = _mm512_add_ps(*y, _mm512_mul_ps(sc, _mm512_mul_ps(u, tsc)));
