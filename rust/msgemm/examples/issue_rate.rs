@@ -6,7 +6,7 @@
 //!
 //! Each probe runs 1024 weights per iteration: four row blocks of one tuple pair for the LUT
 //! (64 rows x 2 tuples x 2 weights), eight 128-weight VNNI steps for the dense one (accumulator
-//! chains in both short enough not to bound them).
+//! chains in both short enough not to bound them: eight for the dense one).
 //! Printed: ns per 1024 weights (the minimum of 9 runs) and the implied time of a 4096 x 4096
 //! GEMV on one core.
 
@@ -39,6 +39,7 @@ mod probe {
                     out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
                     out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                     out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
                     out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _,
                     out("k1") _, out("k2") _,
                     options(nostack, readonly),
@@ -96,11 +97,12 @@ mod probe {
             .endr"
         );
         // Dense int4 x int8 with VNNI: 64 packed bytes (128 weights), the low and high nibbles
-        // masked out (the high ones left at 16x), two `vpdpbusd` against int8 activations; four
-        // accumulators, so that the `vpdpbusd` latency chains do not bound it.
+        // masked out (the high ones left at 16x), two `vpdpbusd` against int8 activations;
+        // eight accumulators, so that the `vpdpbusd` latency chains do not bound it (Zen 5
+        // issues two per cycle with a latency of 4: four chains measured half the rate).
         let vnni = probe!(
             p,
-            ".rept 4
+            ".rept 2
             vmovdqu64 zmm0, [{p}]
             vmovdqu64 zmm1, [{p} + 64]
             vpandd zmm16, zmm0, zmm6
@@ -111,6 +113,16 @@ mod probe {
             vpdpbusd zmm9, zmm17, zmm3
             vpdpbusd zmm10, zmm18, zmm4
             vpdpbusd zmm11, zmm19, zmm5
+            vmovdqu64 zmm0, [{p} + 128]
+            vmovdqu64 zmm1, [{p} + 192]
+            vpandd zmm16, zmm0, zmm6
+            vpandd zmm17, zmm0, zmm7
+            vpandd zmm18, zmm1, zmm6
+            vpandd zmm19, zmm1, zmm7
+            vpdpbusd zmm12, zmm16, zmm2
+            vpdpbusd zmm13, zmm17, zmm3
+            vpdpbusd zmm14, zmm18, zmm4
+            vpdpbusd zmm15, zmm19, zmm5
             .endr"
         );
         let gemv = |ns: f64| ns * (4096.0 * 4096.0 / 1024.0) / 1e3;
