@@ -14,7 +14,7 @@ Writes section "msgemm" of BENCHMARKS.md. Anchors:
   codes and scales (its output is checked against ours before timing).
 
 Ours: ``msgemm(pw, x)`` with the defaults (i8 tables for a GEMV, except on AMD CPUs with
-AVX-512 VNNI, which run GEMVs of groups >= 64 on the dense i16 path; depth "auto", the fastest
+AVX-512 VNNI, which run GEMVs on the dense i16 path; depth "auto", the fastest
 kernel of this CPU), tables included in every timing; batches name both table precisions (the
 default runs ``i16`` where the dense int8 path exists, ``i8`` elsewhere). Warm: the same weights repeatedly; cold: a rotation of
 weight sets totalling more than twice the L3 cache. GB/s are packed bytes (codes + scales +

@@ -66,10 +66,10 @@ def dense_to_bf16_min_n(kernel: str | None, g: int) -> int | None:
 
 def dense_gemv_default(pw: mg.PackedWeights, backend: str = "auto") -> bool:
     """Whether a default-table GEMV of ``pw`` on ``backend`` runs on the dense ``i16`` path,
-    by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, groups of
-    at least 64 inputs, weights whose ``i16`` GEMV the dense path runs (2-bit codes: on
-    the 2-bit layout, groups a multiple of 16)."""
-    if backend not in ("auto", "avx512") or pw.group_size < 64:
+    by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, weights
+    whose ``i16`` GEMV the dense path runs (2-bit codes: on the 2-bit layout, groups a
+    multiple of 16)."""
+    if backend not in ("auto", "avx512"):
         return False
     if not (cpu_has("AVX512F", "AVX512BW", "AVX512VNNI") and "AuthenticAMD" in _cpuinfo()):
         return False

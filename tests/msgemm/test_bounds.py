@@ -296,7 +296,7 @@ def test_i16_batches_equal_the_replica_and_their_gemvs(fmt, g):
         assert mg.plan_info(pw, n=16, table="i16", backend="avx2")["backend"] == "avx2"
     # The default table runs batches densely wherever `i16` does (from 4 columns on, small
     # groups may take `bf16` instead: test_bf16); named depths keep the `i8` tables, and so
-    # do GEMVs, except those of AMD's AVX-512 VNNI with groups of 64 or more.
+    # do GEMVs, except those of AMD's AVX-512 VNNI.
     assert mg.plan_info(pw, n=2)["dense_int8"] == info["dense_int8"]
     assert mg.plan_info(pw, n=2)["table"] == ("i16" if info["dense_int8"] else "i8")
     assert mg.plan_info(pw, n=1)["dense_int8"] == dense_gemv_default(pw)
@@ -337,7 +337,7 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     # Other weights of at most 16 levels with groups of 32s: `bf16` for batches of 6 columns
     # or more where AMX runs it, of 8 or more where AVX-512 does, of 16 or more where AVX2
     # and FMA do (the documented thresholds). GEMVs: `i8` tables, except where AMD's AVX-512
-    # VNNI takes groups of 64 or more densely (conftest's dense_gemv_default).
+    # VNNI takes them densely (conftest's dense_gemv_default).
     amx_bf16 = mg.backend_supports(pw, "amx", n=16, table="bf16")
     assert amx_bf16 == (g % 32 == 0 and "amx" in BACKENDS and cpu_flags("amx_bf16", "avx512_bf16"))
     avx512_bf16 = mg.backend_supports(pw, "avx512", n=16, table="bf16")
@@ -349,7 +349,7 @@ def test_default_table_is_i16_exactly_for_dense_batches(fmt, g):
     kernel = next((bf16_kernels()[b] for b in ("amx", "avx512", "avx2") if b in bf16_kernels()), None)
     small_min = dense_to_bf16_min_n(kernel, g) if g % 8 == 0 and k % 32 == 0 else None
     dense_gemv = dense_gemv_default(pw)
-    assert not dense_gemv or (dense_possible and g >= 64)
+    assert not dense_gemv or dense_possible
     for n in (1, 2, 3, 5, 6, 7, 8, 11, 12, 15, 16):
         x = rng.standard_normal((k, n)).astype(np.float32)
         dense = dense_possible and (n >= 2 or dense_gemv)

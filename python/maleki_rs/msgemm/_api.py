@@ -811,10 +811,9 @@ def msgemm(
     table : {"i8", "i16", "f32", "bf16"}, optional
         Table precision. Default: the fast mode for the call, ``"i8"``, except for batches
         (``N >= 2``) at ``depth="auto"``, and for GEMVs on AMD CPUs with AVX-512 VNNI (Zen 4
-        and later) of the weights below with groups of at least 64 inputs, which run on the
-        dense ``i16`` path (measured on Zen 5, int4 g128 4096 x 4096, 2 threads: 0.074 against
-        0.085-0.10 ms warm, and faster from DRAM; smaller groups were mixed or level and keep
-        the tables):
+        and later) of the weights below, which run on the dense ``i16`` path (measured on Zen
+        5, 4096 x 4096, 2 threads: int4 g128 0.059 ms against 0.085 warm, and faster from
+        DRAM; int4 g32 0.070 against 0.107, fp4 g32 0.062 against 0.110):
 
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both

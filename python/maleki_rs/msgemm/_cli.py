@@ -72,7 +72,7 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
 
     ``table=None`` and ``depth="auto"`` time what :func:`maleki_rs.msgemm.msgemm` runs by
     default (``i8`` tables, or the dense ``i16`` path or ``bf16`` mode where they run: batches,
-    and on AMD CPUs with AVX-512 VNNI the GEMVs of groups of 64 or more).
+    and on AMD CPUs with AVX-512 VNNI the GEMVs).
     """
     repeat = check_int(repeat, "repeat", min=1)  # timings are the min and median of these
     rng = np.random.default_rng(seed)

@@ -359,26 +359,22 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
     Some(kind)
 }
 
-/// The smallest group size whose default GEMVs run densely ([`gemv_preferred`]).
-pub const GEMV_MIN_GROUP: usize = 64;
-
-/// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path instead of `i8`
-/// tables: AVX-512 VNNI on AMD CPUs, groups of at least [`GEMV_MIN_GROUP`] inputs. There it
-/// is faster and, with int8 activations summed exactly, more accurate (relative L1 about
-/// 6.7e-3 against 9.1e-3 at g128). Measured on Zen 5 (4096 x 4096, minima, alternating the
-/// two, ms, dense against tables): one thread (`examples/prof`, int4) g128 0.113-0.133
-/// against 0.134-0.150; two threads from Python, warm / over 9 weight sets (DRAM), int4 g128
-/// 0.074-0.084 / 0.23-0.24 against 0.085-0.11 / 0.25-0.27, fp4 g64 0.072 against 0.094
-/// (warm). Groups of 32 were mixed (int4 0.088-0.10 against 0.11-0.12 in two runs, level in
-/// another; uint4 0.106 against 0.112; fp4, whose codes are looked up, 0.130 against 0.118
-/// in five alternations) and groups of 16 level, so they keep the tables. On Intel's Sapphire
-/// Rapids a GEMV on the tables was faster (0.158 against 0.182 ms), measured before the
-/// dense kernel kept several accumulator chains in flight, and not timed there since. A fixed
-/// rule, not a timing, so a machine's choice (and its bits) never changes from run to run.
-pub fn gemv_preferred(backend: Backend, group_size: usize) -> bool {
-    group_size >= GEMV_MIN_GROUP
-        && kind_for(backend) == Some(Kind::Vnni512)
-        && crate::kernels::amd_cpu()
+/// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path (where it
+/// [`applies`]) instead of `i8` tables: AVX-512 VNNI on AMD CPUs, any group size. There it is
+/// faster and, with int8 activations summed exactly, more accurate (relative L1 about 6.7e-3
+/// against 9.1e-3 at g128). Measured on Zen 5 (4096 x 4096, 2 threads, minima, ms, dense
+/// against tables): from Python, three alternations, int4 g16 0.089 against 0.127, g32 0.070
+/// against 0.107, uint4 g32 0.084 against 0.111, fp4 g32 0.062 against 0.110, fp4 g16 0.078
+/// against 0.156, int3 g32 0.067 against 0.101, int2 g16 0.076 against 0.101; `examples/prof`
+/// int4 g8 0.139 against 0.189, g64 0.056-0.058 against 0.083-0.086, g128 (with the 2-bit
+/// layout for int2 / ternary, [`two_bit`]) as in BENCHMARKS.md. (Before the AVX-512 activation
+/// quantizer and the register epilogue of stop 38, groups of 32 and less were level or mixed
+/// and kept the tables.) On Intel's Sapphire Rapids a GEMV on the tables was faster (0.158
+/// against 0.182 ms), measured before the dense kernel kept several accumulator chains in
+/// flight, and not timed there since. A fixed rule, not a timing, so a machine's choice (and
+/// its bits) never changes from run to run.
+pub fn gemv_preferred(backend: Backend) -> bool {
+    kind_for(backend) == Some(Kind::Vnni512) && crate::kernels::amd_cpu()
 }
 
 /// Whether a dense call of `plan` on `backend` reads the 2-bit layout ([`DenseLayout`]): GEMVs

@@ -257,7 +257,7 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmOptions {
     // Backend `amx` has no tables: its GEMVs are dense calls too; so are those that
     // `dense::gemv_preferred` picks.
-    let gemv = opts.backend == Backend::Amx || dense::gemv_preferred(opts.backend, pw.group_size());
+    let gemv = opts.backend == Backend::Amx || dense::gemv_preferred(opts.backend);
     let min_n = if gemv { 1 } else { 2 };
     if n < min_n || opts.depth != Depth::Auto || opts.precision != TablePrecision::I8 {
         return *opts;

@@ -720,11 +720,19 @@ fn auto_precision_takes_the_dense_path_for_batches_and_amd_gemvs() {
         }
     }
     // A GEMV keeps its tables, except where the documented rule (`dense::gemv_preferred`:
-    // AVX-512 VNNI on AMD CPUs, groups of at least 64) takes it densely; groups of 32 never.
-    assert_eq!(auto_precision(&int4, 1, &i8_auto), i8_auto);
+    // AVX-512 VNNI on AMD CPUs, any group size) takes it densely.
     let gemv_dense = amd_with_vnni();
-    assert_eq!(dense::gemv_preferred(Backend::Auto, 64), gemv_dense);
-    assert!(!dense::gemv_preferred(Backend::Auto, 32));
+    assert_eq!(dense::gemv_preferred(Backend::Auto), gemv_dense);
+    assert_eq!(
+        auto_precision(&int4, 1, &i8_auto).precision,
+        if gemv_dense {
+            TablePrecision::I16
+        } else {
+            TablePrecision::I8
+        }
+    );
+    // Float codebooks have no dense GEMV.
+    assert_eq!(auto_precision(&nf4, 1, &i8_auto), i8_auto);
     let g64 = random_weights(
         &Codebook::new(Format::Int4).unwrap(),
         (64, 128, 64),
