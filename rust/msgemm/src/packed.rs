@@ -812,31 +812,33 @@ impl PackedWeights {
     /// The 4-bit code layout of the dense `i16` path ([`crate::dense`]; built on first use,
     /// then cached): codebooks of at most 16 levels, group sizes that are multiples of 8.
     pub fn dense_layout(&self) -> Result<&DenseLayout> {
-        if self.codebook.levels() > 16 || !self.group_size.is_multiple_of(dense::CHUNK) {
-            return Err(Error::Unsupported(format!(
-                "no dense layout for {} with group size {}",
-                self.codebook.format().name(),
-                self.group_size
-            )));
-        }
-        try_fill(&self.dense, || {
-            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size, 4)
-        })
+        self.dense_layout_at(4)
     }
 
     /// The 2-bit code layout of the dense `i16` path's GEMVs of 2-bit codes
     /// ([`dense::two_bit`]; built on first use, then cached): codebooks of at most 4 levels,
     /// group sizes that are multiples of 16.
     pub fn dense_layout2(&self) -> Result<&DenseLayout> {
-        if self.codebook.levels() > 4 || !self.group_size.is_multiple_of(16) {
+        self.dense_layout_at(2)
+    }
+
+    /// The dense layout of `bits` (4 or 2) bits per code: codebooks of at most `2^bits`
+    /// levels, group sizes that are multiples of the `32 / bits` inputs of a word.
+    fn dense_layout_at(&self, bits: u32) -> Result<&DenseLayout> {
+        let (cell, word_inputs) = if bits == 4 {
+            (&self.dense, dense::CHUNK)
+        } else {
+            (&self.dense2, 16)
+        };
+        if self.codebook.levels() > 1 << bits || !self.group_size.is_multiple_of(word_inputs) {
             return Err(Error::Unsupported(format!(
-                "no 2-bit dense layout for {} with group size {}",
+                "no {bits}-bit dense layout for {} with group size {}",
                 self.codebook.format().name(),
                 self.group_size
             )));
         }
-        try_fill(&self.dense2, || {
-            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size, 2)
+        try_fill(cell, || {
+            DenseLayout::build(&self.codes()?, self.m, self.k, self.group_size, bits)
         })
     }
 
