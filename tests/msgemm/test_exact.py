@@ -11,7 +11,7 @@ import pytest
 
 from maleki_rs import msgemm as mg
 
-from .conftest import BACKENDS, EXACT_FORMATS, integer_weights, integer_x
+from .conftest import BACKENDS, EXACT_FORMATS, cpu_has, dense_gemv_default, integer_weights, integer_x
 
 M = 70  # one full 64-row block and a ragged tail
 K = 384  # divisible by 32, 64, 128 (and by 3)
@@ -124,3 +124,40 @@ def test_i16_auto_runs_16_entry_tables_on_paired_indices(fmt, g, dense):
     got = mg.msgemm(pw, x, table="i16")
     want = mg.msgemm(pw, x, table="i16", depth=info["depth"], backend="scalar")
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+#: Integer codebooks by the span of their values: IQ4_NL's 16 integers (llama.cpp's
+#: ``kvalues_iq4nl``, span 240), one of span 100, one of span 64.
+SPANS = {
+    240: [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+    100: [-50, -31, -17, -8, -3, 0, 2, 5, 9, 14, 22, 30, 37, 41, 46, 50],
+    64: [-32, -20, -11, -5, -1, 0, 1, 3, 6, 10, 15, 21, 24, 27, 30, 32],
+}
+
+
+@pytest.mark.parametrize("span", sorted(SPANS))
+@pytest.mark.parametrize("n", [None, 3])
+def test_dense_integer_codebooks_by_span(span, n):
+    # The dense kernels look a non-affine codebook's integers up as unsigned bytes
+    # `v - min`: AVX-512 VNNI (and AMX) multiply any byte, AVX2 sums four products in int16
+    # (span at most 64), Arm64's sdot reads them as signed bytes (at most 127). Where one
+    # runs, its bits are the scalar i16 kernel's (the same exact integer sums), and both are
+    # within the int8-activation error of float64.
+    rng = np.random.default_rng(span)
+    pw = mg.quantize(rng.standard_normal((70, 256)), "codebook", 32, codebook=np.array(SPANS[span], np.float32))
+    x = rng.standard_normal(256 if n is None else (256, n)).astype(np.float32)
+    ref = pw.dequantize() @ x.astype(np.float64)
+    vnni = cpu_has("AVX512F", "AVX512BW", "AVX512VNNI")
+    expect = {"avx512": vnni, "avx2": span <= 64, "neon": span <= 127 and cpu_has("ASIMDDP")}
+    for backend in [b for b in expect if b in BACKENDS]:
+        info = mg.plan_info(pw, n=1 if n is None else n, table="i16", backend=backend)
+        assert info["dense_int8"] == expect[backend], (backend, info)
+        got = mg.msgemm(pw, x, table="i16", backend=backend)
+        want = mg.msgemm(pw, x, table="i16", depth=info["depth"], backend="scalar")
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), backend
+        assert np.abs(got - ref).sum() <= 0.02 * np.abs(ref).sum(), backend
+    # The default GEMV on AMD's AVX-512 VNNI is the dense one, for this codebook too.
+    if n is None and dense_gemv_default(pw):
+        got = mg.msgemm(pw, x)
+        want = mg.msgemm(pw, x, table="i16", backend="scalar")
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

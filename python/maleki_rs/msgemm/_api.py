@@ -851,7 +851,8 @@ def msgemm(
         integer partial sums (ONNX Runtime ``MatMulNBits`` accuracy level 4's arithmetic). On
         x86-64 (AVX-512 VNNI or AVX2) and on Arm64 CPUs with the dot-product extension,
         ``"i16"`` calls on weights of at most 16 integer levels (int4, uint4, int3, int2,
-        ternary, fp4, and integer codebooks whose values span at most 64)
+        ternary, fp4, and integer codebooks whose values span at most 255 on AVX-512 VNNI,
+        e.g. llama.cpp's IQ4_NL; at most 127 with ``sdot``, 64 on AVX2)
         with group sizes that are multiples of 8 sum those same integers with
         dot-product instructions (``vpdpbusd``, ``vpmaddubsw`` on AVX2, ``sdot`` on Arm64)
         instead of tables (bitwise the same result, at any ``depth``; GEMVs of 2-bit formats on

@@ -18,7 +18,8 @@
 //! Applies to `i16` plans (mirror plans included), codebooks of at most 16 levels whose
 //! integer values are affine in the code (`ints[c] = c0 + a c`: int4, uint4 with zero
 //! points, int3, int2, ternary, and their mirror plans) or span at most
-//! [`MAP_SPAN`] (fp4, whose integers are twice its values, and custom integer codebooks: see
+//! [`map_span`] (255 on AVX-512 VNNI and AMX, 127 with `sdot`, 64 on AVX2: fp4, whose
+//! integers are twice its values, IQ4_NL's 16 integers, custom integer codebooks: see
 //! [`Ints`]), group sizes that are multiples of 8
 //! (GEMVs of 2-bit codebooks: on AVX-512 VNNI only, see [`two_bit`]), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
 //! VNNI) and `avx2` (AVX2 and F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the
@@ -162,14 +163,27 @@ impl DenseLayout {
 }
 
 /// Largest span (`max - min`) of a non-affine codebook's integer values that the dense
-/// kernels take: each code's value less the minimum, `u <= 64`, is the unsigned operand; the AVX2
-/// kernel adds four products of it with int8 activations in int16 (`4 * 64 * 127 < 2^15`).
-pub const MAP_SPAN: i32 = 64;
+/// kernels take: each code's value less the minimum, `u <= 255`, is an unsigned byte. Each
+/// kernel takes less or as much ([`map_span`]).
+pub const MAP_SPAN: i32 = 255;
+
+/// Largest span of a non-affine codebook's integer values that the dense kernel `kind`
+/// sums. `vpdpbusd` and AMX's `tdpbsud` multiply unsigned bytes by int8 activations into
+/// int32: any byte (IQ4_NL's 16 integers span 240). AVX2 adds four products in int16
+/// (`4 * 64 * 127 < 2^15`: at most 64); `sdot` reads the bytes as signed (at most 127).
+pub fn map_span(kind: Kind) -> i32 {
+    match kind {
+        Kind::Vnni512 | Kind::Amx => MAP_SPAN,
+        Kind::Sdot => 127,
+        Kind::Avx2 => 64,
+    }
+}
 
 /// The integers a dense call sums: `ints[c] = c0 + a u(c)` for every code `c` the weights may
 /// hold, with `u(c) = c` (a codebook affine in its codes: int4, uint4, int3, int2, ternary
 /// and their mirror plans; `map` None), or else, for an integer codebook whose values span at
-/// most [`MAP_SPAN`] (fp4, custom integer codebooks), `a = 1`, `c0` the smallest value and
+/// most [`MAP_SPAN`] (fp4, IQ4_NL's integers, custom integer codebooks; each kernel's limit:
+/// [`map_span`]), `a = 1`, `c0` the smallest value and
 /// `u(c) = map[c] = ints[c] - c0`, which the kernels look up from the 4-bit code in
 /// registers (`vpshufb`, Arm64 `tbl`: one more instruction per 64 (AVX-512), 32 (AVX2) or 16
 /// (Arm64) codes, shared by every column).
@@ -433,8 +447,9 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
                 * 127
                 * plan.group_size as i64;
             bound < i64::from(i32::MAX) / 2
+                && kind_for_call(backend, plan)
+                    .is_some_and(|k| i.map.is_none() || i.u_max() <= i64::from(map_span(k)))
         })
-        && kind_for(backend).is_some()
 }
 
 /// One column's outputs of [`Acts::new`]: `(((xq, x), tsc), zsum), corr`.
@@ -1380,7 +1395,7 @@ mod avx2 {
     /// low and high nibbles' pairs added at most `4 * 15 * 127 = 7620`: no saturation) and
     /// `vpmaddwd` against ones (int32).
     /// With `MAP`, codes are looked up in `map` first, as in `vnni::part_sums` (values at
-    /// most [`super::MAP_SPAN`]: the four products of a lane at most `4 * 64 * 127`).
+    /// most 64, [`super::map_span`]: the four products of a lane at most `4 * 64 * 127`).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn half_sums<const NC: usize, const MAP: bool>(
@@ -1573,7 +1588,7 @@ mod sdot {
     /// `x` the first column's activations of the group, `stride` bytes between columns. The
     /// codes (0..15) are the signed operand too: `sdot` multiplies signed by signed. With
     /// `MAP`, each code `c` is replaced by `map[c]` first (`tbl`; values at most
-    /// [`super::MAP_SPAN`], the same bytes signed).
+    /// 127, [`super::map_span`]: the same bytes signed).
     #[inline]
     #[target_feature(enable = "dotprod")]
     unsafe fn part_sums<const NC: usize, const MAP: bool>(

@@ -241,7 +241,7 @@ pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// The options of a call of `n` columns whose table precision is left to the library (the
 /// Python API's default): `opts` (`i8` tables), except for batches (`n >= 2`) at automatic
 /// depth that the dense `i16` path runs on `opts.backend` ([`dense::applies`]: at most 16
-/// integer levels, affine in the code or spanning at most [`dense::MAP_SPAN`];
+/// integer levels, affine in the code or spanning at most [`dense::map_span`];
 /// group sizes that are multiples of 8; a CPU with dot-product instructions).
 /// There `i16` is both faster and more accurate than `i8` tables, because a table's lookups
 /// grow with the columns while a dot-product instruction sums 4 weight-activation products

@@ -484,13 +484,29 @@ fn plans_the_dense_path_does_not_take() {
     );
     assert!(!dense::applies(&plan_of(&g4, base), Backend::Auto));
     let bent = random_weights(
-        &Codebook::custom(&[0.0, 1.0, 3.0, 65.0]).unwrap(),
+        &Codebook::custom(&[0.0, 1.0, 3.0, 256.0]).unwrap(),
         (64, 64, 16),
         false,
         false,
         3,
     );
     assert!(!dense::applies(&plan_of(&bent, base), Backend::Auto));
+    // A codebook spanning 65 integers: past AVX2's int16 pairs, not past a byte.
+    let wide = random_weights(
+        &Codebook::custom(&[0.0, 1.0, 3.0, 65.0]).unwrap(),
+        (64, 64, 16),
+        false,
+        false,
+        3,
+    );
+    for b in dense_backends() {
+        let kind = dense::kind_for_call(b, &plan_of(&wide, base)).unwrap();
+        assert_eq!(
+            dense::applies(&plan_of(&wide, base), b),
+            kind != dense::Kind::Avx2,
+            "{b:?}"
+        );
+    }
     // Called directly on such a plan, or with inputs of the wrong length: errors, no panic.
     let i8_plan = plan_of(
         &int4,
@@ -759,39 +775,53 @@ fn auto_precision_takes_the_dense_path_for_batches_and_amd_gemvs() {
 
 #[test]
 fn looked_up_codes_at_the_largest_span() {
-    // A non-affine integer codebook spanning MAP_SPAN (64): every weight at the largest
-    // value and every activation at the int8 maximum puts the AVX2 kernel's int16 sums of
-    // four products at 4 * 64 * 127 = 32512, next to saturation; the scalar kernel's bits.
-    // One more (65) leaves the dense path.
+    // A non-affine integer codebook spanning each dense kernel's largest span
+    // (`dense::map_span`: 64 on AVX2, 127 with sdot, 255 on AVX-512 VNNI and AMX): every
+    // weight at the largest value and every activation at the int8 maximum puts AVX2's int16
+    // sums of four products at 4 * 64 * 127 = 32512, next to saturation, and the others'
+    // bytes at their largest; the scalar kernel's bits. One more leaves that kernel's dense
+    // path.
     if !has_dense() {
         return;
     }
-    let span = f32::from(dense::MAP_SPAN as u8);
-    let cb = Codebook::custom(&[0.0, 1.0, span]).unwrap();
     let (m, k, g) = (40, 256, 128);
-    let codes = vec![2u8; m * k];
-    let pw =
-        PackedWeights::from_codes(cb, m, k, g, &codes, vec![1.0; m * k / g], None, None).unwrap();
-    for n in [1, 3, 16] {
-        let x = vec![1.0f32; k * n];
-        let plan = make_plan(&pw, n, &i16_opts(Backend::Auto)).unwrap();
-        let ints = dense::ints(&plan).unwrap();
-        assert_eq!(ints.map.map(|m| m[..3].to_vec()), Some(vec![0, 1, 64]));
-        let want = gemm(&pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
-        assert!(
-            want.iter().all(|&v| v == (k as f32) * span),
-            "{:?}",
-            &want[..4]
-        );
-        for b in dense_backends().into_iter().filter(|&b| runs(&pw, n, b)) {
-            let got = gemm(&pw, &x, n, &i16_opts(b)).unwrap();
-            assert_eq!(first_mismatch(&got, &want), None, "n={n} {b:?}");
+    for b in dense_backends() {
+        let kind = dense::kind_for(b).unwrap();
+        let span = dense::map_span(kind);
+        let cb = Codebook::custom(&[0.0, 1.0, span as f32]).unwrap();
+        let codes = vec![2u8; m * k];
+        let pw = PackedWeights::from_codes(cb, m, k, g, &codes, vec![1.0; m * k / g], None, None)
+            .unwrap();
+        for n in [1, 3, 16] {
+            let x = vec![1.0f32; k * n];
+            let plan = make_plan(&pw, n, &i16_opts(b)).unwrap();
+            let ints = dense::ints(&plan).unwrap();
+            assert_eq!(
+                ints.map.map(|m| m[..3].to_vec()),
+                Some(vec![0, 1, span as u8])
+            );
+            let want = gemm(&pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
+            assert!(
+                want.iter().all(|&v| v == (k as f32) * span as f32),
+                "{:?}",
+                &want[..4]
+            );
+            // A GEMV of 3 levels reads the tables' 2-bit layout (see `dense::applies`).
+            assert_eq!(dense::applies(&plan, b), n >= 2, "{b:?} n={n}");
+            if runs(&pw, n, b) {
+                let got = gemm(&pw, &x, n, &i16_opts(b)).unwrap();
+                assert_eq!(first_mismatch(&got, &want), None, "n={n} {b:?}");
+            }
         }
+        let wide = Codebook::custom(&[0.0, 1.0, span as f32 + 1.0]).unwrap();
+        let pw = PackedWeights::from_codes(wide, 8, 64, 64, &[2u8; 512], vec![1.0; 8], None, None)
+            .unwrap();
+        let plan = make_plan(&pw, 4, &i16_opts(b)).unwrap();
+        assert!(!dense::applies(&plan, b), "{b:?}");
     }
-    let wide = Codebook::custom(&[0.0, 1.0, span + 1.0]).unwrap();
+    // Past a byte, no kernel takes it.
+    let cb = Codebook::custom(&[0.0, 1.0, 256.0]).unwrap();
     let pw =
-        PackedWeights::from_codes(wide, 8, 64, 64, &[2u8; 512], vec![1.0; 8], None, None).unwrap();
-    let plan = make_plan(&pw, 4, &i16_opts(Backend::Auto)).unwrap();
-    assert!(dense::ints(&plan).is_none());
-    assert!(!dense::applies(&plan, Backend::Auto));
+        PackedWeights::from_codes(cb, 8, 64, 64, &[2u8; 512], vec![1.0; 8], None, None).unwrap();
+    assert!(dense::ints(&make_plan(&pw, 4, &i16_opts(Backend::Auto)).unwrap()).is_none());
 }
