@@ -17,8 +17,8 @@ Ours: ``msgemm(pw, x)`` with the defaults (i8 tables for a GEMV, except on AMD C
 AVX-512 VNNI, which run GEMVs on the dense i16 path; depth "auto", the fastest
 kernel of this CPU), tables included in every timing; batches name both table precisions (the
 default runs ``i16`` where the dense int8 path exists, ``i8`` elsewhere). Warm: the same weights repeatedly; cold: a rotation of
-weight sets totalling more than twice the L3 cache. GB/s are packed bytes (codes + scales +
-zero points) per second.
+weight sets totalling more than twice the L3 cache. GB/s are the bytes a call reads from the
+weights (the layout its kernel reads, scales, zero points: ``read_bytes``) per second.
 
 Usage: ``python benches/msgemm_bench.py [--quick] [--threads 2]``.
 """
@@ -176,10 +176,18 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     return {k: {"min": min(v), "median": statistics.median(v)} for k, v in times.items()}
 
 
-def read_bytes(pw: mg.PackedWeights) -> int:
-    """Bytes a GEMV reads from the weights: packed codes, and scales and zero points at the
-    precision the kernels read them in (float16 when every one is a float16 value; zero points
-    are read as `z - shift`, float16 values too when the z are integers, as here)."""
+def read_bytes(pw: mg.PackedWeights, **call: Any) -> int:
+    """Bytes a GEMV (``msgemm(pw, x, **call)``) reads from the weights: the layout its kernel
+    reads and the scales and zero points in the form it reads them, i.e. what the caches that
+    one such call builds on a fresh copy hold (``cache_nbytes``). That is not always the
+    packed size: the dense path reads ternary at 2 bits per code (packed: 1.6) and int3 at 4
+    (packed: 3); scales are read as float16 when every one is a float16 value, zero points
+    as ``z - shift``. Where a call builds no cache (kernels reading the packed codes), the
+    packed codes and the scales and zero points at that precision."""
+    pw.clear_cache()
+    mg.msgemm(pw, np.zeros(pw.shape[1], np.float32), **call)
+    if pw.cache_nbytes:
+        return pw.cache_nbytes
     per_scale = 2 if pw.scale_dtype == np.float16 else 4
     z = pw.zeros
     per_zero = 2 if z is not None and np.array_equal(z.astype(np.float16).astype(np.float32), z) else 4
@@ -329,7 +337,6 @@ def main() -> None:
         pws = [mg.quantize(rng.standard_normal((m, k), dtype=np.float32), **kw) for _ in range(sets)]
         for p in pws:
             mg.msgemm(p, x)  # builds the cached tile layouts
-        total = sum(p.nbytes for p in pws)
         it = iter(range(10**9))
 
         def cold_call(pws=pws, it=it):
@@ -338,7 +345,7 @@ def main() -> None:
         t_cold = _report.timeit(cold_call, repeat=rep, number=len(pws))
         t_warm = _report.timeit(lambda p=pws[0]: mg.msgemm(p, x), repeat=rep, number=5)
         nb = read_bytes(pws[0])
-        cold_rows.append([name, f"{sets} x {nb / 2**20:.1f} MiB = {total / 2**20:.0f} MiB", fmt_ms(t_warm), gbs(nb, t_warm), fmt_ms(t_cold), gbs(nb, t_cold)])
+        cold_rows.append([name, f"{sets} x {nb / 2**20:.1f} MiB = {sets * nb / 2**20:.0f} MiB", fmt_ms(t_warm), gbs(nb, t_warm), fmt_ms(t_cold), gbs(nb, t_cold)])
         print("cold", cold_rows[-1], flush=True)
         if name == "int4 g128":
             headline["int4 cold"] = t_cold["min"]
@@ -549,7 +556,7 @@ def main() -> None:
             t_ours, t_16, t_a0 = tt["ours"], tt["i16"], tt["a0"]
             ort_cell = (f"{fmt_ms(tt['ort4'])} ({tt['ort4']['min'] / t_ours['min']:.2f}x / "
                         f"{tt['ort4']['min'] / t_16['min']:.2f}x)" if sess is not None else "—")
-            shrows.append([f"{sm} x {sk}", n, fmt_ms(t_ours), gbs(read_bytes(pw), t_ours), fmt_ms(t_16), fmt_ms(t_a0),
+            shrows.append([f"{sm} x {sk}", n, fmt_ms(t_ours), gbs(read_bytes(pw, table="i8"), t_ours), fmt_ms(t_16), fmt_ms(t_a0),
                            f"{t_a0['min'] / t_ours['min']:.1f}x", ort_cell])
             print("shapes", shrows[-1], flush=True)
         del wd, pw, sess
@@ -654,9 +661,11 @@ def main() -> None:
         "`s * (v[c] - z)` per row and group, one `vpermps` and one FMA per 16 weights, on AVX-512 "
         "with group sizes that are multiples of 32; a scalar loop otherwise) and so does "
         "everything but share the tables across rows; its table setup is float64, as `dequantize`. "
-        "GB/s count the bytes a call reads: packed codes, scales and zero points as the kernels read them "
+        "GB/s count the bytes a call reads: the codes in the layout its kernel reads (the dense path's: "
+        "4 bits per code, 2 for the GEMVs of 2-bit formats, ternary included, whose packed codes "
+        "hold 1.6), scales and zero points as the kernels read them "
         "(scales: float16 for fp4, whose MX scales are float16 values, and with `scale_dtype=np.float16`, "
-        "float32 otherwise; uint4's integer zero points: float16). "
+        "float32 otherwise; uint4's integer zero points: float16), as the caches one call builds hold them. "
         "ORT MatMulNBits has no int4 zero points in value units, ternary, nf4 "
         "or fp4, hence the dashes. Ours runs what the default call runs (the `default runs` column, "
         "rel. L1 errors above); `table='f32'` is the "
