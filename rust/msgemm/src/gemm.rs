@@ -151,91 +151,74 @@ fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
     }
 }
 
-/// Resolves the depth of a call (see [`Depth::Auto`]).
-pub fn resolve_depth(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<usize> {
-    let cb = pw.codebook();
+/// The plan of a call (validated; depth resolved, see [`Depth::Auto`]).
+pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
     match opts.depth {
-        Depth::Fixed(d) => {
-            cb.check_depth(d)?;
-            Ok(d)
-        }
-        Depth::Auto => {
-            let mut candidates: Vec<usize> = Vec::new();
-            for d in 1..=cb.max_byte_depth() {
-                if let Ok(p) = plan_for(pw, n, d, opts) {
-                    if backend_accepts(opts.backend, &p) {
-                        candidates.push(d);
-                    }
-                }
-            }
-            // With `auto`, prefer the depths a fast (SIMD) kernel implements on this machine.
-            if opts.backend == Backend::Auto {
-                let fast: Vec<usize> = candidates
-                    .iter()
-                    .copied()
-                    .filter(|&d| {
-                        plan_for(pw, n, d, opts).is_ok_and(|p| {
-                            kernels::registered().into_iter().any(|k| {
-                                k.backend() != Backend::Scalar && k.available() && k.supports(&p)
-                            })
-                        })
-                    })
-                    .collect();
-                if !fast.is_empty() {
-                    candidates = fast;
-                }
-            }
-            // A SIMD kernel that is measured fastest at one depth for this codebook and
-            // precision gets it (see `LutKernel::preferred_depth`): the model counts every table
-            // entry as an add, while these kernels build a 256-entry table for about the cost
-            // of a 16-entry one.
-            let preferred = kernels::registered()
-                .into_iter()
-                .filter(|k| {
-                    k.backend() != Backend::Scalar
-                        && k.available()
-                        && (opts.backend == Backend::Auto || opts.backend == k.backend())
-                })
-                .find_map(|k| {
-                    let d = k.preferred_depth(cb.levels(), opts.precision)?;
-                    let fits = candidates.contains(&d)
-                        && plan_for(pw, n, d, opts).is_ok_and(|p| k.supports(&p));
-                    fits.then_some(d)
-                });
-            if let Some(d) = preferred {
-                return Ok(d);
-            }
-            let (m, v) = (pw.m() as u64, cb.levels() as u64);
-            let mut best: Option<(usize, f64)> = None;
-            for d in candidates {
-                let r = count::model_ratio(m, v, d as u64, opts.mirror);
-                if best.is_none_or(|(_, br)| r > br) {
-                    best = Some((d, r));
-                }
-            }
-            // No candidate: report the error of the natural depth.
-            match best {
-                Some((d, _)) => Ok(d),
-                None => {
-                    let d = cb.natural_depth().min(cb.max_depth());
-                    let p = plan_for(pw, n, d, opts)?;
-                    if opts.backend != Backend::Reference {
-                        kernels::select(opts.backend, &p)?;
-                    }
-                    Err(Error::Unsupported(format!(
-                        "no depth of backend '{}' fits this call",
-                        opts.backend.name()
-                    )))
-                }
-            }
-        }
+        Depth::Fixed(d) => plan_for(pw, n, d, opts),
+        Depth::Auto => auto_plan(pw, n, opts),
     }
 }
 
-/// The plan of a call (validated; depth resolved).
-pub fn plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
-    let d = resolve_depth(pw, n, opts)?;
-    plan_for(pw, n, d, opts)
+/// The plan of a call at automatic depth. Each depth's plan is built once (a plan costs
+/// about 0.1-0.2 us: building one per depth and filter made the depth resolution a quarter
+/// of a small GEMV's 3.3 us from Python).
+fn auto_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
+    let cb = pw.codebook();
+    let mut plans: Vec<Plan> = (1..=cb.max_byte_depth())
+        .filter_map(|d| plan_for(pw, n, d, opts).ok())
+        .filter(|p| backend_accepts(opts.backend, p))
+        .collect();
+    // With `auto`, prefer the depths a fast (SIMD) kernel implements on this machine.
+    if opts.backend == Backend::Auto {
+        let fast = |p: &Plan| {
+            kernels::registered()
+                .into_iter()
+                .any(|k| k.backend() != Backend::Scalar && k.available() && k.supports(p))
+        };
+        if plans.iter().any(fast) {
+            plans.retain(fast);
+        }
+    }
+    // A SIMD kernel that is measured fastest at one depth for this codebook and precision
+    // gets it (see `LutKernel::preferred_depth`): the model counts every table entry as an
+    // add, while these kernels build a 256-entry table for about the cost of a 16-entry one.
+    let preferred = kernels::registered()
+        .into_iter()
+        .filter(|k| {
+            k.backend() != Backend::Scalar
+                && k.available()
+                && (opts.backend == Backend::Auto || opts.backend == k.backend())
+        })
+        .find_map(|k| {
+            let d = k.preferred_depth(cb.levels(), opts.precision)?;
+            plans.iter().position(|p| p.depth() == d && k.supports(p))
+        });
+    if let Some(i) = preferred {
+        return Ok(plans.swap_remove(i));
+    }
+    let (m, v) = (pw.m() as u64, cb.levels() as u64);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, p) in plans.iter().enumerate() {
+        let r = count::model_ratio(m, v, p.depth() as u64, opts.mirror);
+        if best.is_none_or(|(_, br)| r > br) {
+            best = Some((i, r));
+        }
+    }
+    match best {
+        Some((i, _)) => Ok(plans.swap_remove(i)),
+        // No candidate: report the error of the natural depth.
+        None => {
+            let d = cb.natural_depth().min(cb.max_depth());
+            let p = plan_for(pw, n, d, opts)?;
+            if opts.backend != Backend::Reference {
+                kernels::select(opts.backend, &p)?;
+            }
+            Err(Error::Unsupported(format!(
+                "no depth of backend '{}' fits this call",
+                opts.backend.name()
+            )))
+        }
+    }
 }
 
 /// The options of a call of `n` columns whose table precision is left to the library (the
