@@ -92,6 +92,8 @@ EXACT_FORMATS = [
     ("codebook", (2,)),
     ("fp8_e4m3", (1,)),
     ("fp8_e5m2", (1,)),
+    ("int8", (1,)),
+    ("uint8", (1,)),
 ]
 
 #: A dyadic custom codebook of 12 values (symmetric: it has a mirror).

@@ -88,7 +88,7 @@ def test_pack_unpack_is_a_bijection(fmt, m, groups, g, seed):
     pw = mg.PackedWeights.from_arrays(codes, scales, format=fmt, codebook=CUSTOM if fmt == "codebook" else None)
     np.testing.assert_array_equal(pw.codes, codes)
     bits = {"int4": 4, "uint4": 4, "fp4": 4, "nf4": 4, "codebook": 4, "int3": 3, "uint3": 3,
-            "int2": 2, "uint2": 2, "ternary": 1.6, "fp8_e4m3": 8, "fp8_e5m2": 8}[fmt]
+            "int2": 2, "uint2": 2, "ternary": 1.6, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "uint8": 8}[fmt]
     row_bytes = {1.6: -(-k // 5), 3: -(-k // 8) * 3}.get(bits, -(-k * int(bits) // 8) if bits != 1.6 else 0)
     assert pw.packed.shape == (m, row_bytes)
     again = pickle.loads(pickle.dumps(pw))

@@ -678,7 +678,8 @@ def quantize(
         power-of-two scales ``2^(floor(log2 max|w|) - 2)``, saturating), ``nf4`` (absmax,
         nearest NormalFloat level), ``codebook`` (absmax onto ``max|codebook|``, nearest level),
         ``fp8_e4m3`` / ``fp8_e5m2`` (absmax onto the largest finite value, round to nearest
-        even).
+        even), ``int8`` / ``uint8`` (as ``int4`` / ``uint4`` at 8 bits: one byte per weight;
+        llama.cpp's Q8_0, Q6_K, Q5_0 and Q5_1, Q5_K load as these).
     group_size : int or None
         Inputs per scale; must divide K. ``None`` (or -1): one scale per row.
     symmetric : bool, optional

@@ -69,14 +69,20 @@ const SUBS: usize = ROW_BLOCK / SUB;
 /// bits `2p, 2p + 1` of byte `j` the code of input `k0 + ORDER16[4p + j]`, so that the codes
 /// of bit pair `p` meet the activations at bytes `4p .. 4p + 4` of the chunk in the order that
 /// [`Acts`] stores them.
+///
+/// 8 bits per code (codebooks of more than 16 levels: int8, uint8): words `2c` and `2c + 1`
+/// hold the chunk of 8 inputs from `k0 = g G + 8 c`, byte `j` of word `2c + h` the code of
+/// input `k0 + ORDER16[4h + j]` (the even inputs, then the odd ones, as [`Acts`] stores
+/// them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DenseLayout {
     pub data: AlignedVec<u8>,
     pub groups: usize,
     pub row_blocks: usize,
-    /// Words per part and group: `G / 8` (4 bits per code) or `G / 16` (2 bits).
+    /// Words per part and group: `G / 8` (4 bits per code), `G / 16` (2 bits) or `G / 4` (8
+    /// bits).
     pub chunks: usize,
-    /// Bits per code: 4 or 2.
+    /// Bits per code: 4, 2 or 8.
     pub bits: u32,
 }
 
@@ -99,7 +105,8 @@ impl DenseLayout {
 
     /// Builds the layout from unpacked codes `(M, K)` row-major at `bits` (4: every code <
     /// 16, `group_size` a multiple of [`CHUNK`]; 2: every code < 4, `group_size` a multiple of
-    /// 16). Fails only when its buffer cannot be allocated.
+    /// 16; 8: any code, `group_size` a multiple of [`CHUNK`]). Fails only when its buffer
+    /// cannot be allocated.
     pub fn build(
         codes: &[u8],
         m: usize,
@@ -107,9 +114,9 @@ impl DenseLayout {
         group_size: usize,
         bits: u32,
     ) -> Result<DenseLayout> {
-        assert!(bits == 4 || bits == 2);
+        assert!(bits == 4 || bits == 2 || bits == 8);
         let word_inputs = 32 / bits as usize;
-        assert!(group_size.is_multiple_of(word_inputs) && k.is_multiple_of(group_size));
+        assert!(group_size.is_multiple_of(word_inputs.max(CHUNK)) && k.is_multiple_of(group_size));
         assert_eq!(codes.len(), m * k);
         let groups = k / group_size;
         let row_blocks = m.div_ceil(ROW_BLOCK);
@@ -137,20 +144,25 @@ impl DenseLayout {
                         let (g, s) = (gs / SUBS, gs % SUBS);
                         let row0 = rb * ROW_BLOCK + s * SUB;
                         for (c, words) in part_out.chunks_exact_mut(SUB * 4).enumerate() {
-                            let k0 = g * group_size + c * word_inputs;
+                            // 8 bits: the chunk of words `c` and `c ^ 1`, half `c % 2`.
+                            let k0 = match bits {
+                                8 => g * group_size + (c / 2) * CHUNK,
+                                _ => g * group_size + c * word_inputs,
+                            };
+                            let span = word_inputs.max(CHUNK);
                             for (r, word) in words.chunks_exact_mut(4).enumerate() {
                                 let row = row0 + r;
                                 if row >= m {
                                     break;
                                 }
-                                let src = &codes[row * k + k0..row * k + k0 + word_inputs];
+                                let src = &codes[row * k + k0..row * k + k0 + span];
                                 for (j, b) in word.iter_mut().enumerate() {
-                                    *b = if bits == 4 {
-                                        src[2 * j] | (src[2 * j + 1] << 4)
-                                    } else {
-                                        (0..4).fold(0, |b, p| {
+                                    *b = match bits {
+                                        4 => src[2 * j] | (src[2 * j + 1] << 4),
+                                        2 => (0..4).fold(0, |b, p| {
                                             b | (src[ORDER16[4 * p + j]] << (2 * p))
-                                        })
+                                        }),
+                                        _ => src[ORDER16[4 * (c % 2) + j]],
                                     };
                                 }
                             }
@@ -192,23 +204,18 @@ pub struct Ints {
     pub a: i32,
     pub c0: i32,
     pub map: Option<[u8; 16]>,
+    /// The largest `u(c)`: the largest code, or of `map`.
+    pub u_max: i64,
 }
 
-impl Ints {
-    /// The largest `u(c)`.
-    fn u_max(&self) -> i64 {
-        self.map
-            .map_or(15, |m| i64::from(m.iter().copied().max().unwrap_or(0)))
-    }
-}
-
-/// The plan's [`Ints`], when its integer values are affine in the code or span at most
+/// The plan's [`Ints`], when its integer values are affine in the code (codebooks of up to 256
+/// levels: codes up to 255, one unsigned byte) or, for at most 16 levels, span at most
 /// [`MAP_SPAN`]. In label space ([`Plan::labels`]) code `c`'s integer is that of its label,
 /// and the spare code (label `V/2`, which the weights never use: see
 /// [`crate::format::SignMagnitude`]) is left out (mapped to 0).
 pub fn ints(plan: &Plan) -> Option<Ints> {
     let ints = plan.int_values.as_deref()?;
-    if plan.levels > 16 {
+    if plan.levels > 256 {
         return None;
     }
     let code_ints: Vec<Option<i32>> = match &plan.labels {
@@ -219,7 +226,15 @@ pub fn ints(plan: &Plan) -> Option<Ints> {
             .collect(),
     };
     if let Some((a, c0)) = affine(&code_ints) {
-        return Some(Ints { a, c0, map: None });
+        return Some(Ints {
+            a,
+            c0,
+            map: None,
+            u_max: plan.levels as i64 - 1,
+        });
+    }
+    if plan.levels > 16 {
+        return None;
     }
     let known = code_ints.iter().flatten();
     let (lo, hi) = (*known.clone().min()?, *known.max()?);
@@ -235,6 +250,7 @@ pub fn ints(plan: &Plan) -> Option<Ints> {
         a: 1,
         c0: lo,
         map: Some(map),
+        u_max: i64::from(map.iter().copied().max().unwrap_or(0)),
     })
 }
 
@@ -358,11 +374,16 @@ pub const AMX_MIN_COLUMNS_SHORT_STEPS: usize = 16;
 
 /// The dense kernel that runs `plan` on `backend`: [`kind_for`], except that `auto` takes
 /// AMX tiles where the CPU has them from [`AMX_MIN_COLUMNS`] columns on
-/// ([`AMX_MIN_COLUMNS_SHORT_STEPS`] when the group's steps are one chunk).
+/// ([`AMX_MIN_COLUMNS_SHORT_STEPS`] when the group's steps are one chunk), for codes of at most
+/// 4 bits (the AMX kernel unpacks nibbles).
 pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
     let kind = kind_for(backend)?;
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    if kind == Kind::Vnni512 && backend == Backend::Auto && plan.n >= AMX_MIN_COLUMNS {
+    if kind == Kind::Vnni512
+        && backend == Backend::Auto
+        && plan.n >= AMX_MIN_COLUMNS
+        && plan.levels <= 16
+    {
         let short = amx::step_chunks(plan.group_size / CHUNK) == 1;
         if (!short || plan.n >= AMX_MIN_COLUMNS_SHORT_STEPS) && amx_ready() {
             return Some(Kind::Amx);
@@ -433,7 +454,6 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
     // affine in the code, and its epilogue subtracts the uniform shift term; in label space
     // they are the codebook's own (see `affine`): the same sums and bits either way.
     plan.precision == TablePrecision::I16
-        && plan.levels <= 16
         // A GEMV of 2-bit codes reads them from the paired table layout at 2 bits per weight;
         // the dense path reads them at 2 bits only on AVX-512 VNNI ([`two_bit`]), elsewhere at
         // 4: the tables measured faster there (int2 g64 4096 x 4096, 2 threads: 0.19 against
@@ -443,12 +463,17 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
         && ints(plan).is_some_and(|i| {
             // |a Q| and |c0 S| (Q, S: sums of u(code) times activations and of activations)
             // stay far inside int32 for the group sizes in use: bounded here for any.
-            let bound = (i64::from(i.a.unsigned_abs()) * i.u_max() + i64::from(i.c0.unsigned_abs()))
+            let bound = (i64::from(i.a.unsigned_abs()) * i.u_max + i64::from(i.c0.unsigned_abs()))
                 * 127
                 * plan.group_size as i64;
+            // Codes of 8 bits (more than 16 levels) are summed on AVX-512 VNNI only: AVX2's
+            // int16 pairs would saturate, `sdot` reads signed bytes, the AMX kernel unpacks
+            // nibbles.
             bound < i64::from(i32::MAX) / 2
-                && kind_for_call(backend, plan)
-                    .is_some_and(|k| i.map.is_none() || i.u_max() <= i64::from(map_span(k)))
+                && kind_for_call(backend, plan).is_some_and(|k| {
+                    (i.map.is_none() || i.u_max <= i64::from(map_span(k)))
+                        && (plan.levels <= 16 || k == Kind::Vnni512)
+                })
         })
 }
 
@@ -929,9 +954,13 @@ mod vnni {
     /// cycles each), so one part of one column (a GEMV) waited on that latency, not on the
     /// issue rate. `P * NC` accumulators, and below 8 of them a second set for the high
     /// nibbles (added at the end: integers, so the same sums), keep 8 or more chains in flight.
+    ///
+    /// With `B8` the codes are bytes (the 8-bit layout: `chunks` words per part, two per
+    /// chunk, the even inputs' then the odd ones'), summed as they are in place of the low and
+    /// high nibbles.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn parts_sums<const P: usize, const NC: usize, const MAP: bool>(
+    unsafe fn parts_sums<const P: usize, const NC: usize, const MAP: bool, const B8: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
@@ -941,7 +970,8 @@ mod vnni {
         let split = P * NC < 8;
         let mut acc = [[_mm512_setzero_si512(); NC]; P];
         let mut acc_hi = [[_mm512_setzero_si512(); NC]; P];
-        for ch in 0..chunks {
+        let words = if B8 { 2 } else { 1 };
+        for ch in 0..chunks / words {
             // SAFETY: the parts hold `chunks` words of 64 bytes each; each column holds the
             // group's `8 chunks` activations.
             unsafe {
@@ -954,11 +984,18 @@ mod vnni {
                     );
                 }
                 for (pi, (acc, acc_hi)) in acc.iter_mut().zip(acc_hi.iter_mut()).enumerate() {
-                    let at = w.add((pi * chunks + ch) * 64);
+                    let at = w.add((pi * chunks + words * ch) * 64);
                     // Past the layout's end near its last page: never dereferenced.
                     _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST) as *const i8);
-                    let v = _mm512_load_si512(at as *const __m512i);
-                    let (lo, hi) = nibbles::<MAP>(v, map);
+                    let (lo, hi) = if B8 {
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST + 64) as *const i8);
+                        (
+                            _mm512_load_si512(at as *const __m512i),
+                            _mm512_load_si512(at.add(64) as *const __m512i),
+                        )
+                    } else {
+                        nibbles::<MAP>(_mm512_load_si512(at as *const __m512i), map)
+                    };
                     for (c, &(even, odd)) in xs.iter().enumerate() {
                         acc[c] = _mm512_dpbusd_epi32(acc[c], lo, even);
                         if split {
@@ -1041,10 +1078,15 @@ mod vnni {
         // callers keep `s0 + P` within the row block's parts.
         let q = unsafe {
             match &job.map {
-                None => parts_sums::<P, NC, false>(w, lay.chunks, x, k, _mm512_setzero_si512()),
+                None if lay.bits == 8 => {
+                    parts_sums::<P, NC, false, true>(w, lay.chunks, x, k, _mm512_setzero_si512())
+                }
+                None => {
+                    parts_sums::<P, NC, false, false>(w, lay.chunks, x, k, _mm512_setzero_si512())
+                }
                 Some(m) => {
                     let t = _mm512_broadcast_i32x4(_mm_loadu_si128(m.as_ptr() as *const __m128i));
-                    parts_sums::<P, NC, true>(w, lay.chunks, x, k, t)
+                    parts_sums::<P, NC, true, false>(w, lay.chunks, x, k, t)
                 }
             }
         };
@@ -1117,9 +1159,11 @@ mod vnni {
                     let q = parts_sums2::<P>(w, lay.chunks, x);
                     std::array::from_fn(|pi| std::array::from_fn(|c| q[pi][c]))
                 } else if job.map.is_some() {
-                    parts_sums::<P, NC, true>(w, lay.chunks, x, k, map)
+                    parts_sums::<P, NC, true, false>(w, lay.chunks, x, k, map)
+                } else if lay.bits == 8 {
+                    parts_sums::<P, NC, false, true>(w, lay.chunks, x, k, map)
                 } else {
-                    parts_sums::<P, NC, false>(w, lay.chunks, x, k, map)
+                    parts_sums::<P, NC, false, false>(w, lay.chunks, x, k, map)
                 }
             };
             let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;

@@ -40,11 +40,17 @@ pub enum Format {
     Fp8E4m3,
     /// OCP FP8 E5M2 (IEEE-like, with infinities and NaNs).
     Fp8E5m2,
+    /// Signed 8-bit integers `q - 128` in `-128..=127`, one byte per code (llama.cpp's Q8_0,
+    /// and its 5- and 6-bit types, Q5_0 and Q6_K, whose integers are a subset).
+    Int8,
+    /// Unsigned 8-bit integers `q` in `0..=255`, normally with zero points (llama.cpp's Q5_1
+    /// and Q5_K).
+    Uint8,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 12] = [
+    pub const ALL: [Format; 14] = [
         Format::Int4,
         Format::Uint4,
         Format::Int3,
@@ -57,6 +63,8 @@ impl Format {
         Format::Codebook,
         Format::Fp8E4m3,
         Format::Fp8E5m2,
+        Format::Int8,
+        Format::Uint8,
     ];
 
     /// The name used by the Python API.
@@ -74,6 +82,8 @@ impl Format {
             Format::Codebook => "codebook",
             Format::Fp8E4m3 => "fp8_e4m3",
             Format::Fp8E5m2 => "fp8_e5m2",
+            Format::Int8 => "int8",
+            Format::Uint8 => "uint8",
         }
     }
 
@@ -103,7 +113,7 @@ impl Format {
             Format::Int3 | Format::Uint3 => Packing::Int3,
             Format::Int2 | Format::Uint2 => Packing::Crumb,
             Format::Ternary => Packing::Trit5,
-            Format::Fp8E4m3 | Format::Fp8E5m2 => Packing::Byte,
+            Format::Fp8E4m3 | Format::Fp8E5m2 | Format::Int8 | Format::Uint8 => Packing::Byte,
         }
     }
 
@@ -118,6 +128,8 @@ impl Format {
                 | Format::Int2
                 | Format::Uint2
                 | Format::Ternary
+                | Format::Int8
+                | Format::Uint8
         )
     }
 }
@@ -436,6 +448,8 @@ impl Codebook {
             Format::Nf4 => NF4_VALUES.to_vec(),
             Format::Fp8E4m3 => (0..=255u8).map(fp8_e4m3).collect(),
             Format::Fp8E5m2 => (0..=255u8).map(fp8_e5m2).collect(),
+            Format::Int8 => (0..256).map(|q| (q - 128) as f32).collect(),
+            Format::Uint8 => (0..256).map(|q| q as f32).collect(),
             Format::Codebook => {
                 return Err(Error::invalid(
                     "codebook",

@@ -239,8 +239,12 @@ fn auto_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// plan of fresh weights first finds the codes they use, in parallel).
 pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmOptions {
     // Backend `amx` has no tables: its GEMVs are dense calls too; so are those that
-    // `dense::gemv_preferred` picks.
-    let gemv = opts.backend == Backend::Amx || dense::gemv_preferred(opts.backend);
+    // `dense::gemv_preferred` picks, and those of 8-bit codes (int8, uint8), whose tables
+    // have 256 entries per input (int8 g32 4096 x 4096, 2 threads, Zen 5: 2.0 ms on `i8`
+    // tables, 0.13 ms dense).
+    let gemv = opts.backend == Backend::Amx
+        || dense::gemv_preferred(opts.backend)
+        || pw.codebook().levels() > 16;
     let min_n = if gemv { 1 } else { 2 };
     if n < min_n || opts.depth != Depth::Auto || opts.precision != TablePrecision::I8 {
         return *opts;

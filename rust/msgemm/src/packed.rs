@@ -809,10 +809,11 @@ impl PackedWeights {
         Some(tiled.view())
     }
 
-    /// The 4-bit code layout of the dense `i16` path ([`crate::dense`]; built on first use,
-    /// then cached): codebooks of at most 16 levels, group sizes that are multiples of 8.
+    /// The code layout of the dense `i16` path ([`crate::dense`]; built on first use, then
+    /// cached): 4 bits per code for codebooks of at most 16 levels, 8 for larger ones (int8,
+    /// uint8); group sizes that are multiples of 8.
     pub fn dense_layout(&self) -> Result<&DenseLayout> {
-        self.dense_layout_at(4)
+        self.dense_layout_at(if self.codebook.levels() > 16 { 8 } else { 4 })
     }
 
     /// The 2-bit code layout of the dense `i16` path's GEMVs of 2-bit codes
@@ -822,13 +823,14 @@ impl PackedWeights {
         self.dense_layout_at(2)
     }
 
-    /// The dense layout of `bits` (4 or 2) bits per code: codebooks of at most `2^bits`
-    /// levels, group sizes that are multiples of the `32 / bits` inputs of a word.
+    /// The dense layout of `bits` (4, 2 or 8) bits per code: codebooks of at most `2^bits`
+    /// levels, group sizes that are multiples of the inputs of a word, and of [`dense::CHUNK`].
+    /// The 4- and 8-bit layouts share one cache: a codebook has one of them.
     fn dense_layout_at(&self, bits: u32) -> Result<&DenseLayout> {
-        let (cell, word_inputs) = if bits == 4 {
-            (&self.dense, dense::CHUNK)
-        } else {
+        let (cell, word_inputs) = if bits == 2 {
             (&self.dense2, 16)
+        } else {
+            (&self.dense, dense::CHUNK)
         };
         if self.codebook.levels() > 1 << bits || !self.group_size.is_multiple_of(word_inputs) {
             return Err(Error::Unsupported(format!(

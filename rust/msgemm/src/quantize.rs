@@ -89,6 +89,7 @@ enum Scheme {
 
 fn int_bits(f: Format) -> Option<u32> {
     match f {
+        Format::Int8 | Format::Uint8 => Some(8),
         Format::Int4 | Format::Uint4 => Some(4),
         Format::Int3 | Format::Uint3 => Some(3),
         Format::Int2 | Format::Uint2 => Some(2),
@@ -98,6 +99,7 @@ fn int_bits(f: Format) -> Option<u32> {
 
 fn unsigned_of(bits: u32) -> Format {
     match bits {
+        8 => Format::Uint8,
         4 => Format::Uint4,
         3 => Format::Uint3,
         _ => Format::Uint2,
@@ -108,7 +110,7 @@ fn unsigned_of(bits: u32) -> Format {
 fn resolve(opts: &QuantizeOptions) -> Result<(Format, Scheme)> {
     let f = opts.format;
     let sym = opts.symmetric;
-    let signed = matches!(f, Format::Int4 | Format::Int3 | Format::Int2);
+    let signed = matches!(f, Format::Int8 | Format::Int4 | Format::Int3 | Format::Int2);
     if let Some(bits) = int_bits(f) {
         return Ok(match (signed, sym) {
             (true, None | Some(true)) => (f, Scheme::Symmetric { bits }),

@@ -77,6 +77,20 @@ fn has_dense() -> bool {
     ok
 }
 
+/// Whether this CPU has AVX-512 F, BW and VNNI (the kernel that sums 8-bit codes).
+fn vnni_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether `auto` runs `pw`'s GEMVs of at most 4 levels densely, on the 2-bit layout: on
 /// CPUs with AVX-512 VNNI, groups a multiple of 16, codebooks in equal steps (int2, uint2,
 /// ternary, and the integer ones of this file: the codes are summed as they are).
@@ -121,7 +135,11 @@ fn runs(pw: &PackedWeights, n: usize, b: Backend) -> bool {
             "{err}"
         );
     }
-    b != Backend::Amx || dense
+    // A table kernel takes the rest, where it implements them (AVX2 and NEON: no `i16`
+    // tables of 256 entries).
+    let plan = make_plan(pw, n, &opts);
+    dense
+        || (b != Backend::Amx && plan.is_ok_and(|p| maleki_msgemm::kernels::select(b, &p).is_ok()))
 }
 
 #[test]
@@ -173,8 +191,14 @@ fn first_mismatch(a: &[f32], b: &[f32]) -> Option<usize> {
 fn check(pw: &PackedWeights, n: usize, what: &str) {
     let x = activations(pw.k(), n, 11 + n as u64);
     let plan = make_plan(pw, n, &i16_opts(Backend::Auto)).unwrap();
-    // 2-bit GEMVs stay on the tables, except on AVX-512 VNNI (the 2-bit layout).
-    let expect = n >= 2 || pw.codebook().levels() > 4 || two_bit_gemvs(pw);
+    // 2-bit GEMVs stay on the tables, except on AVX-512 VNNI (the 2-bit layout); 8-bit codes
+    // run densely on AVX-512 VNNI only.
+    let levels = pw.codebook().levels();
+    let expect = if levels > 16 {
+        vnni_cpu()
+    } else {
+        n >= 2 || levels > 4 || two_bit_gemvs(pw)
+    };
     assert_eq!(dense::applies(&plan, Backend::Auto), expect, "{what} n={n}");
     let want = gemm(pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
     // The first call builds the dense layout on the pool and runs there, the next ones run
@@ -240,6 +264,42 @@ fn dense_layout_holds_the_codes() {
 }
 
 #[test]
+fn eight_bit_dense_layout_holds_the_codes() {
+    // Byte `j` of word `2c + h` of a row holds input `ORDER[4 h + j]` of chunk `c` (the order
+    // of the int8 activations: each 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7).
+    const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+    let cb = Codebook::new(Format::Uint8).unwrap();
+    let (m, k, g) = (70, 96, 24);
+    let pw = random_weights(&cb, (m, k, g), false, false, 9);
+    let codes = pw.codes().unwrap();
+    assert!(
+        codes.iter().any(|&c| c > 127),
+        "the test needs codes past 127"
+    );
+    let lay = DenseLayout::build(&codes, m, k, g, 8).unwrap();
+    assert_eq!((lay.bits, lay.chunks), (8, g / 4));
+    assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g);
+    assert_eq!(pw.dense_layout().unwrap(), &lay);
+    for gi in 0..k / g {
+        for rb in 0..lay.row_blocks {
+            for s in 0..ROW_BLOCK / SUB {
+                let part = &lay.data[lay.part(gi, rb, s)..][..lay.part_bytes()];
+                for (w, words) in part.chunks_exact(SUB * 4).enumerate() {
+                    for (r, word) in words.chunks_exact(4).enumerate() {
+                        let row = rb * ROW_BLOCK + s * SUB + r;
+                        for (j, &byte) in word.iter().enumerate() {
+                            let input = gi * g + (w / 2) * CHUNK + ORDER[4 * (w % 2) + j];
+                            let want = if row < m { codes[row * k + input] } else { 0 };
+                            assert_eq!(byte, want, "g={gi} row={row} word={w} byte={j}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn two_bit_dense_layout_holds_the_codes() {
     // Bit pair `p` of byte `j` of a row's word holds input `ORDER[4 p + j]` of its 16 (the
     // order of the int8 activations: each 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7).
@@ -290,6 +350,8 @@ fn dense_path_equals_the_table_kernel_bitwise() {
         (Format::Uint2, true),
         (Format::Ternary, false),
         (Format::Fp4, false),
+        (Format::Int8, false),
+        (Format::Uint8, true),
     ];
     let mut ran = 0;
     for (i, &(f, zeros)) in formats.iter().enumerate() {
@@ -322,7 +384,7 @@ fn dense_path_equals_the_table_kernel_bitwise() {
             ran += 1;
         }
     }
-    assert_eq!(ran, 8 * 4 * 8 + 6 * 3);
+    assert_eq!(ran, 10 * 4 * 8 + 6 * 3);
 }
 
 #[test]
@@ -366,9 +428,15 @@ fn dense_sums_at_their_largest() {
         return;
     }
     // Every code at its extreme and every activation at +-127 after rounding, in long groups:
-    // the int32 sums reach 15 * 127 * G (uint4) and 8 * 127 * G (int4).
+    // the int32 sums reach 15 * 127 * G (uint4), 8 * 127 * G (int4), 255 * 127 * G (uint8) and
+    // 128 * 127 * G (int8: its codes' sums 0 and the correction -128 S).
     let (m, k) = (80, 8192);
-    for (f, code) in [(Format::Uint4, 15u8), (Format::Int4, 0u8)] {
+    for (f, code) in [
+        (Format::Uint4, 15u8),
+        (Format::Int4, 0u8),
+        (Format::Uint8, 255u8),
+        (Format::Int8, 0u8),
+    ] {
         let cb = Codebook::new(f).unwrap();
         for g in [k, 512] {
             let codes = vec![code; m * k];
@@ -391,11 +459,11 @@ fn dense_sums_at_their_largest() {
                 })
                 .collect();
             let want = gemm(&pw, &x, 3, &i16_opts(Backend::Scalar)).unwrap();
-            for b in dense_backends() {
+            for b in dense_backends().into_iter().filter(|&b| runs(&pw, 3, b)) {
                 let got = gemm(&pw, &x, 3, &i16_opts(b)).unwrap();
                 assert_eq!(first_mismatch(&got, &want), None, "{f:?} G={g} {b:?}");
                 // The all-positive column: every weight times 2, summed exactly.
-                let v = if f == Format::Uint4 { 15.0 } else { -8.0 };
+                let v = cb.values()[usize::from(code)] as f64;
                 let exact = 0.5 * v * 2.0 * k as f64;
                 assert!(
                     (f64::from(got[2]) - exact).abs() <= exact.abs() * 1e-6,
