@@ -608,14 +608,24 @@ class PackedWeights:
         TQ2_0    ``d t``                        ``ternary``, G = 256
         MXFP4    ``2^(e - 127) e2m1[q]``        ``fp4``, G = 32
         NVFP4    ``ue4m3 e2m1[q]``, 4 x 16      ``fp4``, G = 16 (scale byte 0x7F reads 0, as ggml)
+        Q8_0     ``d q``, q int8, 32 per block  ``int8``, G = 32
+        Q6_K     ``d sc (q - 32)``, 16 x 16     ``int8``, G = 16
+        Q5_0     ``d (q - 16)``, 32 per block   ``int8``, G = 32
+        Q5_1     ``d q + m``                    ``uint8``, G = 32, zero points
+        Q5_K     ``d sc q - dmin mn``, 8 x 32   ``uint8``, G = 32, zero points
         ======== ============================== ========================================
 
-        Scales are exact (a float16 times a small integer). The minimums of Q4_1 (``-m``),
-        Q4_K and Q2_K (``dmin mn``) become zero points ``z = min / scale`` rounded once to
+        With Q6_K beside Q4_K and Q5_K, every tensor of llama.cpp's ``Q4_K_M`` and ``Q5_K_M``
+        models loads; the 5-, 6- and 8-bit types take one byte per weight here (the dense
+        ``i16`` path sums them on AVX-512 VNNI; elsewhere their tables of 256 entries per
+        input are slow). Scales are exact (a float16 times a small integer). The minimums of
+        Q4_1 and Q5_1 (``-m``), Q4_K, Q5_K and Q2_K (``dmin mn``) become zero points
+        ``z = min / scale`` rounded once to
         float32, so those weights match ggml's to about one float32 rounding. A group whose
         scale is 0 but whose minimum is not holds one constant: it is stored exactly as codes
         0, scale ``|min|`` and zero point ``sign(min)``, so ``codes``, ``scales`` and
-        ``zeros`` differ from the file's there. Other types (Q5/Q6/Q8, the IQ1/IQ2/IQ3 lattice
+        ``zeros`` differ from the file's there. Other types (Q8_1 and Q8_K, ggml's activation
+        formats, the IQ1/IQ2/IQ3 lattice
         types, float tensors) are refused, naming the type; so are blocks with a non-finite
         float16 field, TQ2_0's unused code 3, NVFP4 scale bytes with bit 7 set and MXFP4
         exponents from 253 (weights beyond float32).

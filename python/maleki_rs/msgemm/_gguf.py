@@ -1,9 +1,10 @@
 """llama.cpp GGUF tensors (ggml block formats) as msgemm codes, scales and zero points.
 
-Every supported ggml type is a low-bit format of ours with a smaller group: the block (or
-sub-block) scales become our group scales, exactly (products of a float16 and a small integer
-are exact in float32), and the ``d * q - m`` of the types with minimums becomes
-``s * (q - z)`` with ``z = m / d`` rounded once to float32. The layouts are ggml's
+Every supported ggml type is a format of ours with a smaller group (the 5-, 6- and 8-bit ones:
+``int8`` or ``uint8``, one byte per weight): the block (or sub-block) scales become our group
+scales, exactly (products of a float16 and a small integer are exact in float32), and the
+``d * q - m`` of the types with minimums becomes ``s * (q - z)`` with ``z = m / d`` rounded
+once to float32. The layouts are ggml's
 (``ggml-common.h``), read here with numpy; nothing of the ``gguf`` package is needed.
 
 Reading a file is the ``gguf`` package's job (``gguf.GGUFReader``); its ``tensor.data`` and
@@ -43,6 +44,11 @@ SUPPORTED: dict[str, tuple[int, int, str, int]] = {
     "TQ2_0": (256, 66, "ternary", 256),
     "MXFP4": (32, 17, "fp4", 32),
     "NVFP4": (64, 36, "fp4", 16),
+    "Q8_0": (32, 34, "int8", 32),
+    "Q6_K": (256, 210, "int8", 16),
+    "Q5_0": (32, 22, "int8", 32),
+    "Q5_1": (32, 24, "uint8", 32),
+    "Q5_K": (256, 176, "uint8", 32),
 }
 
 #: The 16 values of IQ4_NL and IQ4_XS (llama.cpp's ``kvalues_iq4nl``).
@@ -77,8 +83,8 @@ def type_name(ggml_type: Any) -> str:
     if name not in SUPPORTED:
         if name in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"):
             why = "is not a block-quantized type (quantize it with maleki_rs.msgemm.quantize)"
-        elif name in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"):
-            why = "has more than 16 levels per weight (msgemm's formats have at most 4 bits)"
+        elif name in ("Q8_1", "Q8_K"):
+            why = "is ggml's format for activations in its dot products, not for stored weights"
         elif name == "Q1_0":
             why = "is not supported (a 1-bit type newer than this loader)"
         else:
@@ -214,6 +220,41 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
         codes = np.concatenate(
             [trits(blocks[..., 0:32], 5), trits(blocks[..., 32:48], 5), trits(blocks[..., 48:52], 4)], axis=-1)
         scales = _f16(blocks, 52)
+    elif name == "Q8_0":  # d f16, 32 int8 q: value d q (our int8 code: q + 128)
+        scales = _f16(blocks, 0)
+        codes = blocks[..., 2:34] ^ 0x80
+    elif name in ("Q5_0", "Q5_1"):  # d (Q5_1: and m) f16, 32 high bits, 16 bytes of nibbles
+        at = 2 if name == "Q5_0" else 4
+        high = (blocks[..., at:at + 4, None] >> np.arange(8, dtype=np.uint8)) & 1  # bit j of a u32
+        q = _nibbles(blocks[..., at + 4:at + 20]) + 16 * high.reshape(m, nb, 32)  # 0..31
+        if name == "Q5_0":  # value d (q - 16)
+            scales, codes = _f16(blocks, 0), q + 112
+        else:  # value d q + m
+            codes, scales, zeros = _affine(q, _f16(blocks, 0), -_f16(blocks, 2, "m"))
+    elif name == "Q6_K":  # 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, d f16
+        # Per half block of 128 weights: 64 low-nibble bytes and 32 high-bit bytes; weight
+        # 32 t + l (t = 0..3) takes nibble t // 2 of byte l + 32 (t % 2) and bits 2t, 2t + 1 of
+        # high byte l. Value d sc (q - 32), one int8 sc per 16 weights.
+        ql = blocks[..., 0:128].reshape(m, nb, 2, 64)
+        qh = blocks[..., 128:192].reshape(m, nb, 2, 32)
+        low = np.concatenate([ql[..., 0:32] & 0x0F, ql[..., 32:64] & 0x0F, ql[..., 0:32] >> 4, ql[..., 32:64] >> 4],
+                             axis=-1)
+        high = (qh[..., None, :] >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
+        codes = low + 16 * high.reshape(m, nb, 2, 128) + 96  # our int8 code: q - 32 + 128
+        sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
+        scales = (_f16(blocks, 208)[..., None] * sc).reshape(m, nb * 16)
+    elif name == "Q5_K":  # d, dmin f16, 12 bytes of 6-bit scales and mins (as Q4_K), 32 of high bits, nibbles
+        b = blocks[..., 4:16].astype(np.int32)
+        lo = b[..., 0:4], b[..., 4:8], b[..., 8:12]
+        sc = np.concatenate([lo[0] & 63, (lo[2] & 0x0F) | ((lo[0] >> 6) << 4)], axis=-1)
+        mn = np.concatenate([lo[1] & 63, (lo[2] >> 4) | ((lo[1] >> 6) << 4)], axis=-1)
+        # Weight 32 h + l (h = 0..7, l = 0..31): its nibble as Q4_K's, plus 16 times bit h
+        # of high byte l.
+        high = (blocks[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+        q = _nibbles(blocks[..., 48:176].reshape(m, nb, 4, 32)).reshape(m, nb, 256) + 16 * high.reshape(m, nb, 256)
+        d = _f16(blocks, 0)[..., None] * sc
+        mins = _f16(blocks, 2, "dmin")[..., None] * mn
+        codes, scales, zeros = _affine(q, d.reshape(m, nb * 8), mins.reshape(m, nb * 8))
     elif name == "Q2_K":  # 16 bytes of (min << 4 | scale), 64 bytes of crumbs, d, dmin f16
         sm = blocks[..., 0:16]
         d = _f16(blocks, 80)[..., None] * (sm & 0x0F)
@@ -255,7 +296,8 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
 
 #: Byte offsets of each supported type's float16 fields within a block.
 F16_FIELDS = {"Q4_0": (0,), "IQ4_NL": (0,), "Q4_1": (0, 2), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2),
-              "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": ()}
+              "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (), "Q8_0": (0,),
+              "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2), "Q5_K": (0, 2)}
 
 
 def random_blocks(name: str, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
