@@ -120,11 +120,14 @@ def main() -> None:
                        "N = 1 ms", "N = 1 GB/s", "N = 1 vs A0"]
                       + [h for n in NS[1:] for h in (f"N = {n} ms (table)", f"N = {n} vs A0")], rows),
         "",
-        "The K-quants' two-level scales (a float16 per 256 weights times 4- or 6-bit integers per 16 "
-        "or 32) are exact in float32 but not float16, and their minimums become float32 zero points: "
-        "Q4_K reads 6 bits per weight where ggml stores 4.5, Q2_K 6 where ggml stores 2.6. The "
-        "single-level types (Q4_0, IQ4_NL, TQ1_0, TQ2_0, MXFP4) keep float16 or power-of-two scales "
-        "and read about what ggml stores. Load times are numpy decoding in Python, once per tensor.",
+        "Bits/weight read: what a GEMV's kernel reads (its layout, scales and zero points). The K-quants'"
+        " two-level scales (a float16 per 256 weights times 4-, 6- or 8-bit integers per 16 or 32) are "
+        "exact in float32 but not float16, and their minimums become float32 zero points: Q4_K reads 6 "
+        "bits per weight where ggml stores 4.5, Q2_K 6 where ggml stores 2.6. The dense GEMVs read 3-bit "
+        "codes at 4 bits (Q3_K: 6), ternary at 2 (TQ1_0 stores 1.6), and the 5-, 6- and 8-bit types at "
+        "one byte per weight (Q6_K: 10 bits where ggml stores 6.6; Q8_0 what it stores). The single-level"
+        " types (Q4_0, IQ4_NL, TQ2_0, MXFP4, Q8_0) keep float16 or power-of-two scales and read about "
+        "what ggml stores. Load times are numpy decoding in Python, once per tensor.",
         "",
         f"### Small groups in batches: the dense `i16` path against `bf16` mode, {m}x{k}, {th} threads",
         "",

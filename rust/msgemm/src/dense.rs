@@ -21,7 +21,8 @@
 //! [`map_span`] (255 on AVX-512 VNNI and AMX, 127 with `sdot`, 64 on AVX2: fp4, whose
 //! integers are twice its values, IQ4_NL's 16 integers, custom integer codebooks: see
 //! [`Ints`]), group sizes that are multiples of 8
-//! (GEMVs of 2-bit codebooks: on AVX-512 VNNI only, see [`two_bit`]), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
+//! (GEMVs of 2-bit codebooks: on AVX-512 VNNI only, see [`two_bit`]; codebooks of 256
+//! levels affine in the code, int8 and uint8, on AVX-512 VNNI only, one byte per code), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
 //! VNNI) and `avx2` (AVX2 and F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the
 //! dot-product extension (FEAT_DotProd; its speed is not measured on Arm hardware, its bits
 //! are tested under qemu-user). Then `P = a * sum_k u_k xq_k + c0 * sum_k xq_k`, with `u` (the
