@@ -248,12 +248,13 @@ class PackedWeights:
 
     @property
     def natural_depth(self) -> int:
-        """The depth whose table index is the stored byte (int4 2, int2 4, ternary 5, fp8 1)."""
+        """The depth whose table index is the stored byte (int4 2, int2 4, ternary 5; fp8, int8,
+        uint8 1)."""
         return int(self._raw.natural_depth)
 
     @property
     def max_depth(self) -> int:
-        """The deepest tables accepted (``V^d <= 65536``; fp8: 1)."""
+        """The deepest tables accepted (``V^d <= 65536``; fp8, int8, uint8: 1)."""
         return int(self._raw.max_depth)
 
     @property
@@ -617,8 +618,8 @@ class PackedWeights:
 
         With Q6_K beside Q4_K and Q5_K, every tensor of llama.cpp's ``Q4_K_M`` and ``Q5_K_M``
         models loads; the 5-, 6- and 8-bit types take one byte per weight here (the dense
-        ``i16`` path sums them on AVX-512 VNNI; elsewhere their tables of 256 entries per
-        input are slow). Scales are exact (a float16 times a small integer). The minimums of
+        ``i16`` path sums them with dot-product instructions on x86-64 and Arm64 with the
+        dot-product extension; elsewhere their tables of 256 entries per input are slow). Scales are exact (a float16 times a small integer). The minimums of
         Q4_1 and Q5_1 (``-m``), Q4_K, Q5_K and Q2_K (``dmin mn``) become zero points
         ``z = min / scale`` rounded once to
         float32, so those weights match ggml's to about one float32 rounding. A group whose
@@ -784,8 +785,8 @@ def _check_opts(pw: PackedWeights, depth: Any, table: Any, backend: Any, threads
     t = None if threads is None else check_int(threads, "threads", min=1, max=4096)
     mir = check_bool(mirror, "mirror")
     if mir and pw.mirror is None:
-        raise ValueError(f"mirror: format {pw.format!r} has no mirror symmetry (int*, uint*, ternary, fp4 and "
-                         "symmetric codebooks do)")
+        raise ValueError(f"mirror: format {pw.format!r} has no mirror symmetry (int2-int4, uint2-uint4, ternary, "
+                         "fp4 and symmetric codebooks do)")
     return d, table, backend, t, mir
 
 
@@ -824,7 +825,9 @@ def msgemm(
         (``N >= 2``) at ``depth="auto"``, and for GEMVs on AMD CPUs with AVX-512 VNNI (Zen 4
         and later) of the weights below, which run on the dense ``i16`` path (measured on Zen
         5, 4096 x 4096, 2 threads: int4 g128 0.059 ms against 0.085 warm, and faster from
-        DRAM; int4 g32 0.070 against 0.107, fp4 g32 0.062 against 0.110):
+        DRAM; int4 g32 0.070 against 0.107, fp4 g32 0.062 against 0.110), and for every call
+        of int8 / uint8 weights where the dense path exists (256-entry tables otherwise: int8
+        g32 GEMV 0.13 against 2.0 ms):
 
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both
@@ -863,7 +866,8 @@ def msgemm(
         x86-64 (AVX-512 VNNI or AVX2) and on Arm64 CPUs with the dot-product extension,
         ``"i16"`` calls on weights of at most 16 integer levels (int4, uint4, int3, int2,
         ternary, fp4, and integer codebooks whose values span at most 255 on AVX-512 VNNI,
-        e.g. llama.cpp's IQ4_NL; at most 127 with ``sdot``, 64 on AVX2)
+        e.g. llama.cpp's IQ4_NL; at most 127 with ``sdot``, 64 on AVX2) or of one byte per
+        code (int8, uint8; not on AMX tiles)
         with group sizes that are multiples of 8 sum those same integers with
         dot-product instructions (``vpdpbusd``, ``vpmaddubsw`` on AVX2, ``sdot`` on Arm64)
         instead of tables (bitwise the same result, at any ``depth``; GEMVs of 2-bit formats on
@@ -881,7 +885,7 @@ def msgemm(
         exact value, relative, and the sums within ``K 2^-24 (|wb| @ |xb|)`` of the exact sum
         of those products (relative L1 error on Gaussian nf4 g64, 512 x 2048, N = 4: 2.2e-3,
         ``i8`` 7.8e-3).
-        Any format of at most 16 levels (not fp8), group sizes that are multiples of 8 and K
+        Any format of at most 16 levels (not fp8, int8, uint8), group sizes that are multiples of 8 and K
         a multiple of 32.
         Kernels: Intel AMX (``tdpbf16ps``, backend ``"amx"``), AVX-512 (``"avx512"``: FMA,
         ``vfmadd231ps``; on AMD CPUs with AVX-512 BF16 (Zen 4 and later) ``vdpbf16ps``, which
@@ -916,8 +920,8 @@ def msgemm(
         (keys ``table_mul, table_add, lookup, add, mul, dense_mul, dense_add, dequant_mul,
         mac_ratio, op_ratio, model_ratio, depth``).
     mirror : bool
-        Build half-size tables using the codebook's mirror symmetry (int*, uint*, ternary,
-        fp4, symmetric codebooks). For int4 / int3 / int2 weights without zero points that
+        Build half-size tables using the codebook's mirror symmetry (int2-int4, uint2-uint4,
+        ternary, fp4, symmetric codebooks; not the one-byte formats fp8, int8, uint8). For int4 / int3 / int2 weights without zero points that
         never use the most negative code (symmetric quantization) the tables are built over
         sign-magnitude labels: the same values, so the same int8 grid and no zero-point term;
         otherwise int* / uint* tables are shifted by half a step (``i8``: a slightly coarser

@@ -227,7 +227,7 @@ def to_device(pw: PackedWeights, depth: int | None = None, *, mma: bool = False,
         depth (ternary at 5 where the group size allows it); chosen from H200 timings.
     mma : bool
         Also lay the codes out for :func:`dequant_mma_cuda` (batches on tensor cores; another
-        half byte per weight on the device). Needs at most 16 levels (not fp8) and a group
+        half byte per weight on the device). Needs at most 16 levels (not fp8, int8, uint8) and a group
         size that is a multiple of 16.
     lut : bool
         Lay the codes out for the LUT kernels (:func:`msgemm_cuda`, and

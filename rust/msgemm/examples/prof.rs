@@ -54,6 +54,7 @@ fn main() {
         "uint4" => (Format::Uint4, 128, 2),
         "nf4" => (Format::Nf4, 128, 2),
         "fp4" => (Format::Fp4, 32, 2),
+        "int8" => (Format::Int8, 32, 1),
         _ => (Format::Int4, 128, 2),
     };
     // `G` overrides the group size.

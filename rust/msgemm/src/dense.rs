@@ -22,7 +22,7 @@
 //! integers are twice its values, IQ4_NL's 16 integers, custom integer codebooks: see
 //! [`Ints`]), group sizes that are multiples of 8
 //! (GEMVs of 2-bit codebooks: on AVX-512 VNNI only, see [`two_bit`]; codebooks of 256
-//! levels affine in the code, int8 and uint8, on AVX-512 VNNI only, one byte per code), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
+//! levels affine in the code, int8 and uint8, one byte per code, not on AMX tiles), on backends `auto`, `avx512` (CPUs with AVX-512 F, BW and
 //! VNNI) and `avx2` (AVX2 and F16C) on x86-64, `auto` and `neon` on Arm64 CPUs with the
 //! dot-product extension (FEAT_DotProd; its speed is not measured on Arm hardware, its bits
 //! are tested under qemu-user). Then `P = a * sum_k u_k xq_k + c0 * sum_k xq_k`, with `u` (the
@@ -462,18 +462,20 @@ pub fn applies(plan: &Plan, backend: Backend) -> bool {
         && (plan.n >= 2 || plan.levels > 4 || two_bit(plan, backend))
         && plan.group_size.is_multiple_of(CHUNK)
         && ints(plan).is_some_and(|i| {
-            // |a Q| and |c0 S| (Q, S: sums of u(code) times activations and of activations)
-            // stay far inside int32 for the group sizes in use: bounded here for any.
-            let bound = (i64::from(i.a.unsigned_abs()) * i.u_max + i64::from(i.c0.unsigned_abs()))
-                * 127
-                * plan.group_size as i64;
-            // Codes of 8 bits (more than 16 levels) are summed on AVX-512 VNNI only: AVX2's
-            // int16 pairs would saturate, `sdot` reads signed bytes, the AMX kernel unpacks
-            // nibbles.
+            // The int32 sums: with every integer `|c0 + a u| <= vmax` and activations of at
+            // most 127, `|P| <= vmax 127 G` and `|c0 S| <= vmax 127 G`, so `|a Q| = |P - c0 S|`
+            // is at most twice that: below 2^30 here, all three stay inside int32. (Bounding
+            // `|a| u_max + |c0|` instead cut int8 off at G = 22075: its rows' single scale at
+            // K = 28672 fell to 256-entry tables, 80x slower.)
+            let (c0, top) = (i64::from(i.c0), i64::from(i.c0) + i64::from(i.a) * i.u_max);
+            let bound = c0.abs().max(top.abs()) * 127 * plan.group_size as i64;
+            // Codes of 8 bits (more than 16 levels) are summed as they are on AVX-512 VNNI,
+            // in nibbles on AVX2 and with `sdot`; not by the AMX kernel, which unpacks nibbles
+            // into its tiles.
             bound < i64::from(i32::MAX) / 2
                 && kind_for_call(backend, plan).is_some_and(|k| {
                     (i.map.is_none() || i.u_max <= i64::from(map_span(k)))
-                        && (plan.levels <= 16 || k == Kind::Vnni512)
+                        && (plan.levels <= 16 || k != Kind::Amx)
                 })
         })
 }
@@ -1441,9 +1443,14 @@ mod avx2 {
     /// `vpmaddwd` against ones (int32).
     /// With `MAP`, codes are looked up in `map` first, as in `vnni::part_sums` (values at
     /// most 64, [`super::map_span`]: the four products of a lane at most `4 * 64 * 127`).
+    ///
+    /// With `B8` the codes are bytes (the 8-bit layout: two words per chunk, the even inputs'
+    /// then the odd ones'), each split into its nibbles `u = 16 hi + lo`: the low nibbles'
+    /// pairs and the high nibbles' pairs are each at most `4 * 15 * 127` in int16, widened
+    /// by `vpmaddwd` against 1 and against 16.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn half_sums<const NC: usize, const MAP: bool>(
+    unsafe fn half_sums<const NC: usize, const MAP: bool, const B8: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
@@ -1453,6 +1460,45 @@ mod avx2 {
         let mut acc = [_mm256_setzero_si256(); NC];
         let low = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
+        if B8 {
+            let sixteens = _mm256_set1_epi16(16);
+            for ch in 0..chunks / 2 {
+                // SAFETY: as below; words `2 ch` and `2 ch + 1` of the part.
+                unsafe {
+                    let ve = _mm256_load_si256(w.add(2 * ch * 64) as *const __m256i);
+                    let vo = _mm256_load_si256(w.add((2 * ch + 1) * 64) as *const __m256i);
+                    let (lo_e, hi_e) = (
+                        _mm256_and_si256(ve, low),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ve), low),
+                    );
+                    let (lo_o, hi_o) = (
+                        _mm256_and_si256(vo, low),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(vo), low),
+                    );
+                    for (c, s) in acc.iter_mut().enumerate() {
+                        let p = x.add(c * stride + ch * CHUNK) as *const i32;
+                        let even = _mm256_set1_epi32(p.read_unaligned());
+                        let odd = _mm256_set1_epi32(p.add(1).read_unaligned());
+                        let lo = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo_e, even),
+                            _mm256_maddubs_epi16(lo_o, odd),
+                        );
+                        let hi = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(hi_e, even),
+                            _mm256_maddubs_epi16(hi_o, odd),
+                        );
+                        *s = _mm256_add_epi32(
+                            *s,
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(lo, ones),
+                                _mm256_madd_epi16(hi, sixteens),
+                            ),
+                        );
+                    }
+                }
+            }
+            return acc;
+        }
         for ch in 0..chunks {
             // SAFETY: as `vnni::part_sums` (32 of each 64-byte word vector; 32-byte aligned).
             unsafe {
@@ -1496,11 +1542,14 @@ mod avx2 {
         // SAFETY: offsets inside the layout and the activations.
         let q = unsafe {
             match &job.map {
-                None => half_sums::<NC, false>(w, lay.chunks, x, k, _mm256_setzero_si256()),
+                None if lay.bits == 8 => {
+                    half_sums::<NC, false, true>(w, lay.chunks, x, k, _mm256_setzero_si256())
+                }
+                None => half_sums::<NC, false, false>(w, lay.chunks, x, k, _mm256_setzero_si256()),
                 Some(m) => {
                     let t =
                         _mm256_broadcastsi128_si256(_mm_loadu_si128(m.as_ptr() as *const __m128i));
-                    half_sums::<NC, true>(w, lay.chunks, x, k, t)
+                    half_sums::<NC, true, false>(w, lay.chunks, x, k, t)
                 }
             }
         };
@@ -1636,7 +1685,7 @@ mod sdot {
     /// 127, [`super::map_span`]: the same bytes signed).
     #[inline]
     #[target_feature(enable = "dotprod")]
-    unsafe fn part_sums<const NC: usize, const MAP: bool>(
+    unsafe fn part_sums<const NC: usize, const MAP: bool, const B8: bool>(
         w: *const u8,
         chunks: usize,
         x: *const i8,
@@ -1645,6 +1694,40 @@ mod sdot {
     ) -> [[int32x4_t; 4]; NC] {
         let mut acc = [[vdupq_n_s32(0); 4]; NC];
         let low = vdupq_n_u8(0x0f);
+        if B8 {
+            // Bytes (the 8-bit layout: words `2 ch` and `2 ch + 1`, the chunk's even then odd
+            // inputs), each split into nibbles `u = 16 hi + lo` (0..15: the same bytes signed),
+            // the high nibbles summed apart and shifted back at the end.
+            let mut acc_hi = [[vdupq_n_s32(0); 4]; NC];
+            for ch in 0..chunks / 2 {
+                // SAFETY: as below, two words per chunk.
+                unsafe {
+                    let word = |h: usize| -> [uint8x16_t; 4] {
+                        std::array::from_fn(|i| vld1q_u8(w.add((2 * ch + h) * 64 + 16 * i)))
+                    };
+                    let (ve, vo) = (word(0), word(1));
+                    let lo_e = ve.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low)));
+                    let hi_e = ve.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+                    let lo_o = vo.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low)));
+                    let hi_o = vo.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+                    for (c, (s, sh)) in acc.iter_mut().zip(acc_hi.iter_mut()).enumerate() {
+                        let xs = vld1q_s8(x.add(c * stride + ch * CHUNK));
+                        for i in 0..4 {
+                            s[i] = sdot_lane::<0>(s[i], lo_e[i], xs);
+                            s[i] = sdot_lane::<1>(s[i], lo_o[i], xs);
+                            sh[i] = sdot_lane::<0>(sh[i], hi_e[i], xs);
+                            sh[i] = sdot_lane::<1>(sh[i], hi_o[i], xs);
+                        }
+                    }
+                }
+            }
+            for (s, sh) in acc.iter_mut().zip(acc_hi.iter()) {
+                for (a, &h) in s.iter_mut().zip(sh.iter()) {
+                    *a = vaddq_s32(*a, vshlq_n_s32::<4>(h));
+                }
+            }
+            return acc;
+        }
         for ch in 0..chunks {
             // SAFETY: the part holds `chunks` words of 64 bytes; each column's activations
             // hold the group's `8 chunks` bytes, and 8 bytes follow the last column's (the
@@ -1723,8 +1806,11 @@ mod sdot {
         // SAFETY: offsets inside the layout and the activations (see `part_sums`).
         let q = unsafe {
             match &job.map {
-                None => part_sums::<NC, false>(w, lay.chunks, x, k, vdupq_n_u8(0)),
-                Some(m) => part_sums::<NC, true>(w, lay.chunks, x, k, vld1q_u8(m.as_ptr())),
+                None if lay.bits == 8 => {
+                    part_sums::<NC, false, true>(w, lay.chunks, x, k, vdupq_n_u8(0))
+                }
+                None => part_sums::<NC, false, false>(w, lay.chunks, x, k, vdupq_n_u8(0)),
+                Some(m) => part_sums::<NC, true, false>(w, lay.chunks, x, k, vld1q_u8(m.as_ptr())),
             }
         };
         let r0 = s * SUB;

@@ -241,7 +241,7 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
     // Backend `amx` has no tables: its GEMVs are dense calls too; so are those that
     // `dense::gemv_preferred` picks, and those of 8-bit codes (int8, uint8), whose tables
     // have 256 entries per input (int8 g32 4096 x 4096, 2 threads, Zen 5: 2.0 ms on `i8`
-    // tables, 0.13 ms dense).
+    // tables, 0.13 ms dense; AVX2 and NEON have no such tables: the scalar kernel, 15 ms).
     let gemv = opts.backend == Backend::Amx
         || dense::gemv_preferred(opts.backend)
         || pw.codebook().levels() > 16;

@@ -77,15 +77,21 @@ fn has_dense() -> bool {
     ok
 }
 
-/// Whether this CPU has AVX-512 F, BW and VNNI (the kernel that sums 8-bit codes).
-fn vnni_cpu() -> bool {
+/// Whether `auto` sums 8-bit codes densely on this CPU: x86-64 with AVX-512 F, BW and VNNI,
+/// or AVX2 and F16C; Arm64 with the dot-product extension.
+fn eight_bit_dense_cpu() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f")
+        (is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vnni"))
+            || (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         false
     }
@@ -192,10 +198,10 @@ fn check(pw: &PackedWeights, n: usize, what: &str) {
     let x = activations(pw.k(), n, 11 + n as u64);
     let plan = make_plan(pw, n, &i16_opts(Backend::Auto)).unwrap();
     // 2-bit GEMVs stay on the tables, except on AVX-512 VNNI (the 2-bit layout); 8-bit codes
-    // run densely on AVX-512 VNNI only.
+    // run densely wherever a dense kernel does.
     let levels = pw.codebook().levels();
     let expect = if levels > 16 {
-        vnni_cpu()
+        eight_bit_dense_cpu()
     } else {
         n >= 2 || levels > 4 || two_bit_gemvs(pw)
     };
@@ -471,6 +477,49 @@ fn dense_sums_at_their_largest() {
                     got[2]
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn eight_bit_rows_of_one_scale_stay_dense() {
+    // Long groups (one scale per row, as a large K's per-row quantization): int8's integers
+    // are at most 128 in magnitude, so its int32 sums stay exact up to G = 66052; uint8's up
+    // to 255, G = 33155. At those G, the largest sums: codes at the extreme value and the
+    // activations at +-127.
+    if !eight_bit_dense_cpu() {
+        return;
+    }
+    let m = 20;
+    for (f, code, g, dense_expected) in [
+        (Format::Int8, 0u8, 65536, true),
+        (Format::Uint8, 255u8, 32768, true),
+        (Format::Uint8, 255u8, 65536, false),
+    ] {
+        let cb = Codebook::new(f).unwrap();
+        let codes = vec![code; m * g];
+        let pw = PackedWeights::from_codes(cb.clone(), m, g, g, &codes, vec![0.5; m], None, None)
+            .unwrap();
+        // Column 0 all +3 (the int8 sum at its largest: 128 * 127 * G), column 1 mixed.
+        let x: Vec<f32> = (0..g * 2)
+            .map(|i| {
+                if i % 2 == 1 && (i / 2) % 3 == 0 {
+                    -3.0
+                } else {
+                    3.0
+                }
+            })
+            .collect();
+        let plan = make_plan(&pw, 2, &i16_opts(Backend::Auto)).unwrap();
+        assert_eq!(
+            dense::applies(&plan, Backend::Auto),
+            dense_expected,
+            "{f:?} G={g}"
+        );
+        let want = gemm(&pw, &x, 2, &i16_opts(Backend::Scalar)).unwrap();
+        for b in dense_backends().into_iter().filter(|&b| runs(&pw, 2, b)) {
+            let got = gemm(&pw, &x, 2, &i16_opts(b)).unwrap();
+            assert_eq!(first_mismatch(&got, &want), None, "{f:?} G={g} {b:?}");
         }
     }
 }
