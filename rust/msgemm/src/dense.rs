@@ -1436,6 +1436,19 @@ mod avx2 {
     use crate::kernels::Zeros;
     use crate::layout::ROW_BLOCK;
 
+    /// The low and the high nibbles of 32 bytes, as bytes.
+    #[inline(always)]
+    unsafe fn nibbles(v: __m256i) -> (__m256i, __m256i) {
+        // SAFETY: inlined into callers that enable AVX2.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0f);
+            (
+                _mm256_and_si256(v, low),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+            )
+        }
+    }
+
     /// `Q` of 8 rows (half `h` of a 16-row part) and one group for `NC` columns, as
     /// `vnni::part_sums`: each 4-byte word's products summed by `vpmaddubsw` (codes times
     /// int8 activations, pairs in int16: at most `2 * 15 * 127`, the
@@ -1458,7 +1471,6 @@ mod avx2 {
         map: __m256i,
     ) -> [__m256i; NC] {
         let mut acc = [_mm256_setzero_si256(); NC];
-        let low = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
         if B8 {
             let sixteens = _mm256_set1_epi16(16);
@@ -1467,14 +1479,7 @@ mod avx2 {
                 unsafe {
                     let ve = _mm256_load_si256(w.add(2 * ch * 64) as *const __m256i);
                     let vo = _mm256_load_si256(w.add((2 * ch + 1) * 64) as *const __m256i);
-                    let (lo_e, hi_e) = (
-                        _mm256_and_si256(ve, low),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ve), low),
-                    );
-                    let (lo_o, hi_o) = (
-                        _mm256_and_si256(vo, low),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(vo), low),
-                    );
+                    let ((lo_e, hi_e), (lo_o, hi_o)) = (nibbles(ve), nibbles(vo));
                     for (c, s) in acc.iter_mut().enumerate() {
                         let p = x.add(c * stride + ch * CHUNK) as *const i32;
                         let even = _mm256_set1_epi32(p.read_unaligned());
@@ -1502,9 +1507,7 @@ mod avx2 {
         for ch in 0..chunks {
             // SAFETY: as `vnni::part_sums` (32 of each 64-byte word vector; 32-byte aligned).
             unsafe {
-                let v = _mm256_load_si256(w.add(ch * 64) as *const __m256i);
-                let mut lo = _mm256_and_si256(v, low);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let (mut lo, mut hi) = nibbles(_mm256_load_si256(w.add(ch * 64) as *const __m256i));
                 if MAP {
                     lo = _mm256_shuffle_epi8(map, lo);
                     hi = _mm256_shuffle_epi8(map, hi);
