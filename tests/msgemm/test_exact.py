@@ -161,3 +161,27 @@ def test_dense_integer_codebooks_by_span(span, n):
         got = mg.msgemm(pw, x)
         want = mg.msgemm(pw, x, table="i16", backend="scalar")
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint8"])
+@pytest.mark.parametrize("m, g, n", [(1, 8, None), (65, 16, 3), (130, 24, 1), (70, 32, 17), (63, 128, 64)])
+def test_one_byte_formats_run_densely_by_default(fmt, m, g, n):
+    # int8 / uint8 (llama.cpp's Q8_0, Q6_K, Q5_*): every call, GEMV or batch, of the default
+    # table runs the dense i16 path wherever a dense kernel exists (AVX-512 VNNI, AVX2 + F16C
+    # on x86-64, the dot-product extension on Arm64: numpy's CPU detection, an independent
+    # oracle), since their tables would hold 256 entries per input; its bits are the scalar
+    # i16 kernel's, and within the int8-activation error of float64.
+    rng = np.random.default_rng(m * g)
+    scale_dtype = np.float16 if g == 16 else np.float32
+    pw = mg.quantize(rng.standard_normal((m, 3 * g)), fmt, g, scale_dtype=scale_dtype)
+    assert (pw.zeros is None) == (fmt == "int8")
+    x = rng.standard_normal(3 * g if n is None else (3 * g, n)).astype(np.float32)
+    dense = (cpu_has("AVX512F", "AVX512BW", "AVX512VNNI") or cpu_has("AVX2", "F16C") or cpu_has("ASIMDDP"))
+    info = mg.plan_info(pw, n=1 if n is None else n)
+    assert (info["dense_int8"], info["table"]) == ((True, "i16") if dense else (False, "i8")), info
+    got = mg.msgemm(pw, x)
+    ref = pw.dequantize() @ x.astype(np.float64)
+    if dense:
+        want = mg.msgemm(pw, x, table="i16", backend="scalar")
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.abs(got - ref).sum() <= 0.02 * np.abs(ref).sum()
