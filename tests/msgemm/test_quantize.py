@@ -39,6 +39,20 @@ def test_rtn_codes_in_range_and_error_at_most_half_a_step(fmt, group_size):
         assert pw.zeros.min() >= 0 and pw.zeros.max() < pw.levels
 
 
+def test_integer_codebooks_are_their_float_values():
+    # llama.cpp's IQ4_NL codebook is 16 integers: a list of ints, or any integer array, is the
+    # same codebook as its float32 values.
+    from maleki_rs.msgemm._gguf import IQ4_VALUES
+
+    w = np.random.default_rng(5).standard_normal((6, 64))
+    want = mg.quantize(w, "codebook", 32, codebook=np.array(IQ4_VALUES, np.float32))
+    for cb in ([int(v) for v in IQ4_VALUES], np.array(IQ4_VALUES, np.int16), np.array(IQ4_VALUES, np.int64)):
+        got = mg.quantize(w, "codebook", 32, codebook=cb)
+        np.testing.assert_array_equal(got.codebook, want.codebook)
+        np.testing.assert_array_equal(got.codes, want.codes)
+        np.testing.assert_array_equal(got.scales, want.scales)
+
+
 def test_symmetric_switches():
     w = np.random.default_rng(0).standard_normal((4, 128))
     assert mg.quantize(w, "int4", symmetric=False).format == "uint4"

@@ -149,7 +149,16 @@ def _check_format(format: Any, codebook: Any) -> tuple[str, list[float] | None]:
     if format == "codebook":
         if codebook is None:
             raise ValueError("codebook: format='codebook' needs codebook=<2 to 16 values>")
-        cb = _float_array(codebook, "codebook", (1,))
+        raw = np.asarray(codebook)
+        if raw.dtype.kind in "iu":
+            # Integer values (llama.cpp's IQ4_NL codebook is 16 integers): exact in float32
+            # up to 2^24.
+            if raw.size and np.abs(raw.astype(np.float64)).max() > 2**24:
+                raise ValueError("codebook: integer values beyond 2^24 are not exact in float32")
+            raw = raw.astype(np.float32)
+        elif raw.dtype.kind != "f" and raw.dtype.name != "bfloat16":
+            raise TypeError(f"codebook: expected numbers (a float or integer array), got dtype {raw.dtype}")
+        cb = _float_array(raw, "codebook", (1,))
         if not (2 <= cb.size <= 16):
             raise ValueError(f"codebook: needs 2 to 16 values, got {cb.size}")
         cb32 = _as_f32(cb, "codebook")
@@ -697,7 +706,7 @@ def quantize(
         Integer formats only. ``False`` with ``int*`` gives ``uint*`` with zero points;
         ``True`` with ``uint*`` fixes the zero point at ``2^(b-1)`` (GPTQ ``sym=True``).
     codebook : array_like, shape (V,), optional
-        The 2 to 16 values of ``format='codebook'``.
+        The 2 to 16 values of ``format='codebook'`` (floats, or integers up to 2^24).
     scale_dtype : ``np.float32`` (default) or ``np.float16``
         Precision of the scales. ``float16`` stores the smallest float16 value at or above
         each computed scale (as GPTQ, AWQ and ONNX Runtime keep scales): the kernels then read
