@@ -151,6 +151,17 @@ def _crumbs(qs: np.ndarray) -> np.ndarray:
     return ((runs >> shifts) & 3).reshape(*qs.shape[:-1], -1)
 
 
+def _k_scales_mins(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit scales and 8 six-bit minimums of a Q4_K / Q5_K block from its 12 bytes
+    ``(..., 12)``: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums),
+    4-7 in the nibbles of bytes 8-11 with their top 2 bits in the top bits of bytes 0-7."""
+    b = b.astype(np.int32)
+    lo = b[..., 0:4], b[..., 4:8], b[..., 8:12]
+    sc = np.concatenate([lo[0] & 63, (lo[2] & 0x0F) | ((lo[0] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([lo[1] & 63, (lo[2] >> 4) | ((lo[1] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
 def _affine(codes: np.ndarray, d: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes, scales and zero points of ``value = d * q - mins`` per group (``d``, ``mins``:
     ``(M, groups)``; ``codes``: any shape holding ``M * groups * G`` codes in group order):
@@ -244,10 +255,7 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
         sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
         scales = (_f16(blocks, 208)[..., None] * sc).reshape(m, nb * 16)
     elif name == "Q5_K":  # d, dmin f16, 12 bytes of 6-bit scales and mins (as Q4_K), 32 of high bits, nibbles
-        b = blocks[..., 4:16].astype(np.int32)
-        lo = b[..., 0:4], b[..., 4:8], b[..., 8:12]
-        sc = np.concatenate([lo[0] & 63, (lo[2] & 0x0F) | ((lo[0] >> 6) << 4)], axis=-1)
-        mn = np.concatenate([lo[1] & 63, (lo[2] >> 4) | ((lo[1] >> 6) << 4)], axis=-1)
+        sc, mn = _k_scales_mins(blocks[..., 4:16])
         # Weight 32 h + l (h = 0..7, l = 0..31): its nibble as Q4_K's, plus 16 times bit h
         # of high byte l.
         high = (blocks[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
@@ -271,10 +279,7 @@ def decode(data: Any, ggml_type: Any, shape: Any = None) -> Decoded:
         six = ((sc[..., i % 8] >> (4 * (i // 8))) & 0x0F) | (((sc[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
         scales = (_f16(blocks, 108)[..., None] * (six - 32)).reshape(m, nb * 16).astype(np.float32)
     elif name == "Q4_K":  # d, dmin f16, 12 bytes of 6-bit scales and mins, 4 x 32 bytes of nibbles
-        b = blocks[..., 4:16].astype(np.int32)
-        lo = b[..., 0:4], b[..., 4:8], b[..., 8:12]
-        sc = np.concatenate([lo[0] & 63, (lo[2] & 0x0F) | ((lo[0] >> 6) << 4)], axis=-1)
-        mn = np.concatenate([lo[1] & 63, (lo[2] >> 4) | ((lo[1] >> 6) << 4)], axis=-1)
+        sc, mn = _k_scales_mins(blocks[..., 4:16])
         d = _f16(blocks, 0)[..., None] * sc
         mins = _f16(blocks, 2, "dmin")[..., None] * mn
         codes = _nibbles(blocks[..., 16:144].reshape(m, nb, 4, 32))
