@@ -2037,9 +2037,9 @@ unsafe fn build_block_i8(
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     if tsc == 0.0 {
-        // All entries 0, tscale 0, zsum 0 (as the scalar build).
+        // All entries 0 (as the scalar build).
         out.fill(0);
-        return (0.0, 0.0);
+        return table::all_zero_block(plan, xg);
     }
     let vals = codebook_vector(plan);
     // The full-depth tuples of 256-entry tables (int4 d = 2, int2 d = 4, binary d = 8) and of

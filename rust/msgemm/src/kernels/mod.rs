@@ -283,9 +283,9 @@ pub(crate) fn small_i8_block(
         return table::build_block(plan, xg, BlockOut::I8(out, mult));
     }
     if tsc == 0.0 {
-        // All entries 0, tscale 0, zsum 0 (as the scalar build).
+        // All entries 0 (as the scalar build).
         out.fill(0);
-        return (0.0, 0.0);
+        return table::all_zero_block(plan, xg);
     }
     for (t, &rm) in rms[..n].iter().enumerate() {
         let bytes = round(xs(t), w(t), rm);
