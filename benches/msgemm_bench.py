@@ -183,7 +183,11 @@ def read_bytes(pw: mg.PackedWeights, **call: Any) -> int:
     packed size: the dense path reads ternary at 2 bits per code (packed: 1.6) and int3 at 4
     (packed: 3); scales are read as float16 when every one is a float16 value, zero points
     as ``z - shift``. Where a call builds no cache (kernels reading the packed codes), the
-    packed codes and the scales and zero points at that precision."""
+    packed codes and the scales and zero points at that precision (the fp8 path: the packed
+    codes and float32 scales, though it caches which codes occur)."""
+    opts = {key: v for key, v in call.items() if key in ("depth", "table", "backend", "mirror")}
+    if mg.plan_info(pw, **opts)["fp8_kernel"]:
+        return pw.packed.nbytes + 4 * pw.scales.size
     pw.clear_cache()
     mg.msgemm(pw, np.zeros(pw.shape[1], np.float32), **call)
     if pw.cache_nbytes:
@@ -225,6 +229,7 @@ def main() -> None:
         ("ternary g128", dict(format="ternary", group_size=128), None),
         ("nf4 g128", dict(format="nf4", group_size=128), None),
         ("fp4 g32", dict(format="fp4", group_size=32), None),
+        ("fp8_e4m3 g128", dict(format="fp8_e4m3", group_size=128), None),
     ]
     if args.quick:
         formats = formats[:1] + formats[2:4]
@@ -248,7 +253,8 @@ def main() -> None:
         sessions = {level: (ort_session(pw, ort_bits, level, th) if ort_bits else None) for level in (0, 4)}
         fns = {"ours": lambda: mg.msgemm(pw, x), "a0": lambda: wd @ x}
         info = mg.plan_info(pw)
-        runs = f"{info['table']} " + ("dense" if info["dense_int8"] else f"depth {info['depth']}")
+        runs = f"{info['table']} " + ("dense" if info["dense_int8"] else
+                                       "fp8 decode" if info["fp8_kernel"] else f"depth {info['depth']}")
         if info["table"] != "i8":  # the tables beside a default that does not use them
             fns["i8"] = lambda: mg.msgemm(pw, x, table="i8")
         if name == "int4 g128":  # the per-core rate (spec: T-MAC class, >= 25 GB/s per core)

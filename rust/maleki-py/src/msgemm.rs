@@ -7,6 +7,7 @@ use maleki_common::alloc;
 use maleki_common::Result as CoreResult;
 use maleki_msgemm::bf16;
 use maleki_msgemm::count::{self, compare, formula, CountParams, OpCounts};
+use maleki_msgemm::float8;
 use maleki_msgemm::gemm::{self as core_gemm, Depth, GemmOptions, XLayout, YLayout};
 use maleki_msgemm::interop::{self, NBitsZeros};
 use maleki_msgemm::kernels::{self, Backend};
@@ -744,7 +745,7 @@ fn plan_info<'py>(
     let opts = options(depth, table, backend, mirror).map_err(to_pyerr)?;
     // On the pool: a plan of fresh weights first finds the codes they use (in parallel).
     let w = pw.get();
-    let (plan, kernel, run, dense, bf16_call) = run_quick(py, || {
+    let (plan, kernel, run, dense, bf16_call, fp8) = run_quick(py, || {
         let opts = match opts.for_call(&w, n) {
             Call::Tables(o) => o,
             Call::Bf16(backend) => {
@@ -756,22 +757,33 @@ fn plan_info<'py>(
                     ..opts.opts
                 };
                 let plan = core_gemm::plan(&w, n, &i8_opts)?;
-                return Ok((plan, kernel.name(), None, false, Some(kernel)));
+                return Ok((plan, kernel.name(), None, false, Some(kernel), None));
             }
         };
         let plan = core_gemm::plan(&w, n, &opts)?;
+        // fp8 weights in `f32` mode: no tables either (`maleki_msgemm::float8`).
+        if let Some(k) = float8::kernel_for(&w, &opts) {
+            return Ok((plan, k.backend().name(), None, false, None, Some(k)));
+        }
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
         // The dense `i16` path runs at any depth, with no table kernel.
         let dense = maleki_msgemm::dense::kind_for_call(opts.backend, &plan)
             .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
         Ok(match (opts.backend, dense) {
-            (Backend::Reference, _) => (plan, "reference", None, false, None),
-            (_, Some(k)) => (plan, k.backend_name(), None, true, None),
+            (Backend::Reference, _) => (plan, "reference", None, false, None, None),
+            (_, Some(k)) => (plan, k.backend_name(), None, true, None, None),
             (b, None) => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
                 let kind = k.layout_kind(&run);
-                (plan, k.backend().name(), Some((run, kind)), false, None)
+                (
+                    plan,
+                    k.backend().name(),
+                    Some((run, kind)),
+                    false,
+                    None,
+                    None,
+                )
             }
         })
     })?;
@@ -809,6 +821,7 @@ fn plan_info<'py>(
     d.set_item("dense_bf16", bf16_call.is_some())?;
     d.set_item("bf16_kernel", bf16_call.map(|k| k.id()))?;
     d.set_item("scalar_order", bf16_call.map(|k| k.scalar_order()))?;
+    d.set_item("fp8_kernel", fp8.map(|k| k.name()))?;
     Ok(d)
 }
 
@@ -905,7 +918,11 @@ fn backend_supports(
     };
     Ok(match opts.backend {
         Backend::Reference => plan.precision == TablePrecision::F32,
-        b => maleki_msgemm::dense::applies(&plan, b) || kernels::select(b, &plan).is_ok(),
+        b => {
+            maleki_msgemm::dense::applies(&plan, b)
+                || float8::kernel_for(&w, &opts).is_some()
+                || kernels::select(b, &plan).is_ok()
+        }
     })
 }
 

@@ -55,6 +55,8 @@ fn main() {
         "nf4" => (Format::Nf4, 128, 2),
         "fp4" => (Format::Fp4, 32, 2),
         "int8" => (Format::Int8, 32, 1),
+        "fp8" => (Format::Fp8E4m3, 128, 1),
+        "fp8_e5m2" => (Format::Fp8E5m2, 128, 1),
         _ => (Format::Int4, 128, 2),
     };
     // `G` overrides the group size.

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use crate::count::{self, OpCounts};
 use crate::dense;
+use crate::float8;
 use crate::kernels::{self, Backend, LutKernel, RowJob, Tiled, Zeros};
 use crate::layout::{LayoutKind, ROW_BLOCK};
 use crate::packed::PackedWeights;
@@ -142,12 +143,17 @@ pub fn execution_plan(
     Ok((plan.clone(), kernel))
 }
 
-fn backend_accepts(backend: Backend, plan: &Plan) -> bool {
-    match backend {
+fn backend_accepts(pw: &PackedWeights, opts: &GemmOptions, plan: &Plan) -> bool {
+    match opts.backend {
         Backend::Reference => plan.precision == TablePrecision::F32,
         Backend::Auto | Backend::Scalar => true,
-        // The dense `i16` path runs any depth of the plans it takes, on its backends.
-        b => dense::applies(plan, b) || kernels::select(b, plan).is_ok(),
+        // The dense `i16` path runs any depth of the plans it takes, on its backends; the
+        // fp8 path its depth 1.
+        b => {
+            dense::applies(plan, b)
+                || float8::kernel_for(pw, opts).is_some()
+                || kernels::select(b, plan).is_ok()
+        }
     }
 }
 
@@ -166,7 +172,7 @@ fn auto_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
     let cb = pw.codebook();
     let mut plans: Vec<Plan> = (1..=cb.max_byte_depth())
         .filter_map(|d| plan_for(pw, n, d, opts).ok())
-        .filter(|p| backend_accepts(opts.backend, p))
+        .filter(|p| backend_accepts(pw, opts, p))
         .collect();
     // With `auto`, prefer the depths a fast (SIMD) kernel implements on this machine.
     if opts.backend == Backend::Auto {
@@ -238,6 +244,17 @@ fn auto_plan(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> Result<Plan> {
 /// gives the same bits whenever it runs. Off every pool it runs on the library pool (the
 /// plan of fresh weights first finds the codes they use, in parallel).
 pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmOptions {
+    // fp8 weights: `f32` mode's decoding kernels ([`float8`]), faster than any table and as
+    // accurate as the float32 tables.
+    if opts.depth == Depth::Auto && opts.precision == TablePrecision::I8 {
+        let f32_opts = GemmOptions {
+            precision: TablePrecision::F32,
+            ..*opts
+        };
+        if float8::kernel_for(pw, &f32_opts).is_some() {
+            return f32_opts;
+        }
+    }
     // Backend `amx` has no tables: its GEMVs are dense calls too; so are those that
     // `dense::gemv_preferred` picks, and those of 8-bit codes (int8, uint8), whose tables
     // have 256 entries per input (int8 g32 4096 x 4096, 2 threads, Zen 5: 2.0 ms on `i8`
@@ -836,6 +853,12 @@ pub fn gemm_into_layout(
     if pool::on_a_pool() {
         return gemm_on_pool(pw, x, n, layout, y_layout, opts, y);
     }
+    if let Some(kernel) = float8::kernel_for(pw, opts) {
+        if let Some(plan) = float8_here(pw, x, n, (layout, y_layout), opts, kernel, y)? {
+            return Ok(plan);
+        }
+        return pool::install(|| gemm_on_pool(pw, x, n, layout, y_layout, opts, y));
+    }
     match dense_here(pw, x, n, layout, y_layout, opts, y)? {
         Here::Ran(plan) => return Ok(*plan),
         // A dense call the caller may not run now: the pool runs it.
@@ -989,9 +1012,21 @@ fn dense_here(
     let Some(_slot) = CallerSlot::take() else {
         return Ok(Here::NotReady);
     };
-    // X as (N, K) in packed column order, on this thread (no rayon off the pool).
+    let xt = packed_columns_here(pw, x, n, layout);
+    dense::run_here(pw, &plan, opts.backend, &xt, y, y_layout, threads == 2)?;
+    check_result(y)?;
+    Ok(Here::Ran(Box::new(plan)))
+}
+
+/// X as `(N, K)` row-major in packed column order, on this thread (no rayon: off the pool).
+fn packed_columns_here<'a>(
+    pw: &PackedWeights,
+    x: &'a [f32],
+    n: usize,
+    layout: XLayout,
+) -> Cow<'a, [f32]> {
     let k = pw.k();
-    let xt: Cow<'_, [f32]> = match (n, layout, pw.k_perm()) {
+    match (n, layout, pw.k_perm()) {
         (1, _, None) | (_, XLayout::NbyK, None) => Cow::Borrowed(x),
         (_, _, perm) => {
             let src = |j: usize| perm.map_or(j, |p| p[j] as usize);
@@ -1004,10 +1039,36 @@ fn dense_here(
                     .collect(),
             })
         }
+    }
+}
+
+/// A call on the fp8 path ([`float8`]) run on the caller (and one worker), as [`dense_here`]
+/// runs dense calls, or `None` (nothing written) when it may not run here now: more than 2
+/// threads, a batch of more than [`CALLER_MAX_WORK`] weight-columns, the codes used not found
+/// yet (the plan needs them: a first call finds them, on the pool), or the caller slot taken.
+fn float8_here(
+    pw: &PackedWeights,
+    x: &[f32],
+    n: usize,
+    (layout, y_layout): (XLayout, YLayout),
+    opts: &GemmOptions,
+    kernel: float8::Kernel,
+    y: &mut [f32],
+) -> Result<Option<Plan>> {
+    let threads = pool::pool().current_num_threads();
+    let small = n == 1 || pw.m() * pw.k() * n <= CALLER_MAX_WORK;
+    if !small || !caller_may_run(threads, pw, opts) {
+        return Ok(None);
+    }
+    check_inputs(pw, x, n, layout, Some(y.len()))?;
+    let plan = plan(pw, n, opts)?;
+    let Some(_slot) = CallerSlot::take() else {
+        return Ok(None);
     };
-    dense::run_here(pw, &plan, opts.backend, &xt, y, y_layout, threads == 2)?;
+    let xt = packed_columns_here(pw, x, n, layout);
+    float8::run(pw, kernel, &xt, n, y, y_layout, Some(threads == 2))?;
     check_result(y)?;
-    Ok(Here::Ran(Box::new(plan)))
+    Ok(Some(plan))
 }
 
 /// Batches of at most this many weight-columns (`M K N`) run on the caller: on the dense
@@ -1026,7 +1087,7 @@ const CALLER_MAX_WORK: usize = 1 << 21;
 pub fn prepare(pw: &PackedWeights, opts: &GemmOptions) -> Result<Plan> {
     let build = || {
         let plan = plan(pw, 1, opts)?;
-        if opts.backend != Backend::Reference {
+        if opts.backend != Backend::Reference && float8::kernel_for(pw, opts).is_none() {
             if dense::applies(&plan, opts.backend) {
                 dense::layout_of(pw, &plan, opts.backend)?;
                 job_zeros(pw, &plan);
@@ -1267,8 +1328,10 @@ fn gemm_on_pool(
         return Ok(plan);
     }
     // The dense path sums the plan's exact integers at any depth: it needs no table kernel
-    // for it (an `i16` plan is also its execution plan).
-    if dense::applies(&plan, opts.backend) {
+    // for it (an `i16` plan is also its execution plan); nor does the fp8 path.
+    if let Some(kernel) = float8::kernel_for(pw, opts) {
+        float8::run(pw, kernel, &xt, n, y, y_layout, None)?;
+    } else if dense::applies(&plan, opts.backend) {
         dense::run(pw, &plan, opts.backend, &xt, y, y_layout)?;
     } else {
         let (run, kernel) = execution_plan(pw, &plan, opts.backend)?;

@@ -13,12 +13,14 @@
 //! (GPTQ/AWQ and ONNX Runtime MatMulNBits loaders), [`aligned`] (cache-line aligned buffers),
 //! [`fused`] (the fused dequantize GEMV the benchmark compares against), [`dense`] (the
 //! `i16` mode's dense int8 path: AVX-512 VNNI, AVX2, Arm64 `sdot`), [`bf16`] (the `bf16`
-//! mode: bfloat16 weights and activations on AMX tiles).
+//! mode: bfloat16 weights and activations on AMX tiles), [`float8`] (`f32` calls of fp8
+//! weights: codes decoded in registers, no tables).
 
 pub mod aligned;
 pub mod bf16;
 pub mod count;
 pub mod dense;
+pub mod float8;
 pub mod format;
 pub mod fused;
 pub mod gemm;

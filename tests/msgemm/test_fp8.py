@@ -1,0 +1,184 @@
+"""fp8 weights in ``f32`` mode: codes decoded in registers, no tables (``rust/msgemm/src/float8.rs``).
+
+Oracles: the documented arithmetic replayed in numpy (per row, column and 16 lanes, group
+sums ``p = fma(v, x, p)`` in ascending input order, group totals ``t = fma(s, p, t)``, then the
+fixed tree of the 16 lanes), where each fused multiply-add is evaluated in float64 and rounded
+once to float32: the products (fp8 times float32, float32 times float32) are exact in float64,
+and so is the sum wherever its bits span at most 53, which these data keep to (so the kernels
+must give its bits); and the float64 product of the dequantized weights, within the bound
+``(G/16 + K/G + 5) 2^-24 (|Wd| @ |x|)``.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import maleki_rs.msgemm as mg
+
+FORMATS = ["fp8_e4m3", "fp8_e5m2"]
+#: Whether this machine has a kernel for default fp8 calls (AVX-512 or AVX2 on x86-64, any
+#: Arm64 CPU): group size 32, which every such kernel takes.
+PROBE = mg.quantize(np.ones((1, 32)), "fp8_e4m3", 32)
+HAS_PATH = mg.plan_info(PROBE)["fp8_kernel"] is not None
+needs_path = pytest.mark.skipif(not HAS_PATH, reason="no fp8 kernel on this CPU")
+
+
+def weights(fmt: str, m: int, k: int, g: int, seed: int) -> mg.PackedWeights:
+    """Gaussian weights over a few binades (subnormal codes occur too), quantized."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k)) * np.array([1.0, 1e-3, 30.0])[np.arange(k) % 3]
+    return mg.quantize(w, fmt, g)
+
+
+def definition(pw: mg.PackedWeights, x: np.ndarray) -> np.ndarray:
+    """The documented arithmetic, ``x`` (K, N) float32 -> (M, N) float32 (no input permutation)."""
+    m, k = pw.shape
+    g = pw.group_size
+    v = pw.codebook[pw.codes].astype(np.float64)  # (M, K), the exact fp8 values
+    s = pw.scales.astype(np.float32).astype(np.float64)  # (M, K/G)
+    xd = x.astype(np.float64)
+    n = x.shape[1]
+
+    def fma(a, b, c):
+        return (a * b + c).astype(np.float32).astype(np.float64)
+
+    t = np.zeros((m, n, 16))
+    for gi in range(k // g):
+        p = np.zeros((m, n, 16))
+        for i in range(g):
+            j = gi * g + i
+            p[:, :, i % 16] = fma(v[:, j, None], xd[None, j, :], p[:, :, i % 16])
+        t = fma(s[:, gi, None, None], p, t)
+    t = t.astype(np.float32)
+    u = t[..., :8] + t[..., 8:]
+    w = u[..., :4] + u[..., 4:]
+    return (w[..., 0] + w[..., 2]) + (w[..., 1] + w[..., 3])
+
+
+def bound(pw: mg.PackedWeights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 ``Wd @ x``, the error bound of the arithmetic)."""
+    m, k = pw.shape
+    wd = pw.dequantize().astype(np.float64)
+    xd = x.astype(np.float64)
+    u = (pw.group_size / 16 + k / pw.group_size + 5) * 2.0**-24
+    return wd @ xd, u * (np.abs(wd) @ np.abs(xd))
+
+
+@needs_path
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("g,n", [(32, 1), (128, 3), (16, 5), (64, 9)])
+def test_default_calls_give_the_definitions_bits(fmt, g, n):
+    pw = weights(fmt, 45, 256, g, g + n)
+    x = np.random.default_rng(n).standard_normal((256, n)).astype(np.float32)
+    info = mg.plan_info(pw, n=n)
+    assert info["table"] == "f32" and info["fp8_kernel"] is not None
+    y = mg.msgemm(pw, x)
+    np.testing.assert_array_equal(y.view(np.uint32), definition(pw, x).view(np.uint32))
+    exact, b = bound(pw, x)
+    assert np.all(np.abs(y - exact) <= b)
+
+
+@needs_path
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_accuracy_is_float32s_not_the_tables(fmt):
+    """Relative L1 error on Gaussian 512 x 2048: float32 rounding (about 1e-7), where the
+    default ``i8`` tables gave about 7e-3."""
+    pw = weights(fmt, 512, 2048, 128, 1)
+    x = np.random.default_rng(2).standard_normal(2048).astype(np.float32)
+    exact = pw.dequantize().astype(np.float64) @ x.astype(np.float64)
+    rel = lambda y: np.abs(y - exact).sum() / np.abs(exact).sum()  # noqa: E731
+    assert rel(mg.msgemm(pw, x)) < 1e-6
+    assert rel(mg.msgemm(pw, x, table="i8")) > 1e-4
+    assert mg.plan_info(pw, table="i8")["fp8_kernel"] is None
+
+
+@needs_path
+def test_every_backend_and_entry_point_gives_the_same_bits():
+    pw = weights("fp8_e4m3", 130, 512, 64, 3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((512, 6)).astype(np.float32)
+    want = mg.msgemm(pw, x)
+    backends = [b for b in ("avx512", "avx2", "neon") if mg.backend_supports(pw, b, n=6, table="f32")]
+    assert backends
+    for b in backends:
+        assert mg.plan_info(pw, n=6, table="f32", backend=b)["fp8_kernel"] is not None
+        np.testing.assert_array_equal(mg.msgemm(pw, x, table="f32", backend=b), want)
+    for threads in (1, 2, 3):
+        np.testing.assert_array_equal(mg.msgemm(pw, x, threads=threads), want)
+    np.testing.assert_array_equal(mg.msgemm(pw, np.asfortranarray(x)), want)
+    np.testing.assert_array_equal(mg.linear(x.T.reshape(2, 3, 512), pw).reshape(6, 130).T, want)
+    for c in range(6):
+        np.testing.assert_array_equal(mg.msgemm(pw, x[:, c]), want[:, c])
+    # A view with a stride: the same values.
+    wide = np.zeros((512, 12), np.float32)
+    wide[:, ::2] = x
+    np.testing.assert_array_equal(mg.msgemm(pw, wide[:, ::2]), want)
+
+
+@needs_path
+def test_odd_group_sizes_run_where_a_kernel_takes_them():
+    """AVX-512 takes any group size (masked tails); elsewhere ``f32`` calls of groups that are
+    not multiples of 16 run on the float32 tables. Either way within the tables' bound."""
+    pw = weights("fp8_e5m2", 33, 120, 24, 5)
+    x = np.random.default_rng(6).standard_normal((120, 2)).astype(np.float32)
+    y = mg.msgemm(pw, x, table="f32")
+    if mg.plan_info(pw, n=2, table="f32")["fp8_kernel"] is not None:
+        np.testing.assert_array_equal(y, definition(pw, x))
+    exact = pw.dequantize().astype(np.float64) @ x.astype(np.float64)
+    tables_bound = 2 * (120 + 4) * 2.0**-24 * (np.abs(pw.dequantize()) @ np.abs(x))
+    assert np.all(np.abs(y - exact) <= tables_bound)
+
+
+@pytest.mark.parametrize("fmt,zero_code", [("fp8_e4m3", 0), ("nf4", 7), ("uint4", 0)])
+def test_zero_points_of_weights_whose_codes_are_all_zero(fmt, zero_code):
+    """fp8 weights with zero points stay on the tables. Every table kernel keeps the zero term
+    of a group whose looked-up entries are all 0 (codes of value 0 only): ``i8`` tables once
+    dropped it there (fp8 and nf4 gave 0 instead of ``-z s sum x``)."""
+    codes = np.full((2, 32), zero_code, np.uint8)
+    pw = mg.PackedWeights.from_arrays(codes, np.ones((2, 2)), np.full((2, 2), 0.5), format=fmt)
+    assert fmt != "fp8_e4m3" or mg.plan_info(pw)["fp8_kernel"] is None
+    x = np.arange(32, dtype=np.float32) - 5
+    want = pw.dequantize().astype(np.float64) @ x
+    runs = 0
+    for table in ("i8", "f32"):
+        for b in mg.available_backends():
+            if mg.backend_supports(pw, b, table=table):
+                runs += 1
+                # (``i8`` tables round uint4's shifted entries: within 1%.)
+                rtol = 1e-2 if table == "i8" else 1e-6
+                np.testing.assert_allclose(mg.msgemm(pw, x, table=table, backend=b), want, rtol=rtol)
+    assert runs >= 3
+
+
+@needs_path
+def test_inputs_beyond_two_to_the_120_keep_the_bits():
+    """The e4m3 kernels read ``x 2^8``; larger inputs run on the portable kernel (the same
+    arithmetic), and the result stays finite where the products are."""
+    cb = mg.codebook("fp8_e4m3")
+    small = np.flatnonzero(np.isfinite(cb) & (np.abs(cb) <= 1)).astype(np.uint8)
+    codes = small[(np.arange(16 * 64) * 37) % small.size].reshape(16, 64)
+    pw = mg.PackedWeights.from_arrays(codes, np.ones((16, 2)), format="fp8_e4m3")
+    x = np.random.default_rng(7).standard_normal(64).astype(np.float32)
+    x[3], x[9] = 1.5e36, -2e36
+    y = mg.msgemm(pw, x)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_array_equal(y, definition(pw, x[:, None])[:, 0])
+
+
+@needs_path
+@settings(max_examples=25, deadline=None)
+@given(
+    fmt=st.sampled_from(FORMATS),
+    m=st.integers(1, 20),
+    groups=st.integers(1, 4),
+    g=st.sampled_from([16, 32, 48]),
+    n=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_random_shapes_give_the_definitions_bits(fmt, m, groups, g, n, seed):
+    k = groups * g
+    pw = weights(fmt, m, k, g, seed)
+    x = np.random.default_rng(seed + 1).standard_normal((k, n)).astype(np.float32)
+    y = mg.msgemm(pw, x)
+    np.testing.assert_array_equal(y, definition(pw, x))
