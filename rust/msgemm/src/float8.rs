@@ -307,6 +307,24 @@ fn reduce(t: [f32; LANES]) -> f32 {
     (v[0] + v[2]) + (v[1] + v[3])
 }
 
+/// 16 fp8 codes as float16 bits (e4m3: the value times 2^-8; e5m2: the value): e5m2 is
+/// float16's upper byte; e4m3 sign-extended and shifted left 7 has its sign at bits 15 and
+/// 14 and exponent and mantissa at 13..7, and bit 14 is cleared.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+fn half_bits<const E4M3: bool>(b: std::arch::x86_64::__m128i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    if E4M3 {
+        _mm256_and_si256(
+            _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(b)),
+            _mm256_set1_epi16(0xbfffu16 as i16),
+        )
+    } else {
+        _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(b))
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -317,20 +335,11 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     fn decode<const E4M3: bool>(b: __m128i) -> __m512 {
-        let h = if E4M3 {
-            // Sign-extended, shifted left 7: the sign at bits 15 and 14, exponent and
-            // mantissa at 13..7; bit 14 cleared.
-            _mm256_and_si256(
-                _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(b)),
-                _mm256_set1_epi16(0xbfffu16 as i16),
-            )
-        } else {
-            _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(b))
-        };
-        _mm512_cvtph_ps(h)
+        _mm512_cvtph_ps(super::half_bits::<E4M3>(b))
     }
 
-    /// 32 codes widened to float32, as [`decode`]: inputs 0-15 and 16-31.
+    /// 32 codes widened to float32, as [`decode`] (the same bits on 32 lanes of 16 bits):
+    /// inputs 0-15 and 16-31.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     fn decode32<const E4M3: bool>(b: __m256i) -> (__m512, __m512) {
@@ -511,14 +520,7 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn decode<const E4M3: bool>(b: __m128i) -> (__m256, __m256) {
-        let h = if E4M3 {
-            _mm256_and_si256(
-                _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(b)),
-                _mm256_set1_epi16(0xbfffu16 as i16),
-            )
-        } else {
-            _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(b))
-        };
+        let h = super::half_bits::<E4M3>(b);
         (
             _mm256_cvtph_ps(_mm256_castsi256_si128(h)),
             _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)),
@@ -613,16 +615,10 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fused::tests::gaussian;
     use crate::gemm::{gemm_into_layout, Depth, XLayout};
     use crate::{quantize, Codebook, QuantizeOptions};
     use maleki_common::rng;
-
-    fn gaussian(len: usize, seed: u64) -> Vec<f32> {
-        let mut r = rng::stream(seed, 0);
-        (0..len)
-            .map(|_| rng::standard_normal(&mut r) as f32)
-            .collect()
-    }
 
     fn weights(f: Format, m: usize, k: usize, g: usize, seed: u64) -> PackedWeights {
         let mut o = QuantizeOptions::new(f);

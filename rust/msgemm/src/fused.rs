@@ -179,12 +179,13 @@ unsafe fn row_avx512(pw: &PackedWeights, x: &[f32], row: usize) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{quantize, Format, QuantizeOptions};
     use maleki_common::rng;
 
-    fn gaussian(len: usize, seed: u64) -> Vec<f32> {
+    /// `len` standard normal float32 values of stream `seed` (also the fp8 path's tests').
+    pub(crate) fn gaussian(len: usize, seed: u64) -> Vec<f32> {
         let mut r = rng::stream(seed, 0);
         (0..len)
             .map(|_| rng::standard_normal(&mut r) as f32)
