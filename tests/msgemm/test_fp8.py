@@ -182,3 +182,81 @@ def test_random_shapes_give_the_definitions_bits(fmt, m, groups, g, n, seed):
     x = np.random.default_rng(seed + 1).standard_normal((k, n)).astype(np.float32)
     y = mg.msgemm(pw, x)
     np.testing.assert_array_equal(y, definition(pw, x))
+
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+@pytest.mark.parametrize("dtype,fmt", [("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")])
+def test_codebooks_are_ml_dtypes_values(dtype, fmt):
+    """The codebook of each fp8 format is ml_dtypes' value of every byte (NaN / inf encodings
+    read NaN here: they are not weights)."""
+    ours = mg.codebook(fmt)
+    theirs = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, dtype)).astype(np.float32)
+    finite = np.isfinite(theirs)
+    np.testing.assert_array_equal(np.isfinite(ours), finite)
+    np.testing.assert_array_equal(ours[finite], theirs[finite])
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_from_fp8_block_scales(dtype):
+    """DeepSeek-V3's layout: fp8 weights and one scale per block of 128 x 128 (M not a
+    multiple of the block's rows); the dequantized weights are ``weight * scale`` exactly."""
+    rng = np.random.default_rng(3)
+    m, k = 300, 256
+    w = (rng.standard_normal((m, k)) * 40).astype(getattr(ml_dtypes, dtype))
+    s = rng.uniform(1e-4, 1e-2, (3, 2)).astype(np.float32)
+    pw = mg.PackedWeights.from_fp8(w, s, block=(128, 128))
+    full = np.repeat(np.repeat(s, 128, axis=0)[:m], 128, axis=1).astype(np.float64)
+    want = w.astype(np.float64) * full
+    np.testing.assert_array_equal(pw.dequantize(), want)
+    assert pw.group_size == 128 and pw.format == {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}[dtype]
+    x = rng.standard_normal(k).astype(np.float32)
+    exact = want @ x.astype(np.float64)
+    tol = (128 / 16 + 2 + 5) * 2.0**-24 * (np.abs(want) @ np.abs(x.astype(np.float64)))
+    assert np.all(np.abs(mg.msgemm(pw, x, table="f32") - exact) <= tol)
+
+
+def test_from_fp8_scale_shapes_and_bytes():
+    rng = np.random.default_rng(4)
+    m, k = 6, 64
+    w = (rng.standard_normal((m, k)) * 10).astype(ml_dtypes.float8_e4m3fn)
+    b = w.view(np.uint8)
+    v = w.astype(np.float64)
+    per_row = rng.uniform(0.5, 2, m).astype(np.float32)
+    groups = rng.uniform(0.5, 2, (m, 4)).astype(np.float32)
+    cases = [
+        (mg.PackedWeights.from_fp8(w, 0.25), v * 0.25),
+        (mg.PackedWeights.from_fp8(w, np.float32(0.25)), v * 0.25),
+        (mg.PackedWeights.from_fp8(b, [0.25], format="fp8_e4m3"), v * 0.25),
+        (mg.PackedWeights.from_fp8(w, per_row), v * per_row[:, None].astype(np.float64)),
+        (mg.PackedWeights.from_fp8(w, per_row[:, None]), v * per_row[:, None].astype(np.float64)),
+        (mg.PackedWeights.from_fp8(b.view(np.int8), groups, format="fp8_e4m3"),
+         v * np.repeat(groups, 16, axis=1).astype(np.float64)),
+    ]
+    for pw, want in cases:
+        np.testing.assert_array_equal(pw.dequantize(), want)
+
+
+@pytest.mark.parametrize("call,err", [
+    (lambda w, b: mg.PackedWeights.from_fp8(b, 1.0), ValueError),                       # bytes need a format
+    (lambda w, b: mg.PackedWeights.from_fp8(w, 1.0, format="fp8_e5m2"), ValueError),    # dtype mismatch
+    (lambda w, b: mg.PackedWeights.from_fp8(w.astype(np.float32), 1.0), TypeError),     # not fp8
+    (lambda w, b: mg.PackedWeights.from_fp8(b.astype(ml_dtypes.float8_e4m3fnuz), 1.0), TypeError),
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.ones(5)), ValueError),                 # 5 rows of 4
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.ones((4, 3))), ValueError),            # 3 does not divide 64
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.ones((1, 1)), block=(4, 48)), ValueError),   # 48 does not divide 64
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.ones((2, 2)), block=(4, 32)), ValueError),   # wants (1, 2)
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.ones((1, 2)), block=(0, 32)), ValueError),
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.ones((1, 2)), block=4), TypeError),
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.array([1, 2, 3, 4])), TypeError),      # integer scales
+    (lambda w, b: mg.PackedWeights.from_fp8(w, np.nan), ValueError),
+    (lambda w, b: mg.PackedWeights.from_fp8(np.where(np.arange(64) == 5, np.uint8(0x7F), b), 1.0,
+                                            format="fp8_e4m3"), ValueError),           # a NaN encoding
+    (lambda w, b: mg.PackedWeights.from_fp8(b[:, :0], 1.0, format="fp8_e4m3"), ValueError),
+    (lambda w, b: mg.PackedWeights.from_fp8(b[0], 1.0, format="fp8_e4m3"), ValueError),
+])
+def test_from_fp8_rejects_bad_input(call, err):
+    w = np.ones((4, 64), np.float32).astype(ml_dtypes.float8_e4m3fn)
+    with pytest.raises(err):
+        call(w, w.view(np.uint8))

@@ -601,6 +601,76 @@ class PackedWeights:
         return cls(_m.Packed.from_matmulnbits(b, sc, k, nb, bs, zp_u8, zp_f))
 
     @classmethod
+    def from_fp8(cls, weight: npt.ArrayLike, scale: npt.ArrayLike, *, format: str | None = None,
+                 block: tuple[int, int] | None = None) -> PackedWeights:
+        """Loads an fp8 checkpoint tensor and its scales (``Wd = weight * scale``).
+
+        Parameters
+        ----------
+        weight : array_like, shape (M, K)
+            ml_dtypes ``float8_e4m3fn`` (OCP E4M3, the checkpoints' ``torch.float8_e4m3fn``)
+            or ``float8_e5m2``, or their bytes (uint8 / int8, e.g. ``t.view(torch.uint8)``)
+            with ``format`` given. NaN encodings are refused.
+        scale : array_like, float
+            What the weights are multiplied by (DeepSeek-V3's ``weight_scale_inv``,
+            compressed-tensors' ``weight_scale``): a scalar (per tensor), shape (M,) or (M, 1)
+            (per row), (M, K // G) (groups of G inputs), or with ``block=(bm, bk)`` one per
+            block of ``bm`` rows and ``bk`` inputs, shape (ceil(M / bm), K // bk).
+        format : {"fp8_e4m3", "fp8_e5m2"}, optional
+            Needed for bytes; checked against an ml_dtypes array.
+        block : (int, int), optional
+            The block shape of 2-D block scales (DeepSeek-V3: (128, 128)); ``bk`` must divide
+            K. Stored as groups of ``bk`` inputs, each row with its block's scale.
+
+        Calls on such weights run on the fp8 path (:func:`msgemm`'s ``table``: float32 sums,
+        no tables) where the CPU has it.
+        """
+        fp8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+        if format is not None:
+            check_choice(format, "format", tuple(fp8.values()))
+        w = np.asarray(weight)
+        if w.dtype.name in fp8:
+            if format is not None and format != fp8[w.dtype.name]:
+                raise ValueError(f"format: {format!r} does not match the weights' dtype {w.dtype.name}")
+            fmt = fp8[w.dtype.name]
+            w = np.ascontiguousarray(w).view(np.uint8)
+        elif w.dtype in (np.uint8, np.int8):
+            if format is None:
+                raise ValueError("format: needed for fp8 weights given as bytes ('fp8_e4m3' or 'fp8_e5m2')")
+            fmt = format
+            w = np.ascontiguousarray(w).view(np.uint8)
+        else:
+            raise TypeError(f"weight: expected ml_dtypes float8_e4m3fn / float8_e5m2 or their bytes (uint8), "
+                            f"got dtype {w.dtype}")
+        if w.ndim != 2 or w.size == 0:
+            raise ValueError(f"weight: expected a non-empty 2-D array, got shape {w.shape}")
+        m, k = w.shape
+        sc = np.asarray(scale)
+        if sc.dtype.kind != "f" and sc.dtype.name != "bfloat16":
+            raise TypeError(f"scale: expected a float array or scalar, got dtype {sc.dtype}")
+        sc = sc.astype(np.float32)
+        if block is not None:
+            if not isinstance(block, (tuple, list)) or len(block) != 2:
+                raise TypeError(f"block: expected a pair (rows, inputs), got {block!r}")
+            bm = check_int(block[0], "block[0]", min=1)
+            bk = check_int(block[1], "block[1]", min=1)
+            if k % bk:
+                raise ValueError(f"block: {bk} inputs per block must divide K = {k} (groups cannot be ragged)")
+            want = (-(-m // bm), k // bk)
+            if sc.shape != want:
+                raise ValueError(f"scale: expected shape {want} for blocks of {(bm, bk)} and weights of shape "
+                                 f"{(m, k)}, got {sc.shape}")
+            sc = np.repeat(sc, bm, axis=0)[:m]
+        elif sc.ndim == 0 or sc.size == 1:
+            sc = np.full((m, 1), sc.reshape(()), np.float32)
+        elif sc.shape in ((m,), (m, 1)):
+            sc = sc.reshape(m, 1)
+        elif sc.ndim != 2 or sc.shape[0] != m or k % sc.shape[1]:
+            raise ValueError(f"scale: expected a scalar, shape ({m},), ({m}, 1) or ({m}, K // G) with K // G "
+                             f"dividing K = {k} (or pass block=), got {sc.shape}")
+        return cls.from_arrays(w, sc, format=fmt)
+
+    @classmethod
     def from_gguf(cls, data: Any, ggml_type: Any, *, shape: tuple[int, int] | None = None) -> PackedWeights:
         """Loads a llama.cpp GGUF tensor (ggml's block formats, little-endian).
 
