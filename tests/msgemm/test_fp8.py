@@ -4,8 +4,10 @@ Oracles: the documented arithmetic replayed in numpy (per row, column and 16 lan
 sums ``p = fma(v, x, p)`` in ascending input order, group totals ``t = fma(s, p, t)``, then the
 fixed tree of the 16 lanes), where each fused multiply-add is evaluated in float64 and rounded
 once to float32: the products (fp8 times float32, float32 times float32) are exact in float64,
-and so is the sum wherever its bits span at most 53, which these data keep to (so the kernels
-must give its bits); and the float64 product of the dequantized weights, within the bound
+and so is the sum wherever its bits span at most 53 (elsewhere the two roundings could differ
+from one only where the float64 sum lands exactly halfway between two float32 values; these
+seeded data never do: a review replayed them with a correctly rounded fma, same bits), so the
+kernels must give its bits; and the float64 product of the dequantized weights, within the bound
 ``(G/16 + K/G + 5) 2^-24 (|Wd| @ |x|)``.
 """
 
@@ -149,6 +151,22 @@ def test_zero_points_of_weights_whose_codes_are_all_zero(fmt, zero_code):
                 rtol = 1e-2 if table == "i8" else 1e-6
                 np.testing.assert_allclose(mg.msgemm(pw, x, table=table, backend=b), want, rtol=rtol)
     assert runs >= 3
+
+
+@pytest.mark.parametrize("fmt,table", [("nf4", None), ("uint4", "i8")])
+def test_subnormal_table_entries_with_zero_points_stay_finite(fmt, table):
+    """A group whose largest table entry is subnormal (one subnormal activation) gets an int8
+    scale that underflows to 0; its block adds 0 (zero term included, as small as the entry),
+    not NaN: a regression of the all-zero fix, found in review."""
+    rng = np.random.default_rng(0)
+    codes = mg.quantize(rng.standard_normal((64, 256)), fmt, 64).codes
+    pw = mg.PackedWeights.from_arrays(codes, np.ones((64, 4)), np.full((64, 4), 0.25), format=fmt)
+    x = rng.standard_normal(256).astype(np.float32)
+    x[64:128] = 0
+    x[70] = 1e-45
+    y = mg.msgemm(pw, x, table=table)
+    exact = pw.dequantize().astype(np.float64) @ x.astype(np.float64)
+    np.testing.assert_allclose(y, exact, rtol=0.02, atol=0.05 * np.abs(exact).max())
 
 
 @needs_path

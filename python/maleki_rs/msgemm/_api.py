@@ -906,8 +906,9 @@ def msgemm(
         5, 4096 x 4096, 2 threads: int4 g128 0.059 ms against 0.085 warm, and faster from
         DRAM; int4 g32 0.070 against 0.107, fp4 g32 0.062 against 0.110), and for every call
         of int8 / uint8 weights where the dense path exists (256-entry tables otherwise: int8
-        g32 GEMV 0.13 against 2.0 ms), and for every call of fp8 weights (e4m3, e5m2) without
-        zero points, which run in ``"f32"`` mode on the fp8 path where it exists (below):
+        g32 GEMV 0.13 against 2.0 ms), and for every call at ``depth="auto"`` of fp8 weights
+        (e4m3, e5m2) without zero points, which run in ``"f32"`` mode on the fp8 path where it
+        exists (below):
 
         - weights of at most 16 integer levels, group sizes that are multiples of 8, on a CPU
           with dot-product instructions run on the dense ``i16`` path described below, both
@@ -966,8 +967,9 @@ def msgemm(
         ``p = fma(v[q], x, p)`` in ascending input order, the totals ``t = fma(s, p, t)``,
         then a fixed tree of the lanes: the same bits on every kernel, thread count and column
         count, within ``(G/16 + K/G + 5) 2^-24 (|Wd| @ |x|)`` of the exact product (e4m3 g128
-        4096 x 4096 GEMV, 2 threads, Zen 5: 0.24 ms against 1.8-3.4 ms on ``i8`` tables and
-        6.5 ms on ``f32`` tables, numpy 1.1 ms; relative L1 error 1.3e-7, ``i8`` 7.1e-3).
+        4096 x 4096 GEMV, 2 threads, Zen 5: 0.24-0.27 ms, 3.9-4.4x numpy, against 1.5-3.4 ms
+        on ``i8`` tables and 6.5 ms on ``f32`` tables; relative L1 error 1.3e-7, ``i8``
+        7.1e-3).
         ``"bf16"``: no tables. The weights are dequantized to bfloat16 as they are used,
         ``wb = bf16((v[q] - z) * s)`` (float32 arithmetic, one rounding to nearest even), the
         activations rounded to ``xb = bf16(x)``, and the products summed in float32: the

@@ -317,8 +317,6 @@ pub fn quantize_activations(xs: &[f32], xq: &mut [i32]) -> f32 {
     maxabs / 127.0
 }
 
-/// Sequential float32 sum `((x0 + x1) + x2) + ...` (the zero-point sums `S[n, g]`).
-#[inline]
 /// `(tscale, zsum)` of an `i8` block whose entries that can be looked up are all 0 (the
 /// codes used have the value 0, or the group's activations are all 0): `tscale` 1 and the
 /// plain sum of the activations, so that the epilogue still subtracts the zero term `z sum x`
@@ -327,6 +325,8 @@ pub fn all_zero_block(plan: &Plan, xg: &[f32]) -> (f32, f32) {
     (1.0, if plan.zero_term { seq_sum(xg) } else { 0.0 })
 }
 
+/// Sequential float32 sum `((x0 + x1) + x2) + ...` (the zero-point sums `S[n, g]`).
+#[inline]
 pub fn seq_sum(xs: &[f32]) -> f32 {
     let mut it = xs.iter();
     let first = it.next().copied().unwrap_or(0.0);
@@ -548,11 +548,12 @@ pub fn build_block(plan: &Plan, xg: &[f32], out: BlockOut<'_>) -> (f32, f32) {
             {
                 round_table_i8(tab, r, o);
             }
-            // (Not `tsc == 0`: a subnormal `A` may give a `tscale` of 0 with saturated entries.)
+            // (Not `tsc == 0`: a subnormal `A` may give a `tscale` of 0 with saturated entries;
+            // that block adds 0, its zero term included, which is as small as `A`.)
             if amax.iter().all(|&a| a == 0.0) {
                 return all_zero_block(plan, xg);
             }
-            let zsum = if plan.zero_term {
+            let zsum = if plan.zero_term && tsc != 0.0 {
                 seq_sum(xg) / tsc
             } else {
                 0.0
