@@ -144,6 +144,76 @@ struct Levels {
     /// The sorted values padded with +inf to 16, when there are at most 16: the levels below
     /// `x` are then counted without branches (a binary search mispredicts about every step).
     small: Option<[f64; 16]>,
+    /// fp8 formats: rounded on their bits instead ([`Fp8Grid::nearest`], the same codes).
+    fp8: Option<Fp8Grid>,
+}
+
+/// The grid of an fp8 format, for rounding to it directly: about 8x faster than the binary
+/// search over its 254 levels (e4m3 g128 4096 x 4096: 229 ms to quantize on 2 threads).
+#[derive(Clone, Copy)]
+struct Fp8Grid {
+    /// Mantissa bits.
+    mbits: i32,
+    /// Exponent bias; the smallest normal exponent is `1 - bias`.
+    bias: i32,
+    /// The largest finite magnitude and its code.
+    max: f64,
+    max_code: u8,
+}
+
+impl Fp8Grid {
+    fn of(format: Format) -> Option<Fp8Grid> {
+        match format {
+            Format::Fp8E4m3 => Some(Fp8Grid {
+                mbits: 3,
+                bias: 7,
+                max: 448.0,
+                max_code: 0x7e,
+            }),
+            Format::Fp8E5m2 => Some(Fp8Grid {
+                mbits: 2,
+                bias: 15,
+                max: 57344.0,
+                max_code: 0x7b,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The code [`Levels::nearest`] picks by search: `|x|` rounded to nearest on the grid of
+    /// its binade (subnormals on the smallest normal binade's), ties to the even mantissa (the
+    /// even code), saturating at the largest finite value; 0 (not `-0`'s 0x80) for zero.
+    #[inline]
+    fn nearest(&self, x: f64) -> u8 {
+        let a = x.abs();
+        let sign = if x < 0.0 { 0x80 } else { 0 };
+        if !(a < self.max) {
+            return sign | self.max_code;
+        }
+        // The binade's exponent (from the bits: exact), at least the smallest normal one.
+        let e = (((a.to_bits() >> 52) & 0x7ff) as i32 - 1023).max(1 - self.bias);
+        // `a / q` is exact (q a power of two, built on its bits: `powi` and `rint` were
+        // libm calls, 40% of the quantization), so this is the nearest multiple of `q`:
+        // adding and subtracting 2^52 rounds `0 <= y < 2^52` to an integer, ties to even.
+        let q = f64::from_bits(((e - self.mbits + 1023) as u64) << 52);
+        const TWO52: f64 = 4_503_599_627_370_496.0;
+        let mut m = ((a / q + TWO52) - TWO52) as i32;
+        if m == 0 {
+            return 0;
+        }
+        let mut e = e;
+        if m == 2 << self.mbits {
+            // Rounded up into the next binade (below `max`, so still finite).
+            m >>= 1;
+            e += 1;
+        }
+        let code = if m < 1 << self.mbits {
+            m // subnormal: exponent field 0
+        } else {
+            ((e + self.bias) << self.mbits) | (m - (1 << self.mbits))
+        };
+        sign | code as u8
+    }
 }
 
 impl Levels {
@@ -164,7 +234,11 @@ impl Levels {
         sorted.dedup_by(|b, a| a.0 == b.0);
         let small = (sorted.len() <= 16)
             .then(|| std::array::from_fn(|i| sorted.get(i).map_or(f64::INFINITY, |l| l.0)));
-        Levels { sorted, small }
+        Levels {
+            sorted,
+            small,
+            fp8: Fp8Grid::of(cb.format()),
+        }
     }
 
     fn max_abs(&self) -> f64 {
@@ -173,6 +247,15 @@ impl Levels {
 
     #[inline]
     fn nearest(&self, x: f64) -> u8 {
+        match self.fp8 {
+            Some(grid) => grid.nearest(x),
+            None => self.search(x),
+        }
+    }
+
+    /// The nearest level by search (every codebook; the fp8 grids' oracle in the tests).
+    #[inline]
+    fn search(&self, x: f64) -> u8 {
         let s = &self.sorted;
         let i = match &self.small {
             Some(v) => v.iter().map(|&v| usize::from(v < x)).sum(),
@@ -625,5 +708,33 @@ mod tests {
         let l = Levels::new(&e4);
         assert_eq!(e4.values()[l.nearest(1.0625) as usize], 1.0); // halfway 1 and 1.125: even mantissa
         assert_eq!(e4.values()[l.nearest(1000.0) as usize], 448.0);
+    }
+
+    /// The fp8 grids give the search's code for every level, every midpoint between adjacent
+    /// levels and the float64 values next to them, zeros, values past the largest, and a
+    /// million values spread over every binade.
+    #[test]
+    fn fp8_grids_round_as_the_search() {
+        for f in [Format::Fp8E4m3, Format::Fp8E5m2] {
+            let l = Levels::new(&Codebook::new(f).unwrap());
+            let grid = l.fp8.expect("an fp8 grid");
+            let mut xs = vec![
+                0.0, -0.0, 1e300, -1e300, 5e-324, -5e-324, grid.max, -grid.max,
+            ];
+            for w in l.sorted.windows(2) {
+                let mid = (w[0].0 + w[1].0) / 2.0;
+                for v in [w[0].0, mid, w[1].0] {
+                    xs.extend([v, v.next_up(), v.next_down()]);
+                }
+            }
+            let mut r = maleki_common::rng::stream(17, 0);
+            for i in 0..1_000_000 {
+                let scale = 2f64.powi((i % 48) - 30);
+                xs.push(maleki_common::rng::standard_normal(&mut r) * scale);
+            }
+            for &x in xs.iter().filter(|x| x.is_finite()) {
+                assert_eq!(grid.nearest(x), l.search(x), "{f:?} x = {x:e}");
+            }
+        }
     }
 }
