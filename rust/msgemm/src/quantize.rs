@@ -187,7 +187,7 @@ impl Fp8Grid {
     fn nearest(&self, x: f64) -> u8 {
         let a = x.abs();
         let sign = if x < 0.0 { 0x80 } else { 0 };
-        if !(a < self.max) {
+        if a >= self.max {
             return sign | self.max_code;
         }
         // The binade's exponent (from the bits: exact), at least the smallest normal one.
