@@ -538,51 +538,64 @@ mod avx2 {
         }
     }
 
-    /// Rows `r0 .. r0 + R` of column `c` into `out[r][c]` (stride `n`).
+    /// Rows `r0 .. r0 + R`, columns `c0 .. c0 + C` into `out[r][c]` (stride `n`): each
+    /// accumulator a pair of registers (lanes 0-7, 8-15).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const R: usize, const E4M3: bool>(
+    unsafe fn tile<const R: usize, const C: usize, const E4M3: bool>(
         w: &Weights,
         xs: &[f32],
         n: usize,
         (r0, rl): (usize, usize),
-        c: usize,
+        c0: usize,
         out: &mut [f32],
     ) {
         unsafe {
             let codes: [*const u8; R] =
                 std::array::from_fn(|i| w.codes.as_ptr().add((r0 + i) * w.k));
-            let xp = xs.as_ptr().add(c * w.k);
+            let xp: [*const f32; C] = std::array::from_fn(|j| xs.as_ptr().add((c0 + j) * w.k));
             let zero = _mm256_setzero_ps();
-            let mut t = [(zero, zero); R];
+            let mut t = [[(zero, zero); C]; R];
             for gi in 0..w.groups {
-                let mut p = [(zero, zero); R];
+                let mut p = [[(zero, zero); C]; R];
                 for k in (gi * w.g..(gi + 1) * w.g).step_by(LANES) {
-                    let (x0, x1) = (_mm256_loadu_ps(xp.add(k)), _mm256_loadu_ps(xp.add(k + 8)));
+                    let xv: [(__m256, __m256); C] = std::array::from_fn(|j| {
+                        (
+                            _mm256_loadu_ps(xp[j].add(k)),
+                            _mm256_loadu_ps(xp[j].add(k + 8)),
+                        )
+                    });
                     for i in 0..R {
                         let (w0, w1) =
                             decode::<E4M3>(_mm_loadu_si128(codes[i].add(k) as *const __m128i));
-                        p[i] = (
-                            _mm256_fmadd_ps(w0, x0, p[i].0),
-                            _mm256_fmadd_ps(w1, x1, p[i].1),
-                        );
+                        for j in 0..C {
+                            p[i][j] = (
+                                _mm256_fmadd_ps(w0, xv[j].0, p[i][j].0),
+                                _mm256_fmadd_ps(w1, xv[j].1, p[i][j].1),
+                            );
+                        }
                     }
                 }
                 for i in 0..R {
                     let s = _mm256_set1_ps(*w.scales.get_unchecked((r0 + i) * w.groups + gi));
-                    t[i] = (
-                        _mm256_fmadd_ps(s, p[i].0, t[i].0),
-                        _mm256_fmadd_ps(s, p[i].1, t[i].1),
-                    );
+                    for j in 0..C {
+                        t[i][j] = (
+                            _mm256_fmadd_ps(s, p[i][j].0, t[i][j].0),
+                            _mm256_fmadd_ps(s, p[i][j].1, t[i][j].1),
+                        );
+                    }
                 }
             }
             for i in 0..R {
-                out[(rl + i) * n + c] = hsum(t[i].0, t[i].1);
+                for j in 0..C {
+                    out[(rl + i) * n + c0 + j] = hsum(t[i][j].0, t[i][j].1);
+                }
             }
         }
     }
 
-    /// Rows `r0 ..` of [`super::block`], 2 rows at a time, a column at a time.
+    /// Rows `r0 ..` of [`super::block`]: GEMVs 2 rows at a time; batches a row by 2 columns
+    /// (the 16 registers hold 4 sums, 4 group totals, 4 activation and 2 weight vectors).
     ///
     /// # Safety
     /// AVX2, FMA and F16C; the group size a multiple of 16; `xs` and `out` as for AVX-512.
@@ -596,17 +609,28 @@ mod avx2 {
     ) {
         unsafe {
             let rows = out.len() / n;
-            let mut r = 0;
-            while r < rows {
-                let tall = rows - r >= 2;
-                for c in 0..n {
-                    if tall {
-                        tile::<2, E4M3>(w, xs, n, (r0 + r, r), c, out);
+            if n == 1 {
+                let mut r = 0;
+                while r < rows {
+                    if rows - r >= 2 {
+                        tile::<2, 1, E4M3>(w, xs, n, (r0 + r, r), 0, out);
+                        r += 2;
                     } else {
-                        tile::<1, E4M3>(w, xs, n, (r0 + r, r), c, out);
+                        tile::<1, 1, E4M3>(w, xs, n, (r0 + r, r), 0, out);
+                        r += 1;
                     }
                 }
-                r += if tall { 2 } else { 1 };
+                return;
+            }
+            for r in 0..rows {
+                let mut c = 0;
+                while c + 2 <= n {
+                    tile::<1, 2, E4M3>(w, xs, n, (r0 + r, r), c, out);
+                    c += 2;
+                }
+                if c < n {
+                    tile::<1, 1, E4M3>(w, xs, n, (r0 + r, r), c, out);
+                }
             }
         }
     }
