@@ -178,7 +178,7 @@ def test_inputs_beyond_two_to_the_120_keep_the_bits():
     codes = small[(np.arange(16 * 64) * 37) % small.size].reshape(16, 64)
     pw = mg.PackedWeights.from_arrays(codes, np.ones((16, 2)), format="fp8_e4m3")
     x = np.random.default_rng(7).standard_normal(64).astype(np.float32)
-    x[3], x[9] = 1.5e36, -2e36
+    x[3], x[9], x[11] = 1.5e36, -2e36, 2.0**120
     y = mg.msgemm(pw, x)
     assert np.all(np.isfinite(y))
     np.testing.assert_array_equal(y, definition(pw, x[:, None])[:, 0])

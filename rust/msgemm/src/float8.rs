@@ -50,8 +50,9 @@ pub const LANES: usize = 16;
 /// Rows per parallel task.
 const ROWS_PER_TASK: usize = 64;
 
-/// Inputs of at least this magnitude overflow the e4m3 kernels' scaling by 2^8.
-const E4M3_X_LIMIT: f32 = 1.329_228e36; // 2^120
+/// Inputs of at least this magnitude, 2^120 exactly, overflow the e4m3 kernels' scaling by
+/// 2^8 (below it, `x 2^8` is at most float32's largest value).
+const E4M3_X_LIMIT: f32 = f32::from_bits((127 + 120) << 23);
 
 /// A kernel of the fp8 path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -749,6 +750,7 @@ mod tests {
         let mut xt = gaussian(k, 9);
         xt[5] = 1.5e36;
         xt[6] = -2e36;
+        xt[7] = E4M3_X_LIMIT; // 2^120: `x 2^8` would be 2^128, beyond float32
         let want = bits(&on(&pw, Kernel::Portable, &xt, 1));
         for kernel in [Kernel::Avx512, Kernel::Avx2] {
             if kernel.runs(g) {
