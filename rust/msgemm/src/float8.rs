@@ -157,7 +157,8 @@ struct Weights<'a> {
     g: usize,
     groups: usize,
     e4m3: bool,
-    /// The codebook's values (invalid codes read 0): the portable kernel's decoder.
+    /// The codebook's values (invalid codes read 0): the portable kernel's decoder (empty for
+    /// the others).
     values: Vec<f32>,
 }
 
@@ -202,7 +203,11 @@ pub fn run(
         g: pw.group_size(),
         groups: pw.groups(),
         e4m3,
-        values: pw.codebook().table_values(),
+        values: if kernel == Kernel::Portable {
+            pw.codebook().table_values()
+        } else {
+            Vec::new()
+        },
     };
     let xs = &xs[..];
     // Rows `r0 ..` into `out` (`(rows, N)` row-major).
