@@ -48,6 +48,18 @@ def test_bench_i16_batches_say_which_path_runs(capsys):
     assert ("dense int8 dot products" in lines[0]) == dense
 
 
+def test_bench_fp8_says_which_path_runs():
+    from maleki_rs import msgemm as mg
+
+    lines = []
+    r = _cli.bench(70, 256, 1, "fp8_e4m3", 64, None, "auto", repeat=2, out=lines.append)
+    # The fp8 path's float32 sums (where it runs), else the default i8 tables.
+    pw = mg.quantize(__import__("numpy").ones((70, 256)), "fp8_e4m3", 64)
+    fp8 = mg.plan_info(pw)["fp8_kernel"] is not None
+    assert ("fp8 codes decoded in registers" in lines[0]) == fp8
+    assert r["rel_l1"] < (1e-6 if fp8 else 3e-2)
+
+
 def _parse_error(argv, capsys) -> str:
     """The one-line argparse error of ``maleki argv`` (exit status 2)."""
     with pytest.raises(SystemExit) as exc:

@@ -72,7 +72,7 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
 
     ``table=None`` and ``depth="auto"`` time what :func:`maleki_rs.msgemm.msgemm` runs by
     default (``i8`` tables, or the dense ``i16`` path or ``bf16`` mode where they run: batches,
-    and on AMD CPUs with AVX-512 VNNI the GEMVs).
+    and on AMD CPUs with AVX-512 VNNI the GEMVs; fp8 weights: the fp8 path's ``f32`` sums).
     """
     repeat = check_int(repeat, "repeat", min=1)  # timings are the min and median of these
     rng = np.random.default_rng(seed)
@@ -88,6 +88,9 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
         # No tables run (the plan's depth is moot): count the table method at its i8 depth.
         cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
         how = f" (dense int8 dot products, no tables: the counts below are the table method's at depth {cd})"
+    elif info["fp8_kernel"]:
+        how = (" (fp8 codes decoded in registers, float32 sums, no tables: the counts below are the table "
+               "method's at depth 1)")
     elif info["dense_bf16"]:
         cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
         how = f" (bfloat16 dot products, no tables: the counts below are the table method's at depth {cd})"
