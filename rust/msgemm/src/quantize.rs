@@ -148,8 +148,8 @@ struct Levels {
     fp8: Option<Fp8Grid>,
 }
 
-/// The grid of an fp8 format, for rounding to it directly: about 8x faster than the binary
-/// search over its 254 levels (e4m3 g128 4096 x 4096: 229 ms to quantize on 2 threads).
+/// The grid of an fp8 format, for rounding to it directly instead of a binary search over its
+/// 254 levels (e4m3 g128 4096 x 4096 on 2 threads: the quantization 229 -> 93-110 ms).
 #[derive(Clone, Copy)]
 struct Fp8Grid {
     /// Mantissa bits.
@@ -162,22 +162,19 @@ struct Fp8Grid {
 }
 
 impl Fp8Grid {
-    fn of(format: Format) -> Option<Fp8Grid> {
-        match format {
-            Format::Fp8E4m3 => Some(Fp8Grid {
-                mbits: 3,
-                bias: 7,
-                max: 448.0,
-                max_code: 0x7e,
-            }),
-            Format::Fp8E5m2 => Some(Fp8Grid {
-                mbits: 2,
-                bias: 15,
-                max: 57344.0,
-                max_code: 0x7b,
-            }),
-            _ => None,
-        }
+    /// The grid of `format`, if fp8, whose largest level is `top` (value, code).
+    fn of(format: Format, top: (f64, u8)) -> Option<Fp8Grid> {
+        let (mbits, bias) = match format {
+            Format::Fp8E4m3 => (3, 7),
+            Format::Fp8E5m2 => (2, 15),
+            _ => return None,
+        };
+        Some(Fp8Grid {
+            mbits,
+            bias,
+            max: top.0,
+            max_code: top.1,
+        })
     }
 
     /// The code [`Levels::nearest`] picks by search: `|x|` rounded to nearest on the grid of
@@ -234,10 +231,11 @@ impl Levels {
         sorted.dedup_by(|b, a| a.0 == b.0);
         let small = (sorted.len() <= 16)
             .then(|| std::array::from_fn(|i| sorted.get(i).map_or(f64::INFINITY, |l| l.0)));
+        let top = sorted[sorted.len() - 1];
         Levels {
+            fp8: Fp8Grid::of(cb.format(), top),
             sorted,
             small,
-            fp8: Fp8Grid::of(cb.format()),
         }
     }
 
