@@ -35,6 +35,23 @@ def cpu_flags(*names: str) -> bool:
     return all(f" {n}" in info for n in names)
 
 
+def _emulated() -> bool:
+    """Whether numpy's CPUID detection and /proc/cpuinfo disagree on basic x86 features (under
+    qemu-user, the emulated CPU's features against the host's)."""
+    pairs = [("AVX2", "avx2"), ("AVX512F", "avx512f"), ("F16C", "f16c"), ("FMA3", "fma")]
+    return any(cpu_has(n) != cpu_flags(f) for n, f in pairs)
+
+
+def avx2_kernel() -> str | None:
+    """The dense kernel backend ``avx2`` should run on this CPU (``plan_info``'s
+    ``dense_kernel``): ``"avx2-vnni"`` with AVX-VNNI (from /proc/cpuinfo, which numpy does not
+    detect; taken as absent under emulation, where /proc/cpuinfo is the host's), ``"avx2"``
+    with AVX2 and F16C, else None."""
+    if not cpu_has("AVX2", "F16C"):
+        return None
+    return "avx2-vnni" if cpu_flags("avx_vnni") and not _emulated() else "avx2"
+
+
 def bf16_kernels() -> dict[str, str]:
     """The kernel each backend should run in ``bf16`` mode on this CPU (backend -> the
     ``bf16_kernel`` that :func:`maleki_rs.msgemm.plan_info` reports), by the documented rule:
@@ -66,12 +83,16 @@ def dense_to_bf16_min_n(kernel: str | None, g: int) -> int | None:
 
 def dense_gemv_default(pw: mg.PackedWeights, backend: str = "auto") -> bool:
     """Whether a default-table GEMV of ``pw`` on ``backend`` runs on the dense ``i16`` path,
-    by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, weights
-    whose ``i16`` GEMV the dense path runs (2-bit codes: on the 2-bit layout, groups a
-    multiple of 16)."""
-    if backend not in ("auto", "avx512"):
+    by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, AVX2 on
+    any, weights whose ``i16`` GEMV the dense path runs (2-bit codes: on the 2-bit layout,
+    groups a multiple of 16, AVX-512 VNNI only)."""
+    if backend not in ("auto", "avx512", "avx2"):
         return False
-    if not (cpu_has("AVX512F", "AVX512BW", "AVX512VNNI") and "AuthenticAMD" in _cpuinfo()):
+    vnni512 = cpu_has("AVX512F", "AVX512BW", "AVX512VNNI")
+    if backend == "avx2" or (backend == "auto" and not vnni512):
+        if not cpu_has("AVX2", "F16C"):
+            return False
+    elif not (vnni512 and "AuthenticAMD" in _cpuinfo()):
         return False
     try:
         return mg.plan_info(pw, n=1, table="i16", backend=backend)["dense_int8"]

@@ -11,7 +11,8 @@ import pytest
 
 from maleki_rs import msgemm as mg
 
-from .conftest import BACKENDS, EXACT_FORMATS, cpu_has, dense_gemv_default, integer_weights, integer_x
+from .conftest import (BACKENDS, EXACT_FORMATS, avx2_kernel, cpu_has, dense_gemv_default, integer_weights,
+                       integer_x)
 
 M = 70  # one full 64-row block and a ragged tail
 K = 384  # divisible by 32, 64, 128 (and by 3)
@@ -139,8 +140,9 @@ SPANS = {
 @pytest.mark.parametrize("n", [None, 3])
 def test_dense_integer_codebooks_by_span(span, n):
     # The dense kernels look a non-affine codebook's integers up as unsigned bytes
-    # `v - min`: AVX-512 VNNI (and AMX) multiply any byte, AVX2 sums four products in int16
-    # (span at most 64), Arm64's sdot reads them as signed bytes (at most 127). Where one
+    # `v - min`: AVX-512 VNNI (and AMX) multiply any byte, and so does AVX2 with AVX-VNNI;
+    # AVX2 without it sums four products in int16 (span at most 64), Arm64's sdot reads
+    # them as signed bytes (at most 127). Where one
     # runs, its bits are the scalar i16 kernel's (the same exact integer sums), and both are
     # within the int8-activation error of float64.
     rng = np.random.default_rng(span)
@@ -148,7 +150,8 @@ def test_dense_integer_codebooks_by_span(span, n):
     x = rng.standard_normal(256 if n is None else (256, n)).astype(np.float32)
     ref = pw.dequantize() @ x.astype(np.float64)
     vnni = cpu_has("AVX512F", "AVX512BW", "AVX512VNNI")
-    expect = {"avx512": vnni, "avx2": span <= 64, "neon": span <= 127 and cpu_has("ASIMDDP")}
+    expect = {"avx512": vnni, "avx2": span <= 64 or avx2_kernel() == "avx2-vnni",
+              "neon": span <= 127 and cpu_has("ASIMDDP")}
     for backend in [b for b in expect if b in BACKENDS]:
         info = mg.plan_info(pw, n=1 if n is None else n, table="i16", backend=backend)
         assert info["dense_int8"] == expect[backend], (backend, info)

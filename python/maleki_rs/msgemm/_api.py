@@ -1294,7 +1294,9 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     byte), ``label_space`` (int tables over
     sign-magnitude labels, see :func:`msgemm`'s ``mirror``), ``dense_int8`` (an ``i16`` call
     that sums its exact integers with dot-product instructions instead of tables: no table
-    is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``) and
+    is built, ``depth`` and the table fields do not apply; see :func:`msgemm`'s ``table``; its
+    kernel in ``dense_kernel``: ``"avx512-vnni"``, ``"amx"``, ``"avx2-vnni"`` (AVX2 with
+    AVX-VNNI), ``"avx2"`` or ``"neon-sdot"``, else None) and
     ``dense_bf16`` (a ``bf16`` call: no tables either; ``backend`` is ``"amx"``,
     ``"avx512"``, ``"avx2"`` or ``"scalar"``), and for ``bf16`` calls (else None)
     ``bf16_kernel`` (``"amx-tdpbf16ps"``, ``"avx512-fma"``, ``"avx512-vdpbf16ps"``,

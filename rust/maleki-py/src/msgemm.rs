@@ -757,13 +757,13 @@ fn plan_info<'py>(
                     ..opts.opts
                 };
                 let plan = core_gemm::plan(&w, n, &i8_opts)?;
-                return Ok((plan, kernel.name(), None, false, Some(kernel), None));
+                return Ok((plan, kernel.name(), None, None, Some(kernel), None));
             }
         };
         let plan = core_gemm::plan(&w, n, &opts)?;
         // fp8 weights in `f32` mode: no tables either (`maleki_msgemm::float8`).
         if let Some(k) = float8::kernel_for(&w, &opts) {
-            return Ok((plan, k.backend().name(), None, false, None, Some(k)));
+            return Ok((plan, k.backend().name(), None, None, None, Some(k)));
         }
         // What runs: the kernel, and the plan it executes (a mirror plan on folded indices
         // where that gives the same bits, see `gemm::execution_plan`).
@@ -771,8 +771,8 @@ fn plan_info<'py>(
         let dense = maleki_msgemm::dense::kind_for_call(opts.backend, &plan)
             .filter(|_| maleki_msgemm::dense::applies(&plan, opts.backend));
         Ok(match (opts.backend, dense) {
-            (Backend::Reference, _) => (plan, "reference", None, false, None, None),
-            (_, Some(k)) => (plan, k.backend_name(), None, true, None, None),
+            (Backend::Reference, _) => (plan, "reference", None, None, None, None),
+            (_, Some(k)) => (plan, k.backend_name(), None, Some(k), None, None),
             (b, None) => {
                 let (run, k) = core_gemm::execution_plan(&w, &plan, b)?;
                 let kind = k.layout_kind(&run);
@@ -780,7 +780,7 @@ fn plan_info<'py>(
                     plan,
                     k.backend().name(),
                     Some((run, kind)),
-                    false,
+                    None,
                     None,
                     None,
                 )
@@ -817,7 +817,8 @@ fn plan_info<'py>(
     d.set_item("folded_indices", kind == LayoutKind::Folded)?;
     d.set_item("paired_indices", kind == LayoutKind::Paired)?;
     d.set_item("label_space", labels)?;
-    d.set_item("dense_int8", dense)?;
+    d.set_item("dense_int8", dense.is_some())?;
+    d.set_item("dense_kernel", dense.map(|k| k.name()))?;
     d.set_item("dense_bf16", bf16_call.is_some())?;
     d.set_item("bf16_kernel", bf16_call.map(|k| k.id()))?;
     d.set_item("scalar_order", bf16_call.map(|k| k.scalar_order()))?;

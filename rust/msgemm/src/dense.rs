@@ -182,11 +182,12 @@ pub const MAP_SPAN: i32 = 255;
 
 /// Largest span of a non-affine codebook's integer values that the dense kernel `kind`
 /// sums. `vpdpbusd` and AMX's `tdpbsud` multiply unsigned bytes by int8 activations into
-/// int32: any byte (IQ4_NL's 16 integers span 240). AVX2 adds four products in int16
-/// (`4 * 64 * 127 < 2^15`: at most 64); `sdot` reads the bytes as signed (at most 127).
+/// int32: any byte (IQ4_NL's 16 integers span 240), and so does AVX-VNNI's. AVX2 adds four
+/// products in int16 (`4 * 64 * 127 < 2^15`: at most 64); `sdot` reads the bytes as signed
+/// (at most 127).
 pub fn map_span(kind: Kind) -> i32 {
     match kind {
-        Kind::Vnni512 | Kind::Amx => MAP_SPAN,
+        Kind::Vnni512 | Kind::Amx | Kind::AvxVnni => MAP_SPAN,
         Kind::Sdot => 127,
         Kind::Avx2 => 64,
     }
@@ -290,8 +291,13 @@ pub enum Kind {
     /// Intel AMX tiles (`tdpbsud`, Linux): 16 rows by 16 columns per instruction (the
     /// module [`amx`] docs).
     Amx,
-    /// AVX2 `vpmaddubsw` + `vpmaddwd`: 8 rows per pair (CPUs without AVX-512 VNNI).
+    /// AVX2 `vpmaddubsw` + `vpmaddwd`: 8 rows per pair (CPUs without AVX-512 VNNI or
+    /// AVX-VNNI).
     Avx2,
+    /// AVX2 with AVX-VNNI's 256-bit `vpdpbusd`: 8 rows per instruction, no int16 step (CPUs
+    /// with AVX-VNNI but not AVX-512 VNNI: Intel's Alder Lake and later client cores, the
+    /// E-core Xeons; or any, on backend `avx2`). Backend name `avx2`.
+    AvxVnni,
     /// Arm64 `sdot` (the dot-product extension, FEAT_DotProd: optional from Armv8.2, required
     /// from Armv8.4; every Apple M-series, Graviton 2 and later, Cortex-A55/A76 and later): 4
     /// rows per instruction.
@@ -304,14 +310,63 @@ impl Kind {
         match self {
             Kind::Vnni512 => "avx512",
             Kind::Amx => "amx",
-            Kind::Avx2 => "avx2",
+            Kind::Avx2 | Kind::AvxVnni => "avx2",
             Kind::Sdot => "neon",
+        }
+    }
+
+    /// The backend whose calls run on this kernel.
+    pub fn backend(self) -> Backend {
+        match self {
+            Kind::Vnni512 => Backend::Avx512,
+            Kind::Amx => Backend::Amx,
+            Kind::Avx2 | Kind::AvxVnni => Backend::Avx2,
+            Kind::Sdot => Backend::Neon,
+        }
+    }
+
+    /// Whether this CPU has the kernel's instructions (AMX: and the OS granted the tiles).
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
+            match self {
+                Kind::Vnni512 => {
+                    is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
+                Kind::Amx => amx_ready(),
+                Kind::Avx2 => avx2,
+                Kind::AvxVnni => avx2 && is_x86_feature_detected!("avxvnni"),
+                Kind::Sdot => false,
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            self == Kind::Sdot && std::arch::is_aarch64_feature_detected!("dotprod")
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            false
+        }
+    }
+
+    /// The kernel's name in `plan_info` (`dense_kernel`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Vnni512 => "avx512-vnni",
+            Kind::Amx => "amx",
+            Kind::Avx2 => "avx2",
+            Kind::AvxVnni => "avx2-vnni",
+            Kind::Sdot => "neon-sdot",
         }
     }
 }
 
 /// The dense kernel that runs calls on `backend` on this CPU, if any: on x86-64 `auto` takes
-/// AVX-512 VNNI where the CPU has it, else AVX2, and `avx512` and `avx2` name theirs; on Arm64
+/// AVX-512 VNNI where the CPU has it, else AVX2 (with AVX-VNNI where the CPU has it), and
+/// `avx512` and `avx2` name theirs; on Arm64
 /// `auto` and `neon` take `sdot` where the CPU has the dot-product extension (without it, the
 /// NEON table kernels run the call).
 pub fn kind_for(backend: Backend) -> Option<Kind> {
@@ -325,6 +380,9 @@ pub fn kind_for(backend: Backend) -> Option<Kind> {
         let avx2 = || is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
         match backend {
             Backend::Auto if vnni() => Some(Kind::Vnni512),
+            Backend::Auto | Backend::Avx2 if avx2() && is_x86_feature_detected!("avxvnni") => {
+                Some(Kind::AvxVnni)
+            }
             Backend::Auto | Backend::Avx2 if avx2() => Some(Kind::Avx2),
             Backend::Avx512 if vnni() => Some(Kind::Vnni512),
             Backend::Amx if amx_ready() => Some(Kind::Amx),
@@ -396,7 +454,8 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
 }
 
 /// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path (where it
-/// [`applies`]) instead of `i8` tables: AVX-512 VNNI on AMD CPUs, any group size. There it is
+/// [`applies`]) instead of `i8` tables: AVX-512 VNNI on AMD CPUs, AVX2 (with or without
+/// AVX-VNNI) on any, any group size. There it is
 /// faster and, with int8 activations summed exactly, more accurate (relative L1 about 6.7e-3
 /// against 9.1e-3 at g128). Measured on Zen 5 (4096 x 4096, 2 threads, minima, ms, dense
 /// against tables): from Python, three alternations, int4 g16 0.089 against 0.127, g32 0.070
@@ -405,12 +464,20 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
 /// int4 g8 0.139 against 0.189, g64 0.056-0.058 against 0.083-0.086, g128 (with the 2-bit
 /// layout for int2 / ternary, [`two_bit`]) as in BENCHMARKS.md. (Before the AVX-512 activation
 /// quantizer and the register epilogue of stop 38, groups of 32 and less were level or mixed
-/// and kept the tables.) On Intel's Sapphire Rapids a GEMV on the tables was faster (0.158
+/// and kept the tables.) The AVX2 kernels on the same CPU (`examples/prof`, backend `avx2`,
+/// minima of four alternations, int4): g128 0.092 ms with AVX-VNNI, 0.153 without, against
+/// 0.209 on `i8` tables; g32 0.170 / 0.175 against 0.275. CPUs with AVX2 but not AVX-512 were
+/// not timed; on Intel's, `vpshufb` (the tables' lookups) issues on one port, the
+/// multiplies on two, so the tables should not fare better there. On Intel's Sapphire Rapids a GEMV on the tables was faster (0.158
 /// against 0.182 ms), measured before the dense kernel kept several accumulator chains in
 /// flight, and not timed there since. A fixed rule, not a timing, so a machine's choice (and
 /// its bits) never changes from run to run.
 pub fn gemv_preferred(backend: Backend) -> bool {
-    kind_for(backend) == Some(Kind::Vnni512) && crate::kernels::amd_cpu()
+    match kind_for(backend) {
+        Some(Kind::Vnni512) => crate::kernels::amd_cpu(),
+        Some(Kind::AvxVnni | Kind::Avx2) => true,
+        _ => false,
+    }
 }
 
 /// Whether a dense call of `plan` on `backend` reads the 2-bit layout ([`DenseLayout`]): GEMVs
@@ -695,6 +762,43 @@ pub fn run(
     y_layout: YLayout,
 ) -> Result<()> {
     let (ints, kind, lay) = setup(pw, plan, backend, xt, y)?;
+    run_on(pw, plan, (ints, kind, lay), xt, y, y_layout)
+}
+
+/// [`run`] on the kernel `kind` instead of the one [`kind_for_call`] picks: for tests that
+/// run each kernel this CPU has (AVX2 without AVX-VNNI on a CPU with it). Fails unless this
+/// CPU has `kind` ([`Kind::available`]), the dense path applies to `plan` on `kind`'s backend
+/// and `kind` sums its integers ([`map_span`]; AMX: codes of at most 4 bits).
+#[doc(hidden)]
+pub fn run_with_kind(
+    pw: &PackedWeights,
+    plan: &Plan,
+    kind: Kind,
+    xt: &[f32],
+    y: &mut [f32],
+    y_layout: YLayout,
+) -> Result<()> {
+    let backend = kind.backend();
+    let (ints, _, lay) = setup(pw, plan, backend, xt, y)?;
+    let fits = ints.map.is_none() || ints.u_max <= i64::from(map_span(kind));
+    if !kind.available() || !fits || (plan.levels > 16 && kind == Kind::Amx) {
+        return Err(Error::Unsupported(format!(
+            "the dense kernel {} does not run this plan on this CPU",
+            kind.name()
+        )));
+    }
+    run_on(pw, plan, (ints, kind, lay), xt, y, y_layout)
+}
+
+/// [`run`] once set up.
+fn run_on(
+    pw: &PackedWeights,
+    plan: &Plan,
+    (ints, kind, lay): (Ints, Kind, &DenseLayout),
+    xt: &[f32],
+    y: &mut [f32],
+    y_layout: YLayout,
+) -> Result<()> {
     let acts = Acts::new(plan, xt, ints.c0, kind, true)?;
     let blocks = Blocks::new(pw, plan, lay, &acts, (ints, kind));
     let n = plan.n;
@@ -893,6 +997,7 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
             #[cfg(not(target_os = "linux"))]
             Kind::Amx => unreachable!("AMX runs on Linux only"),
             Kind::Avx2 => unsafe { avx2::block_sums(&b.job, rb, groups, ys) },
+            Kind::AvxVnni => unsafe { avx2::block_sums_vnni(&b.job, rb, groups, ys) },
             Kind::Sdot => unreachable!("no Arm64 kernel on x86-64"),
         }
     }
@@ -901,7 +1006,9 @@ fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
         // SAFETY: `kind_for` checked the dot-product extension; `ys` holds `n * 64` floats.
         match b.kind {
             Kind::Sdot => unsafe { sdot::block_sums(&b.job, rb, groups, ys) },
-            Kind::Vnni512 | Kind::Amx | Kind::Avx2 => unreachable!("no x86-64 kernel on Arm64"),
+            Kind::Vnni512 | Kind::Amx | Kind::Avx2 | Kind::AvxVnni => {
+                unreachable!("no x86-64 kernel on Arm64")
+            }
         }
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -1527,61 +1634,267 @@ mod avx2 {
         acc
     }
 
-    /// Half `h` of part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: sums and
-    /// epilogue into `ys` (`[n][64]`), 8 rows per vector with the scalar epilogue's
-    /// operations (rows past M: not written).
+    /// [`half_sums`] on AVX-VNNI: `vpdpbusd` adds each word's four products (codes or bytes,
+    /// unsigned, times int8 activations) into int32 lanes, as `vnni::parts_sums` does at
+    /// 512 bits. Each accumulator is a chain of dependent `vpdpbusd`s (several cycles each):
+    /// for one or two columns the low and the high nibbles (or the even and the odd words)
+    /// of even and of odd chunks sum into chains of their own, added at the end (integers:
+    /// the same sums); more columns are chains enough, within AVX2's 16 registers. No int16
+    /// step, so bytes up to 255 (codebook maps up to [`super::MAP_SPAN`]).
     #[inline]
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn half<const NC: usize>(
+    #[target_feature(enable = "avx2,f16c,avxvnni")]
+    unsafe fn vnni_sums<const NC: usize, const MAP: bool, const B8: bool>(
+        w: *const u8,
+        chunks: usize,
+        x: *const i8,
+        stride: usize,
+        map: __m256i,
+    ) -> [__m256i; NC] {
+        let steps = chunks / if B8 { 2 } else { 1 };
+        let zero = [_mm256_setzero_si256(); NC];
+        let (mut lo, mut hi) = (zero, zero);
+        // Every `vnni_step` below: a step below `steps`, inside the part and the activations
+        // (as `half_sums`), with AVX-VNNI enabled here.
+        if NC <= 2 {
+            let (mut lo2, mut hi2) = (zero, zero);
+            for st in 0..steps / 2 {
+                // SAFETY: see above.
+                unsafe {
+                    vnni_step::<NC, MAP, B8, false>(w, 2 * st, x, stride, map, &mut lo, &mut hi);
+                    vnni_step::<NC, MAP, B8, false>(
+                        w,
+                        2 * st + 1,
+                        x,
+                        stride,
+                        map,
+                        &mut lo2,
+                        &mut hi2,
+                    );
+                }
+            }
+            if steps % 2 == 1 {
+                // SAFETY: see above.
+                unsafe {
+                    vnni_step::<NC, MAP, B8, false>(w, steps - 1, x, stride, map, &mut lo, &mut hi)
+                };
+            }
+            for c in 0..NC {
+                lo[c] = _mm256_add_epi32(lo[c], lo2[c]);
+                hi[c] = _mm256_add_epi32(hi[c], hi2[c]);
+            }
+        } else {
+            for st in 0..steps {
+                // SAFETY: see above.
+                unsafe { vnni_step::<NC, MAP, B8, true>(w, st, x, stride, map, &mut lo, &mut hi) };
+            }
+        }
+        std::array::from_fn(|c| _mm256_add_epi32(lo[c], hi[c]))
+    }
+
+    /// Step `st` of [`vnni_sums`] (a word, or with `B8` a pair of words: 8 inputs): its low
+    /// nibbles (`B8`: even word) times each column's first 4 activations into `lo`, its high
+    /// nibbles (odd word) times the next 4 into `hi` (with `ONE` into `lo` too: one chain per
+    /// column). Inlined into `vnni_sums`, which enables AVX-VNNI.
+    #[inline(always)]
+    unsafe fn vnni_step<const NC: usize, const MAP: bool, const B8: bool, const ONE: bool>(
+        w: *const u8,
+        st: usize,
+        x: *const i8,
+        stride: usize,
+        map: __m256i,
+        lo: &mut [__m256i; NC],
+        hi: &mut [__m256i; NC],
+    ) {
+        // SAFETY: the caller's (see `vnni_sums`).
+        unsafe {
+            let at = w.add(st * if B8 { 128 } else { 64 });
+            let (u_lo, u_hi) = if B8 {
+                (
+                    _mm256_load_si256(at as *const __m256i),
+                    _mm256_load_si256(at.add(64) as *const __m256i),
+                )
+            } else {
+                let (l, h) = nibbles(_mm256_load_si256(at as *const __m256i));
+                if MAP {
+                    (_mm256_shuffle_epi8(map, l), _mm256_shuffle_epi8(map, h))
+                } else {
+                    (l, h)
+                }
+            };
+            for c in 0..NC {
+                let p = x.add(c * stride + st * CHUNK) as *const i32;
+                let even = _mm256_set1_epi32(p.read_unaligned());
+                let odd = _mm256_set1_epi32(p.add(1).read_unaligned());
+                lo[c] = _mm256_dpbusd_avx_epi32(lo[c], u_lo, even);
+                if ONE {
+                    lo[c] = _mm256_dpbusd_avx_epi32(lo[c], u_hi, odd);
+                } else {
+                    hi[c] = _mm256_dpbusd_avx_epi32(hi[c], u_hi, odd);
+                }
+            }
+        }
+    }
+
+    /// Half `h` of part `s` of row block `rb`, group `g`, columns `c0 .. c0 + NC`: [`half_q`]
+    /// and [`half_epilogue`].
+    #[inline(always)]
+    unsafe fn half<const NC: usize, const VNNI: bool>(
         job: &Job<'_>,
-        (rb, g, s, h): (usize, usize, usize, usize),
+        at: (usize, usize, usize, usize),
         c0: usize,
         ys: &mut [f32],
     ) {
+        // SAFETY: the caller's (see `half_q`).
+        unsafe {
+            let q = half_q::<NC, VNNI>(job, at, c0);
+            half_epilogue::<NC>(job, at, c0, q, ys);
+        }
+    }
+
+    /// The sums `Q` of half `h` of part `s` of row block `rb`, group `g`, columns
+    /// `c0 .. c0 + NC` ([`vnni_sums`] with `VNNI`, else [`half_sums`]). Inlined into
+    /// [`block_sums`] / [`block_sums_vnni`], so that each sum function is inlined into the
+    /// one whose target features it has.
+    #[inline(always)]
+    unsafe fn half_q<const NC: usize, const VNNI: bool>(
+        job: &Job<'_>,
+        (rb, g, s, h): (usize, usize, usize, usize),
+        c0: usize,
+    ) -> [__m256i; NC] {
         let (plan, lay, acts) = (job.plan, job.lay, job.acts);
-        let (k, groups) = (plan.k, plan.groups);
+        let k = plan.k;
         let w = lay.data[lay.part(g, rb, s) + 32 * h..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
-        // SAFETY: offsets inside the layout and the activations.
-        let q = unsafe {
+        let c = lay.chunks;
+        // SAFETY: offsets inside the layout and the activations; the caller enables AVX2 and
+        // F16C, and AVX-VNNI with `VNNI`.
+        unsafe {
             match &job.map {
-                None if lay.bits == 8 => {
-                    half_sums::<NC, false, true>(w, lay.chunks, x, k, _mm256_setzero_si256())
+                None if lay.bits == 8 && VNNI => {
+                    vnni_sums::<NC, false, true>(w, c, x, k, _mm256_setzero_si256())
                 }
-                None => half_sums::<NC, false, false>(w, lay.chunks, x, k, _mm256_setzero_si256()),
+                None if lay.bits == 8 => {
+                    half_sums::<NC, false, true>(w, c, x, k, _mm256_setzero_si256())
+                }
+                None if VNNI => vnni_sums::<NC, false, false>(w, c, x, k, _mm256_setzero_si256()),
+                None => half_sums::<NC, false, false>(w, c, x, k, _mm256_setzero_si256()),
                 Some(m) => {
                     let t =
                         _mm256_broadcastsi128_si256(_mm_loadu_si128(m.as_ptr() as *const __m128i));
-                    half_sums::<NC, true, false>(w, lay.chunks, x, k, t)
+                    if VNNI {
+                        vnni_sums::<NC, true, false>(w, c, x, k, t)
+                    } else {
+                        half_sums::<NC, true, false>(w, c, x, k, t)
+                    }
                 }
             }
-        };
+        }
+    }
+
+    /// Row block `rb` (all 64 rows of it rows of the weights) for the groups `groups` and the
+    /// call's `NC` columns (N <= 2): per group, the sums of each 8-row half and
+    /// [`half_epilogue`]'s operations in the same order (so the same bits), with each
+    /// column's constants read once per group instead of once per half and no partial-half
+    /// branches. For GEMVs, whose few sums per group left that epilogue most of the work
+    /// (int8 g32 4096 x 4096, one thread: 54% of the samples).
+    #[inline(always)]
+    unsafe fn narrow<const NC: usize, const VNNI: bool>(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+    ) {
+        let (plan, acts, ng) = (job.plan, job.acts, job.plan.groups);
+        assert!(plan.n == NC && ys.len() >= NC * ROW_BLOCK);
+        assert!(plan.m - rb * ROW_BLOCK >= ROW_BLOCK);
+        let yp = ys.as_mut_ptr();
+        // SAFETY: 64 floats of `ys` per column (asserted); the caller enables AVX2 and F16C
+        // (AVX-VNNI with `VNNI`); the tiled arrays hold 64 values per (group, row block).
+        unsafe {
+            let a = _mm256_set1_epi32(job.a);
+            for g in groups {
+                // Per column: `corr`, `zsum` and `tsc`.
+                let cst: [(__m256i, __m256, __m256); NC] = std::array::from_fn(|c| {
+                    let gn = c * ng + g;
+                    (
+                        _mm256_set1_epi32(acts.corr[gn]),
+                        _mm256_set1_ps(acts.zsum[gn]),
+                        _mm256_set1_ps(acts.tsc[gn]),
+                    )
+                });
+                for hh in 0..2 * SUBS {
+                    let q = half_q::<NC, VNNI>(job, (rb, g, hh / 2, hh % 2), 0);
+                    let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + 8 * hh;
+                    let z8 = match job.zeros {
+                        _ if !plan.zero_term => _mm256_setzero_ps(),
+                        Zeros::None => _mm256_setzero_ps(),
+                        Zeros::Uniform(z) => _mm256_set1_ps(z),
+                        Zeros::Tiled(t) => load_tiled8(t, sz),
+                    };
+                    let sc8 = load_tiled8(job.scales, sz);
+                    for (c, (&q, &(corr, zs, tsc))) in q.iter().zip(cst.iter()).enumerate() {
+                        let p = if job.a == 1 {
+                            q
+                        } else {
+                            _mm256_mullo_epi32(q, a)
+                        };
+                        let mut u = _mm256_cvtepi32_ps(_mm256_add_epi32(p, corr));
+                        if plan.zero_term {
+                            u = _mm256_sub_ps(u, _mm256_mul_ps(z8, zs));
+                        }
+                        u = _mm256_mul_ps(u, tsc);
+                        let y = yp.add(c * ROW_BLOCK + 8 * hh);
+                        _mm256_storeu_ps(
+                            y,
+                            _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(sc8, u)),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The epilogue of [`half`]: its sums `q` into `ys` (`[n][64]`), 8 rows per vector with
+    /// the scalar epilogue's operations (rows past M: not written). Inlined into the callers
+    /// of `half` (as a function of its own with AVX2's features, it was called per half,
+    /// not inlined, into `block_sums_vnni`).
+    #[inline(always)]
+    unsafe fn half_epilogue<const NC: usize>(
+        job: &Job<'_>,
+        (rb, g, s, h): (usize, usize, usize, usize),
+        c0: usize,
+        q: [__m256i; NC],
+        ys: &mut [f32],
+    ) {
+        let (plan, acts, groups) = (job.plan, job.acts, job.plan.groups);
         let r0 = s * SUB + 8 * h; // first row within the block
         let lanes = (plan.m - rb * ROW_BLOCK).saturating_sub(r0).min(8);
         let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + r0;
-        let a = _mm256_set1_epi32(job.a);
-        // The half's scales and zero points, shared by its columns (full halves; the tiled
-        // arrays hold 64 values per (group, row block), so the 8 from `sz` are there).
-        let z8 = match job.zeros {
-            _ if !plan.zero_term => _mm256_setzero_ps(),
-            Zeros::None => _mm256_setzero_ps(),
-            Zeros::Uniform(z) => _mm256_set1_ps(z),
-            Zeros::Tiled(t) => load_tiled8(t, sz),
-        };
-        let sc8 = load_tiled8(job.scales, sz);
-        for (c, q) in q.into_iter().enumerate() {
-            let gn = (c0 + c) * groups + g;
-            let p = if job.a == 1 {
-                q
-            } else {
-                _mm256_mullo_epi32(q, a)
+        // SAFETY: the caller enables AVX2 and F16C; memory accesses as commented.
+        unsafe {
+            let a = _mm256_set1_epi32(job.a);
+            // The half's scales and zero points, shared by its columns (full halves; the
+            // tiled arrays hold 64 values per (group, row block), so the 8 from `sz` are
+            // there).
+            let z8 = match job.zeros {
+                _ if !plan.zero_term => _mm256_setzero_ps(),
+                Zeros::None => _mm256_setzero_ps(),
+                Zeros::Uniform(z) => _mm256_set1_ps(z),
+                Zeros::Tiled(t) => load_tiled8(t, sz),
             };
-            let p = _mm256_add_epi32(p, _mm256_set1_epi32(acts.corr[gn]));
-            let (tsc, zs) = (acts.tsc[gn], acts.zsum[gn]);
-            let yb = &mut ys[(c0 + c) * ROW_BLOCK + r0..(c0 + c) * ROW_BLOCK + r0 + lanes];
-            if lanes == 8 {
-                // SAFETY: 8 rows of `yb`, 8 tiled values from `sz` (64 per row block).
-                unsafe {
+            let sc8 = load_tiled8(job.scales, sz);
+            for (c, q) in q.into_iter().enumerate() {
+                let gn = (c0 + c) * groups + g;
+                let p = if job.a == 1 {
+                    q
+                } else {
+                    _mm256_mullo_epi32(q, a)
+                };
+                let p = _mm256_add_epi32(p, _mm256_set1_epi32(acts.corr[gn]));
+                let (tsc, zs) = (acts.tsc[gn], acts.zsum[gn]);
+                let yb = &mut ys[(c0 + c) * ROW_BLOCK + r0..(c0 + c) * ROW_BLOCK + r0 + lanes];
+                if lanes == 8 {
+                    // 8 rows of `yb`, 8 tiled values from `sz` (64 per row block).
                     let mut u = _mm256_cvtepi32_ps(p);
                     if plan.zero_term {
                         u = _mm256_sub_ps(u, _mm256_mul_ps(z8, _mm256_set1_ps(zs)));
@@ -1590,14 +1903,14 @@ mod avx2 {
                     let yp = yb.as_mut_ptr();
                     let su = _mm256_mul_ps(sc8, u);
                     _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), su));
-                }
-            } else {
-                let mut sums = [0i32; 8];
-                // SAFETY: 8 int32 into an 8-int array.
-                unsafe { _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, p) };
-                for (r, y) in yb.iter_mut().enumerate() {
-                    let (sc, z) = (job.scales.at(sz + r), job.zeros.at(sz + r));
-                    *y = epilogue(plan, sums[r] as f32, sc, z, tsc, zs, *y);
+                } else {
+                    let mut sums = [0i32; 8];
+                    // 8 int32 into an 8-int array.
+                    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, p);
+                    for (r, y) in yb.iter_mut().enumerate() {
+                        let (sc, z) = (job.scales.at(sz + r), job.zeros.at(sz + r));
+                        *y = epilogue(plan, sums[r] as f32, sc, z, tsc, zs, *y);
+                    }
                 }
             }
         }
@@ -1611,10 +1924,46 @@ mod avx2 {
         groups: Range<usize>,
         ys: &mut [f32],
     ) {
+        // SAFETY: the caller's (AVX2 and F16C found on this CPU).
+        unsafe { sums::<false>(job, rb, groups, ys) }
+    }
+
+    /// `vnni::block_sums` on AVX2 with AVX-VNNI.
+    #[target_feature(enable = "avx2,f16c,avxvnni")]
+    pub(super) unsafe fn block_sums_vnni(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+    ) {
+        // SAFETY: the caller's (AVX2, F16C and AVX-VNNI found on this CPU).
+        unsafe { sums::<true>(job, rb, groups, ys) }
+    }
+
+    /// [`block_sums`] (`VNNI`: [`block_sums_vnni`]), inlined into each.
+    #[inline(always)]
+    unsafe fn sums<const VNNI: bool>(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+    ) {
         let (plan, n) = (job.plan, job.plan.n);
         assert!(ys.len() >= n * ROW_BLOCK);
         let rows = plan.m - rb * ROW_BLOCK;
         let halves = rows.div_ceil(8).min(2 * SUBS);
+        // Narrow calls on full row blocks: `narrow`.
+        if n <= 2 && rows >= ROW_BLOCK {
+            // SAFETY: as `narrow`.
+            unsafe {
+                if n == 2 {
+                    narrow::<2, VNNI>(job, rb, groups, ys);
+                } else {
+                    narrow::<1, VNNI>(job, rb, groups, ys);
+                }
+            }
+            return;
+        }
         for g in groups {
             for hh in 0..halves {
                 let at = (rb, g, hh / 2, hh % 2);
@@ -1624,19 +1973,19 @@ mod avx2 {
                     unsafe {
                         c0 += match n - c0 {
                             8.. => {
-                                half::<8>(job, at, c0, ys);
+                                half::<8, VNNI>(job, at, c0, ys);
                                 8
                             }
                             4.. => {
-                                half::<4>(job, at, c0, ys);
+                                half::<4, VNNI>(job, at, c0, ys);
                                 4
                             }
                             2.. => {
-                                half::<2>(job, at, c0, ys);
+                                half::<2, VNNI>(job, at, c0, ys);
                                 2
                             }
                             _ => {
-                                half::<1>(job, at, c0, ys);
+                                half::<1, VNNI>(job, at, c0, ys);
                                 1
                             }
                         }

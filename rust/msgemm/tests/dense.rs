@@ -576,11 +576,27 @@ fn plans_the_dense_path_does_not_take() {
     }
     assert!(!dense::applies(&plan_of(&int4, base), Backend::Scalar));
     // Each named backend takes the dense path exactly where this CPU has its kernel, and
-    // no other backend's: AVX-512 VNNI / AVX2 on x86-64, `sdot` on Arm64.
+    // no other backend's: AVX-512 VNNI / AVX2 (with AVX-VNNI where the CPU has it) on x86-64,
+    // `sdot` on Arm64.
+    let avx_vnni = {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avxvnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    };
     for (b, kind) in [
         (Backend::Avx512, dense::Kind::Vnni512),
         (Backend::Amx, dense::Kind::Amx),
-        (Backend::Avx2, dense::Kind::Avx2),
+        (
+            Backend::Avx2,
+            if avx_vnni {
+                dense::Kind::AvxVnni
+            } else {
+                dense::Kind::Avx2
+            },
+        ),
         (Backend::Neon, dense::Kind::Sdot),
     ] {
         let got = dense::kind_for(b);
@@ -941,4 +957,95 @@ fn looked_up_codes_at_the_largest_span() {
     let pw =
         PackedWeights::from_codes(cb, 8, 64, 64, &[2u8; 512], vec![1.0; 8], None, None).unwrap();
     assert!(dense::ints(&make_plan(&pw, 4, &i16_opts(Backend::Auto)).unwrap()).is_none());
+}
+
+#[test]
+fn every_kernel_this_cpu_has_gives_the_same_bits() {
+    // Backend `avx2` runs the AVX-VNNI kernel where the CPU has AVX-VNNI, so the plain AVX2
+    // one (`vpmaddubsw` + `vpmaddwd`) is run here by kind: each kernel this CPU has, on the
+    // same inputs, against the backend's own (itself tested against the scalar kernel above),
+    // over GEMVs and narrow calls of full and ragged row blocks, zero points, 8-bit codes,
+    // looked-up codes and slopes other than 1.
+    let kinds: Vec<dense::Kind> = [
+        dense::Kind::Vnni512,
+        dense::Kind::Amx,
+        dense::Kind::Avx2,
+        dense::Kind::AvxVnni,
+        dense::Kind::Sdot,
+    ]
+    .into_iter()
+    .filter(|k| k.available())
+    .collect();
+    let mut ran = 0;
+    let codebooks = [
+        (Codebook::new(Format::Int4).unwrap(), false),
+        (Codebook::new(Format::Uint4).unwrap(), true),
+        (Codebook::new(Format::Int3).unwrap(), false),
+        (Codebook::new(Format::Int2).unwrap(), false),
+        (Codebook::new(Format::Fp4).unwrap(), false),
+        (Codebook::new(Format::Int8).unwrap(), false),
+        (Codebook::new(Format::Uint8).unwrap(), true),
+        (
+            Codebook::custom(&[-6.0, -4.0, -2.0, 0.0, 2.0, 4.0, 6.0, 8.0]).unwrap(),
+            true,
+        ),
+        (
+            Codebook::custom(&[-12.0, -1.0, 0.0, 2.0, 52.0]).unwrap(),
+            false,
+        ),
+    ];
+    for (i, (cb, zeros)) in codebooks.iter().enumerate() {
+        for &(m, k, g) in &[
+            (64, 128, 8),
+            (63, 256, 32),
+            (130, 272, 136),
+            (200, 512, 128),
+        ] {
+            let pw = random_weights(cb, (m, k, g), *zeros, i % 2 == 0, 300 + i as u64);
+            for n in [1, 2, 3, 9] {
+                let xt = activations(k, n, 40 + n as u64);
+                for &kind in &kinds {
+                    let plan = make_plan(&pw, n, &i16_opts(kind.backend())).unwrap();
+                    if !dense::applies(&plan, kind.backend()) {
+                        continue;
+                    }
+                    let mut want = vec![0f32; m * n];
+                    dense::run(&pw, &plan, kind.backend(), &xt, &mut want, YLayout::MbyN).unwrap();
+                    let mut got = vec![0f32; m * n];
+                    let res = dense::run_with_kind(&pw, &plan, kind, &xt, &mut got, YLayout::MbyN);
+                    if kind == dense::Kind::Avx2 && cb.levels() <= 16 {
+                        // Spans past 64 are AVX-VNNI's only.
+                        let span = dense::ints(&plan).unwrap().u_max;
+                        if dense::ints(&plan).unwrap().map.is_some() && span > 64 {
+                            assert!(res.is_err(), "{cb:?} span {span}");
+                            continue;
+                        }
+                    }
+                    res.unwrap();
+                    if let Some(j) = first_mismatch(&got, &want) {
+                        panic!(
+                            "{kind:?} {cb:?} M={m} K={k} G={g} n={n}: y[{j}] = {} vs {}",
+                            got[j], want[j]
+                        );
+                    }
+                    ran += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{ran} runs over the kernels {kinds:?}");
+    if kinds.contains(&dense::Kind::Avx2) {
+        assert!(ran >= 100, "{ran}");
+    }
+    // A kernel this CPU does not have is refused.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let pw = random_weights(&codebooks[0].0, (64, 128, 32), false, false, 1);
+        let plan = make_plan(&pw, 1, &i16_opts(Backend::Auto)).unwrap();
+        let mut y = vec![0f32; 64];
+        let x = vec![0.5f32; 128];
+        assert!(
+            dense::run_with_kind(&pw, &plan, dense::Kind::Sdot, &x, &mut y, YLayout::MbyN).is_err()
+        );
+    }
 }
