@@ -4,7 +4,8 @@
 //! group's int8 activations `xq` and the codebook's integer values (see [`crate::table`]):
 //! the tables only change how `P` is summed, not its value. On AVX-512 VNNI one `vpdpbusd`
 //! multiplies 64 unsigned bytes by 64 signed bytes and adds them by fours into 16 int32 lanes;
-//! on AVX2 a `vpmaddubsw` and a `vpmaddwd` do the same for 32 bytes into 8 lanes; on Arm64
+//! on AVX2 a `vpmaddubsw` and a `vpmaddwd` do the same for 32 bytes into 8 lanes (with
+//! AVX-VNNI, one 256-bit `vpdpbusd`: [`Kind::AvxVnni`]); on Arm64
 //! with the dot-product extension one `sdot` (by element) does it for 16 bytes into 4 lanes,
 //! against 4 activations broadcast from a register. Summing `P`
 //! densely from the 4-bit codes beats looking it up, for a GEMV and more so for batches,
