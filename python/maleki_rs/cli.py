@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int_arg(1, 4096), default=None, metavar="N",
                         help="number of worker threads (default: MALEKI_RS_NUM_THREADS or all cores)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    tour = sub.add_parser("tour", help="run every available subsystem on built-in data")
+    tour = sub.add_parser("tour", help="run every available subsystem on built-in data",
+                          description="Runs every available subsystem (or those of --only) on built-in data "
+                                      "and prints what each did; a few seconds each.")
     tour.add_argument("--only", nargs="+", metavar="SUBSYSTEM", help="run only these subsystems")
     tour.set_defaults(func=_tour)
     for _, cli in _subsystem_clis():

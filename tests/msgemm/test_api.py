@@ -145,7 +145,9 @@ def test_linear_adds_a_bias_and_writes_into_out():
     with pytest.raises(ValueError, match="bias: expected a 1-D"):
         mg.linear(x, pw, np.zeros((1, 70)))
     with pytest.raises(TypeError, match="bias"):
-        mg.linear(x, pw, np.zeros(70, np.int64))
+        mg.linear(x, pw, np.zeros(70, complex))
+    with pytest.raises(TypeError, match="bias: .*booleans"):
+        mg.linear(x, pw, np.zeros(70, bool))
     with pytest.raises(ValueError, match="bias: contains a non-finite"):
         mg.linear(x, pw, np.full(70, np.nan))
     big = np.full((1, 256), 1e30, np.float32)  # outputs of about 1e31 to 1e33: finite
@@ -190,10 +192,20 @@ def test_auto_depth_follows_the_model():
 
 BAD_CALLS = [
     (lambda pw: mg.msgemm(pw, np.ones(511)), ValueError, "x: expected 512"),
-    (lambda pw: mg.msgemm(pw, np.ones((512, 0))), ValueError, "non-empty"),
+    (lambda pw: mg.msgemm(pw, np.ones((0, 3))), ValueError, "x: expected 512 rows"),
+    (lambda pw: mg.msgemm(pw, np.ones((512, 0)), count=True), ValueError, "count: an empty batch"),
+    (lambda pw: mg.msgemm(pw, np.ones((511, 0))), ValueError, "x: expected 512 rows"),
+    (lambda pw: mg.msgemm(pw, np.ones((512, 0)), out=np.empty((300, 1), np.float32)), ValueError, "out"),
+    (lambda pw: mg.msgemm(pw, np.ones((512, 0), complex)), TypeError, "floating-point"),
+    (lambda pw: mg.linear(np.ones((0, 511)), pw), ValueError, "last dimension"),
+    (lambda pw: mg.linear(np.ones((0, 512)), pw, np.zeros(299)), ValueError, "bias: expected shape"),
+    (lambda pw: mg.linear(np.ones((0, 512)), pw, out=np.empty((1, 300), np.float32)), ValueError, "out"),
+    (lambda pw: mg.linear(np.ones((0, 512)), pw, depth=9), ValueError, "depth"),
     (lambda pw: mg.msgemm(pw, np.full(512, np.nan)), ValueError, "non-finite"),
     (lambda pw: mg.msgemm(pw, np.full(512, 1e39)), ValueError, "non-finite"),
-    (lambda pw: mg.msgemm(pw, np.ones(512, dtype=np.int64)), TypeError, "floating-point"),
+    (lambda pw: mg.msgemm(pw, np.ones(512, dtype=bool)), TypeError, "booleans"),
+    (lambda pw: mg.msgemm(pw, np.array(["a"] * 512)), TypeError, "floating-point"),
+    (lambda pw: mg.msgemm(pw, np.array([object()] * 512)), TypeError, "floating-point"),
     (lambda pw: mg.msgemm(pw, np.ones(512, dtype=complex)), TypeError, "floating-point"),
     (lambda pw: mg.msgemm(pw, np.ones((512, 2, 2))), ValueError, "1-D or 2-D"),
     (lambda pw: mg.msgemm(pw, None), TypeError, "got None"),

@@ -24,10 +24,11 @@ def test_bench_returns_figures():
     r = _cli.bench(200, 128, 1, "fp4", 32, "f32", "auto", repeat=2, out=lines.append)
     assert r["rel_l1"] < 1e-6
     assert r["counted"]["mac_ratio"] > 0
-    assert len(lines) == 7
-    # The floor is the packed bytes at numpy's read rate: numpy's time scaled by the byte ratio.
-    pw_bytes, f32_bytes = r["packed_bytes"], 200 * 128 * 4
-    assert abs(r["read_floor_s"] - r["numpy_s"] * pw_bytes / f32_bytes) <= 1e-9 * r["numpy_s"]
+    assert len(lines) == 8
+    assert "rel. L1 error" in lines[4] and "against the float64 product of the dequantized weights" in lines[4]
+    # The floor is the bytes read at numpy's read rate: numpy's time scaled by the byte ratio.
+    read, f32_bytes = r["read_bytes"], 200 * 128 * 4
+    assert abs(r["read_floor_s"] - r["numpy_s"] * read / f32_bytes) <= 1e-9 * r["numpy_s"]
 
 
 def test_bench_float16_scales(capsys):
@@ -45,7 +46,11 @@ def test_bench_i16_batches_say_which_path_runs(capsys):
     assert r["rel_l1"] < 3e-2
     pw = mg.quantize(__import__("numpy").ones((130, 256)), "int4", 64)
     dense = mg.plan_info(pw, n=5, table="i16")["dense_int8"]
-    assert ("dense int8 dot products" in lines[0]) == dense
+    assert ("the dense int8 path (int8 dot products, no tables)" in lines[0]) == dense
+    assert ("depth=" in lines[0]) != dense  # no depth where no tables run
+    # The instruction ratio is the table method's, and the line says what ran instead.
+    assert lines[1].startswith("  table method's count (int4")
+    assert ("; the run below used the dense int8 path, not tables" in lines[1]) == dense
 
 
 def test_bench_fp8_says_which_path_runs():
@@ -56,8 +61,21 @@ def test_bench_fp8_says_which_path_runs():
     # The fp8 path's float32 sums (where it runs), else the default i8 tables.
     pw = mg.quantize(__import__("numpy").ones((70, 256)), "fp8_e4m3", 64)
     fp8 = mg.plan_info(pw)["fp8_kernel"] is not None
-    assert ("fp8 codes decoded in registers" in lines[0]) == fp8
+    assert ("the fp8 path (codes decoded in registers" in lines[0]) == fp8
     assert r["rel_l1"] < (1e-6 if fp8 else 3e-2)
+    # Depth 1: no "1.00x fewer", the tables save nothing.
+    assert "at depth 1 the tables do not reduce the work" in lines[1] and "1.00x" not in lines[1]
+    assert "-> no fewer" in lines[2]
+    if fp8:  # the fp8 path reads the packed codes and float32 scales
+        assert r["read_bytes"] == pw.packed.nbytes + 4 * pw.scales.size
+
+
+def test_bench_counts_the_scale_bytes_it_reads():
+    # float16 scales: 2 bytes per scale read, not the canonical 4 of nbytes.
+    r32 = _cli.bench(64, 256, 1, "int4", 32, "i8", 2, repeat=1, out=lambda _: None)
+    r16 = _cli.bench(64, 256, 1, "int4", 32, "i8", 2, repeat=1, out=lambda _: None, scale_dtype="float16")
+    assert r16["packed_bytes"] == r32["packed_bytes"]
+    assert r32["read_bytes"] - r16["read_bytes"] == 2 * 64 * 256 // 32
 
 
 def _parse_error(argv, capsys) -> str:

@@ -284,6 +284,10 @@ def test_cli_times_a_files_tensors(tmp_path, capsys) -> None:
     assert [r["type"] for r in rows] == ["TQ2_0", "Q4_0"]
     assert all(r["rel_l1"] < 2e-2 and r["msgemm_s"] > 0 and r["numpy_s"] > 0 for r in rows)
     assert len(_cli.gguf_bench(str(path), max_tensors=1, repeat=1, out=lambda line: None)) == 1
+    # A --tensor that matches nothing is an error (status 2) naming it and some tensors.
+    assert cli.main(["msgemm", "gguf", str(path), "--tensor", "nomatch"]) == 2
+    err = capsys.readouterr().err
+    assert "'nomatch'" in err and "blk.0.attn_q.weight" in err and "its 6 tensors" in err
 
 
 def test_cli_errors(tmp_path, capsys, monkeypatch) -> None:

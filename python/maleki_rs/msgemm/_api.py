@@ -24,6 +24,7 @@ __all__ = [
     "model_ratio",
     "available_backends",
     "backend_supports",
+    "plan_info",
     "codebook",
 ]
 
@@ -38,22 +39,33 @@ TABLES: tuple[str, ...] = ("i8", "i16", "f32", "bf16")
 BACKENDS: tuple[str, ...] = ("auto", "avx512", "amx", "avx2", "neon", "scalar", "reference")
 
 
-def _float_array(x: Any, name: str, ndims: tuple[int, ...]) -> np.ndarray:
-    """``x`` as a float ndarray (any float dtype, any order), checked for ndim and emptiness."""
+def _float_array(x: Any, name: str, ndims: tuple[int, ...], *, integers: bool = False,
+                 allow_empty: bool = False) -> np.ndarray:
+    """``x`` as a float ndarray (any float dtype, any order), checked for ndim and emptiness.
+
+    ``integers``: integer arrays (and lists of ints) are taken too, as their float32 values
+    (exact for ``|v| <= 2^24``, rounded to the nearest float32 beyond); booleans are refused,
+    as :func:`maleki_rs._util.validate.as_float_array` refuses them. ``allow_empty``: arrays
+    with a zero-length axis are returned (the caller checks which axis may be empty)."""
     if x is None:
         raise TypeError(f"{name}: expected a float array, got None")
     arr = np.asarray(x)
     if arr.dtype.kind != "f":
-        if arr.dtype.name != "bfloat16":
-            raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or ml_dtypes bfloat16), "
-                            f"got dtype {arr.dtype}")
-        # bfloat16 (ml_dtypes, as JAX and LLM checkpoints use it): every value is a float32 one.
-        arr = arr.astype(np.float32)
+        if integers and arr.dtype.kind in "iu":
+            arr = arr.astype(np.float32)
+        elif arr.dtype.name == "bfloat16":
+            # bfloat16 (ml_dtypes, as JAX and LLM checkpoints use it): every value is a float32 one.
+            arr = arr.astype(np.float32)
+        else:
+            kinds = "float16/32/64, ml_dtypes bfloat16 or integers" if integers else \
+                "float16/32/64 or ml_dtypes bfloat16"
+            hint = " (booleans are refused: pass x.astype(np.float32))" if arr.dtype.kind == "b" else ""
+            raise TypeError(f"{name}: expected a floating-point array ({kinds}), got dtype {arr.dtype}{hint}")
     if arr.ndim not in ndims:
         want = (f"{ndims[0]}-D to {ndims[-1]}-D" if len(ndims) > 2 and ndims == tuple(range(ndims[0], ndims[-1] + 1))
                 else " or ".join(f"{d}-D" for d in ndims))
         raise ValueError(f"{name}: expected a {want} array, got shape {arr.shape}")
-    if arr.size == 0:
+    if arr.size == 0 and not allow_empty:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     return arr
 
@@ -81,14 +93,42 @@ def _to_f32(arr: np.ndarray) -> np.ndarray:
         return np.require(arr, np.float32, "CA")
 
 
-def _checked_by_core(x32: np.ndarray, f: Any, *args: Any) -> Any:
+#: The most tuples per group whose int32 partial sums cannot overflow, by table precision: one
+#: entry of at most 127 (``i8``) or 32767 (``i16``) per tuple of ``d`` inputs (the core's plan).
+_TUPLE_LIMITS: dict[str, int] = {"i8": (2**31 - 1) // 127, "i16": (2**31 - 1) // 32767}
+
+
+def _group_limit_error(e: ValueError, pw: PackedWeights, depth: int | None) -> ValueError | None:
+    """The error to raise for the core's refusal of a group too long for the int32 partial
+    sums of its ``i8`` or ``i16`` tables (its message names the table), or None for another
+    error. The core raises a plain ValueError, so its message is what tells them apart."""
+    msg = str(e)
+    if "table='i8': group too long for int32 partial sums" in msg:
+        tbl = "i8"
+    elif "table='i16':" in msg and "tuples per group could overflow the int32 partial sums" in msg:
+        tbl = "i16"
+    else:
+        return None
+    limit = _TUPLE_LIMITS[tbl]
+    if depth is not None:
+        at = f"at depth {depth}: at most {limit * depth:,} inputs per group"
+    else:
+        at = (f"at depth d: at most {limit:,} x d inputs per group, {limit * pw.max_depth:,} at {pw.format}'s "
+              f"largest depth {pw.max_depth}")
+    return ValueError(f"pw: groups of {pw.group_size:,} inputs are too long for table={tbl!r}, whose int32 partial "
+                      f"sums take at most {limit:,} tuples of d inputs per group ({at}): use table='f32', or "
+                      "quantize with a smaller group_size")
+
+
+def _checked_by_core(x32: np.ndarray, pw: PackedWeights, depth: int | None, f: Any, *args: Any) -> Any:
     """``f(*args)``: a core call that checks ``x`` itself (for NaN / inf, with the GIL released:
     ~6 us per GEMV less than numpy's ``isfinite`` here) and its result (float32 overflow). A
-    non-finite ``x`` is re-raised naming its index in the user's array ``x32``."""
+    non-finite ``x`` is re-raised naming its index in the user's array ``x32``; a group too
+    long for the tables' int32 sums (``pw`` at ``depth``, None: auto) says the limit."""
     try:
         return f(*args)
     except ValueError as e:
-        err = _non_finite(x32, "x") if "non-finite" in str(e) else None
+        err = _non_finite(x32, "x") if "non-finite" in str(e) else _group_limit_error(e, pw, depth)
         if err is None:
             raise
     raise err from None
@@ -184,7 +224,8 @@ class PackedWeights:
     """Low-bit weights ``Wd`` of shape ``(M, K)``: ``Wd[m, k] = s[m, g] * (v[q[m, k]] - z[m, g])``.
 
     Built by :func:`quantize` or the loaders (:meth:`from_arrays`, :meth:`from_gptq`,
-    :meth:`from_awq`, :meth:`from_matmulnbits`, :meth:`from_gguf`); immutable; picklable.
+    :meth:`from_awq`, :meth:`from_matmulnbits`, :meth:`from_fp8`, :meth:`from_gguf`);
+    immutable; picklable.
     Holds the canonical packed bytes (little-endian bit streams along K, one byte-aligned row
     per output feature) plus, built on first use and cached, the kernel tile layout of each
     depth used.
@@ -351,11 +392,15 @@ class PackedWeights:
         Evaluated in float64 (``s * (v[q] - z)``) and rounded once to ``dtype`` (a float
         dtype). Rows are dequantized in parallel with one float64 table of the ``V`` values
         per row and group; ``float32`` is written directly (the same bits as the float64
-        result cast to float32, half the memory traffic).
+        result cast to float32, half the memory traffic). ml_dtypes ``bfloat16``: the float64
+        result rounded once to bfloat16 by ml_dtypes' cast (to nearest, ties to even; not
+        through float32, which would round twice), so it holds 8 bytes per weight while it
+        runs. float16 and bfloat16 results are inf where a weight is beyond their range
+        (float16: 65504; bfloat16: from ``2^128 - 2^119``, about 3.3961e38).
 
         Parameters
         ----------
-        dtype : float dtype
+        dtype : float dtype or ml_dtypes bfloat16
             Result dtype (default float64).
         out : ndarray, optional
             A writeable C-contiguous float32 or float64 array of shape ``(M, K)`` to write
@@ -372,9 +417,12 @@ class PackedWeights:
                 raise ValueError("out: must be a writeable, aligned, C-contiguous array")
             (self._raw.dequantize_into_f32 if out.dtype == np.float32 else self._raw.dequantize_into_f64)(out)
             return out
-        dt = np.dtype(dtype)
-        if dt.kind != "f":
-            raise TypeError(f"dtype: expected a float dtype, got {dt}")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"dtype: expected a float dtype, got {dtype!r}") from e
+        if dt.kind != "f" and dt.name != "bfloat16":
+            raise TypeError(f"dtype: expected a float dtype (float16/32/64 or ml_dtypes bfloat16), got {dt}")
         # numpy allocates the output (large arrays get huge pages: fewer page faults).
         w = np.empty(self.shape, np.float32 if dt == np.float32 else np.float64)
         if dt == np.float32:
@@ -395,7 +443,13 @@ class PackedWeights:
         d = None if depth is None else check_int(depth, "depth", min=1, max=self.max_depth)
         if table is not None and (not isinstance(table, str) or table not in TABLES):
             raise ValueError(f"table: must be one of 'i8', 'i16', 'f32', 'bf16'; got {table!r}")
-        self._raw.prepare(d, "auto" if table is None else table)
+        try:
+            self._raw.prepare(d, "auto" if table is None else table)
+        except ValueError as e:
+            err = _group_limit_error(e, self, d)
+            if err is None:
+                raise
+            raise err from None
         return self
 
     def to_matmulnbits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -788,6 +842,18 @@ def quantize(
     -------
     PackedWeights
 
+    Raises
+    ------
+    ValueError
+        Besides bad arguments: ``w`` beyond float32's range, a group whose quantized weights
+        ``s * (v - z)`` would exceed it (int4's code -8 at the scale ``max|w| / 7``, say), and
+        a group whose weights are not all zero but whose scale is 0 or below float32's
+        normal range (``2^-126``; int4: groups with ``max|w|`` below about ``8e-38``, fp8_e4m3
+        below ``448 * 2^-126``). Such weights (float64 ones below float32's range, or barely
+        above it) would dequantize to zeros, or against a scale of a few significant bits
+        that breaks the bound below; set them to 0 or scale ``w`` up. Subnormal scales given
+        to :meth:`PackedWeights.from_arrays` are taken as they are.
+
     Notes
     -----
     Codes are rounded against the stored scale, so for the RTN formats
@@ -799,13 +865,47 @@ def quantize(
     g = _check_group_size(group_size, arr.shape[1])
     sdt = _check_scale_dtype(scale_dtype)
     if arr.dtype == np.float64:
-        w64 = np.require(arr, np.float64, "CA")
-        if not np.isfinite(w64).all():
-            _check_finite32(w64, "w")
-        raw = _m.Packed.quantize_f64(w64, fmt, g, sym, cb, sdt)
+        wc = np.require(arr, np.float64, "CA")
+        if not np.isfinite(wc).all():
+            _check_finite32(wc, "w")
+        quantize_c = _m.Packed.quantize_f64
     else:
-        raw = _m.Packed.quantize_f32(_as_f32(arr, "w"), fmt, g, sym, cb, sdt)
+        wc = _as_f32(arr, "w")
+        quantize_c = _m.Packed.quantize_f32
+    try:
+        raw = quantize_c(wc, fmt, g, sym, cb, sdt)
+    except ValueError as e:
+        # The core checks the packed weights' values s * (v - z) and names its own argument,
+        # the scales; here they come from w.
+        msg = str(e)
+        if not msg.startswith("scales: "):
+            raise
+        raise ValueError(f"w: quantized to {fmt}, {msg.removeprefix('scales: ')} (scale w down)") from None
+    _check_tiny_scales(raw, wc, fmt)
     return PackedWeights(raw)
+
+
+#: float32's smallest normal value, 2^-126.
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def _check_tiny_scales(raw: Any, w: np.ndarray, fmt: str) -> None:
+    """Refuses a group whose weights are not all zero but whose scale is 0 or below float32's
+    normal range (``2^-126``): its codes then dequantize to zeros, or to a few bits of a
+    subnormal scale, while ``w`` held more. Only groups with such a scale are looked at."""
+    sc = raw.scales()
+    tiny = sc < _F32_TINY  # scales are >= 0; all-zero groups get 0 (or 1: MX)
+    if not tiny.any():
+        return
+    m, groups = sc.shape
+    maxabs = np.abs(w.reshape(m, groups, -1)).max(axis=2)
+    bad = tiny & (maxabs > 0)
+    if bad.any():
+        r, gi = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"w: row {r}, group {gi} has weights up to {maxabs[r, gi]:.3g} in magnitude, too small "
+                         f"for {fmt}: their scale ({sc[r, gi]:.3g}) is below float32's smallest normal value "
+                         f"({_F32_TINY:.3g}), so they would dequantize to zeros or lose their precision; "
+                         "set such weights to 0 or scale w up")
 
 
 def _check_scale_dtype(scale_dtype: Any) -> str:
@@ -887,9 +987,13 @@ def msgemm(
     ----------
     pw : PackedWeights
         Weights of shape (M, K).
-    x : array_like, shape (K,) or (K, N), float16/float32/float64 or ml_dtypes bfloat16
+    x : array_like, shape (K,) or (K, N), float16/float32/float64, ml_dtypes bfloat16 or integer
         Activations; any memory order (a Fortran-order ``x`` is read without a copy).
-        Computed in float32.
+        Computed in float32: integers (and lists of ints) are taken as their float32 values,
+        exact for ``|v| <= 2^24`` and rounded to the nearest float32 beyond; booleans,
+        complex numbers, objects and strings raise ``TypeError``. An empty batch, ``N = 0``,
+        gives zeros of shape ``(M, 0)`` (``out``, of that shape, is returned untouched) once
+        the other arguments are checked; ``count=True`` refuses it (nothing runs).
     depth : int or "auto"
         Inputs per table index ``d``: tables have ``V^d`` entries. ``"auto"``: the depth the
         SIMD kernel is measured fastest at for the codebook (AVX-512 ``i8`` tables: 2 for
@@ -1028,6 +1132,14 @@ def msgemm(
     -------
     y : ndarray, shape (M,) or (M, N), float32
         (``out`` when given.) With ``count=True``: ``(y, counts)``.
+
+    Raises
+    ------
+    ValueError
+        Besides bad arguments: a group too long for the int32 partial sums of the ``i8``
+        tables (at most 16,909,320 tuples of ``d`` inputs per group) or the ``i16`` tables
+        (65,538 tuples) that the call runs on; ``table="f32"`` or a smaller ``group_size``
+        avoids it.
     """
     pw = _check_pw(pw)
     if _defaults(depth, table, backend, threads, mirror) and count is False:
@@ -1036,11 +1148,18 @@ def msgemm(
         count = check_bool(count, "count")
         d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, count)
     m, k = pw.shape
-    arr = _float_array(x, "x", (1, 2))
+    arr = _float_array(x, "x", (1, 2), integers=True, allow_empty=True)
     if arr.shape[0] != k:
         raise ValueError(f"x: expected {k} rows (K of the weights), got shape {arr.shape}")
     vector = arr.ndim == 1
     n = 1 if vector else arr.shape[1]
+    if n == 0:  # an empty batch (an expert that no token was routed to): nothing to compute
+        if count:
+            raise ValueError("count: an empty batch (x of shape (K, 0)) runs no operations to count")
+        if out is None:
+            return np.zeros((m, 0), np.float32)
+        _check_out(out, (m, 0))
+        return out
     # x is checked for NaN / inf by the core (values beyond float32 are inf by then).
     if (not vector and arr.flags.f_contiguous and not arr.flags.c_contiguous and arr.flags.aligned
             and arr.dtype == np.float32):
@@ -1052,15 +1171,15 @@ def msgemm(
     if count:
         if out is not None:
             raise ValueError("out: not supported with count=True")
-        y, counts = _checked_by_core(x32, _m.gemm_counted, pw._raw, xs, transposed, d, tbl, mir)
+        y, counts = _checked_by_core(x32, pw, d, _m.gemm_counted, pw._raw, xs, transposed, d, tbl, mir)
         return (y.reshape(m) if vector else y), counts
     if out is not None:
         _check_out(out, (m,) if vector else (m, n))
         if np.may_share_memory(out, xs):
             xs = xs.copy()  # the kernels read x while they write out
-        _checked_by_core(x32, _m.gemm, pw._raw, xs, transposed, d, tbl, bk, mir, t, out.reshape(m, n))
+        _checked_by_core(x32, pw, d, _m.gemm, pw._raw, xs, transposed, d, tbl, bk, mir, t, out.reshape(m, n))
         return out
-    y = _checked_by_core(x32, _m.gemm, pw._raw, xs, transposed, d, tbl, bk, mir, t)
+    y = _checked_by_core(x32, pw, d, _m.gemm, pw._raw, xs, transposed, d, tbl, bk, mir, t)
     return y.reshape(m) if vector else y
 
 
@@ -1082,13 +1201,17 @@ def linear(
 
     Parameters
     ----------
-    x : array_like, shape (..., K), float16/float32/float64 or ml_dtypes bfloat16
+    x : array_like, shape (..., K), float16/float32/float64, ml_dtypes bfloat16 or integer
+        Computed in float32 (integers as in :func:`msgemm`). Up to 32 dimensions. An empty
+        batch, a zero in the leading dimensions ``...``, gives an empty result of shape
+        ``(..., M)`` (zeros; a bias broadcast to it is empty too) once the other arguments
+        are checked.
     pw : PackedWeights
         Weights ``(M, K)`` (``nn.Linear.weight`` convention: rows are output features).
     bias : array_like, shape (M,), optional
-        Added to every output row, in float32, after the product (float16/32/64 or ml_dtypes
-        bfloat16; finite). Costs two passes over the ``(..., M)`` result (the addition,
-        and a check that it did not overflow float32).
+        Added to every output row, in float32, after the product (float16/32/64, ml_dtypes
+        bfloat16 or integers as ``x``; finite). Costs two passes over the ``(..., M)`` result
+        (the addition, and a check that it did not overflow float32).
     depth, table, backend, threads, mirror
         As in :func:`msgemm`.
     out : ndarray, shape (..., M), optional
@@ -1097,7 +1220,7 @@ def linear(
     Returns
     -------
     ndarray, shape (..., M), float32
-        (``out`` when given.)
+        (``out`` when given; untouched for an empty batch.)
     """
     pw = _check_pw(pw)
     if _defaults(depth, table, backend, threads, mirror):
@@ -1105,12 +1228,12 @@ def linear(
     else:
         d, tbl, bk, t, mir = _check_opts(pw, depth, table, backend, threads, mirror, False)
     m, k = pw.shape
-    arr = _float_array(x, "x", tuple(range(1, 33)))
+    arr = _float_array(x, "x", tuple(range(1, 33)), integers=True, allow_empty=True)
     if arr.shape[-1] != k:
         raise ValueError(f"x: expected last dimension K = {k}, got shape {arr.shape}")
     b32 = None
     if bias is not None:
-        barr = _float_array(bias, "bias", (1,))
+        barr = _float_array(bias, "bias", (1,), integers=True)
         if barr.shape != (m,):
             raise ValueError(f"bias: expected shape ({m},) (M of the weights), got {barr.shape}")
         b32 = _as_f32(barr, "bias")
@@ -1119,10 +1242,12 @@ def linear(
         _check_out(out, (*lead, m))
         if b32 is not None and np.may_share_memory(out, b32):
             b32 = b32.copy()  # the product overwrites out before the bias is added
+    if arr.size == 0:  # an empty batch (a zero leading dimension): the bias broadcast to nothing
+        return out if out is not None else np.zeros((*lead, m), np.float32)
     x32 = _to_f32(arr)
     x2 = x32.reshape(-1, k)  # (B, K): X transposed, as the kernel wants it
     if bk == "reference":
-        ym, _ = _checked_by_core(x32, _m.gemm_counted, pw._raw, x2, True, d, tbl, mir)  # (M, B)
+        ym, _ = _checked_by_core(x32, pw, d, _m.gemm_counted, pw._raw, x2, True, d, tbl, mir)  # (M, B)
         y = out.reshape(-1, m) if out is not None else np.empty((ym.shape[1], m), np.float32)
         y[...] = ym.T  # out is C-contiguous: its reshape is a view
     elif out is not None:
@@ -1130,9 +1255,9 @@ def linear(
             x2 = x2.copy()  # the kernels read x while they write out
         # Y comes out (B, M) directly from the driver's column-major blocks.
         y = out.reshape(-1, m)
-        _checked_by_core(x32, _m.gemm, pw._raw, x2, True, d, tbl, bk, mir, t, y, True)
+        _checked_by_core(x32, pw, d, _m.gemm, pw._raw, x2, True, d, tbl, bk, mir, t, y, True)
     else:
-        y = _checked_by_core(x32, _m.gemm, pw._raw, x2, True, d, tbl, bk, mir, t, None, True)
+        y = _checked_by_core(x32, pw, d, _m.gemm, pw._raw, x2, True, d, tbl, bk, mir, t, None, True)
     if b32 is not None:
         with np.errstate(over="ignore"):
             y += b32
@@ -1307,4 +1432,11 @@ def plan_info(pw: PackedWeights, *, n: int = 1, depth: int | str = "auto", table
     """
     pw = _check_pw(pw)
     d, tbl, bk, _, mir = _check_opts(pw, depth, table, backend, None, mirror, False)
-    return dict(_m.plan_info(pw._raw, check_int(n, "n", min=1), d, tbl, bk, mir))
+    n = check_int(n, "n", min=1)
+    try:
+        return dict(_m.plan_info(pw._raw, n, d, tbl, bk, mir))
+    except ValueError as e:
+        err = _group_limit_error(e, pw, d)
+        if err is None:
+            raise
+    raise err from None

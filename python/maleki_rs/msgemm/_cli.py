@@ -57,12 +57,40 @@ def _times(fn: Callable[[], Any], repeat: int, warmup_s: float = 0.03) -> tuple[
 
 
 def _report_counts(m: int, k: int, n: int, fmt: str, depth: int, g: int | None, zero_points: bool,
-                   mirror: bool, out: Callable[[str], None]) -> None:
+                   mirror: bool, out: Callable[[str], None], ran: str | None = None) -> None:
+    """One line: the operation counts of the table method (closed form) against the dense
+    GEMM's. ``ran``: what the timed call ran instead of tables, if it did."""
     c = mg.op_counts(m, k, n, format=fmt, depth=depth, group_size=g, zero_points=zero_points, mirror=mirror)
-    out(f"  model ({fmt}, M={m}, K={k}, N={n}, d={c['depth']}{', mirror' if mirror else ''}): "
+    if c["depth"] == 1:
+        # d = 1: one lookup-add per multiply-add, no table adds (the ratio is 1 by construction).
+        gain = "at depth 1 the tables do not reduce the work" + (" (fp8: 256 levels allow no deeper tables)"
+                                                                  if fmt.startswith("fp8") else "")
+    else:
+        gain = f"{_fewer(c['mac_ratio'])} instructions (all arithmetic: {_fewer(c['op_ratio'])})"
+    out(f"  table method's count ({fmt}, M={m}, K={k}, N={n}, d={c['depth']}{', mirror' if mirror else ''}): "
         f"dense {c['dense_mul']:,} multiply-adds vs msGeMM {c['table_add']:,} table adds + "
-        f"{c['lookup']:,} lookup-adds -> {_fewer(c['mac_ratio'])} instructions "
-        f"(all arithmetic: {_fewer(c['op_ratio'])})")
+        f"{c['lookup']:,} lookup-adds -> {gain}" + (f"; the run below used {ran}, not tables" if ran else ""))
+
+
+def read_bytes(pw: mg.PackedWeights, x: np.ndarray, depth: int | str = "auto", table: str | None = None) -> int:
+    """Bytes a call ``msgemm(pw, x, depth=, table=)`` reads from the weights: the layout its
+    kernel reads and the scales and zero points in the form it reads them, i.e. what the caches
+    that the call builds on a fresh copy hold (``cache_nbytes``; the same rule as
+    ``benches/msgemm_bench.py``'s ``read_bytes``). Where a call builds no cache (kernels reading
+    the packed codes): the packed codes, the scales as float16 where every one is a float16
+    value, the zero points likewise; the fp8 path: the packed codes and float32 scales (it caches
+    only which codes occur). Clears ``pw``'s caches, then runs the call once."""
+    n = 1 if x.ndim == 1 else x.shape[1]
+    if mg.plan_info(pw, n=n, depth=depth, table=table)["fp8_kernel"]:
+        return pw.packed.nbytes + 4 * pw.scales.size
+    pw.clear_cache()
+    mg.msgemm(pw, x, depth=depth, table=table)
+    if pw.cache_nbytes:
+        return pw.cache_nbytes
+    per_scale = 2 if pw.scale_dtype == np.float16 else 4
+    z = pw.zeros
+    per_zero = 2 if z is not None and np.array_equal(z.astype(np.float16).astype(np.float32), z) else 4
+    return pw.packed.nbytes + per_scale * pw.scales.size + (0 if z is None else per_zero * z.size)
 
 
 def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_size: int | None = 128,
@@ -82,31 +110,35 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     info = mg.plan_info(pw, n=n, depth=depth, table=table)
     d = int(info["depth"])
     pw.prepare(d, table=info["table"])
-    how = " (half tables)" if info["folded_indices"] else ""
     cd = d  # the depth the table method is counted at
+    ran = None  # what runs instead of tables, if something does
     if info["dense_int8"]:
         # No tables run (the plan's depth is moot): count the table method at its i8 depth.
         cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
-        how = f" (dense int8 dot products, no tables: the counts below are the table method's at depth {cd})"
+        ran = ("the dense int8 path", "int8 dot products")
     elif info["fp8_kernel"]:
-        how = (" (fp8 codes decoded in registers, float32 sums, no tables: the counts below are the table "
-               "method's at depth 1)")
+        ran = ("the fp8 path", "codes decoded in registers, float32 sums")
     elif info["dense_bf16"]:
         cd = int(mg.plan_info(pw, n=n, depth=depth, table="i8")["depth"])
-        how = f" (bfloat16 dot products, no tables: the counts below are the table method's at depth {cd})"
-    out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={info['table']}, depth={d}, "
+        ran = ("bf16 mode", "bfloat16 dot products")
+    if ran is None:
+        how = f" (depth={d}{', half tables' if info['folded_indices'] else ''})"
+    else:
+        how = f": {ran[0]} ({ran[1]}, no tables)"
+    out(f"msgemm {fmt} g{pw.group_size} ({m} x {k}) @ ({k} x {n}), table={info['table']}, "
         f"kernel={info['backend']}{how}, {pw.bits_per_weight:g} bits/weight, packed {_bytes(pw.nbytes)}"
         f"{', float16 scales' if pw.scale_dtype == np.float16 else ''}")
     # 1. the counted reduction (the instrumented kernel, when the shape is small enough)
     zero_points = pw.zeros is not None
-    _report_counts(m, k, n, fmt, cd, pw.group_size, zero_points, False, out)
+    _report_counts(m, k, n, fmt, cd, pw.group_size, zero_points, False, out, ran and ran[0])
     counted = None
     if m * k * n <= count_limit:
         _, counted = mg.msgemm(pw, x, depth=cd, count=True)
         model = mg.op_counts(m, k, n, format=fmt, depth=cd, group_size=pw.group_size, zero_points=zero_points)
         same = all(counted[key] == model[key] for key in ("table_mul", "table_add", "lookup", "add", "mul"))
-        out(f"  counted by the instrumented kernel: {counted['table_add']:,} table adds, {counted['lookup']:,} "
-            f"lookups, {counted['mul']:,} multiplies -> {_fewer(counted['mac_ratio'])} "
+        gain = "no fewer" if cd == 1 else _fewer(counted["mac_ratio"])
+        out(f"  counted by the instrumented kernel (tables, d={cd}): {counted['table_add']:,} table adds, "
+            f"{counted['lookup']:,} lookups, {counted['mul']:,} multiplies -> {gain} "
             f"({'equals' if same else 'DIFFERS FROM'} the closed form)")
     # 2. the measured speed
     wd = pw.dequantize(np.float32)
@@ -116,22 +148,24 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     ref = wd.astype(np.float64) @ x
     y = mg.msgemm(pw, x, depth=depth, table=table)
     rel = float(np.abs(y - ref).sum() / max(np.abs(ref).sum(), 1e-300))
-    gbs = pw.nbytes / ours[0] / 1e9
-    out(f"  msgemm               {_time(ours[0]):>9} (median {_time(ours[1])}), {gbs:6.2f} GB/s of packed weights, "
-        f"rel. L1 error {rel:.1e}")
+    nread = read_bytes(pw, x, depth, table)  # rebuilds the caches once (timings done)
+    gbs = nread / ours[0] / 1e9
+    out(f"  msgemm               {_time(ours[0]):>9} (median {_time(ours[1])}), {gbs:6.2f} GB/s of the "
+        f"{_bytes(nread)} of weights it reads (codes, scales, zero points as read)")
+    out(f"  rel. L1 error {rel:.1e} against the float64 product of the dequantized weights (float32 values)")
     out(f"  numpy fp32 W @ x     {_time(dense[0]):>9} (weights pre-dequantized: {_bytes(wd.nbytes)})"
         f"  -> msgemm {dense[0] / ours[0]:.2f}x")
     out(f"  dequantize + numpy   {_time(deq[0]):>9}  -> msgemm {deq[0] / ours[0]:.2f}x")
     # Both read their weights once per call. At numpy's read rate (about the machine's
-    # bandwidth once the float32 matrix exceeds the private caches) the packed weights take
-    # this long. It is an estimate from numpy's own timing, which includes its arithmetic and
-    # its noise, and small weights stay in a cache: not a bound the measured msgemm obeys.
+    # bandwidth once the float32 matrix exceeds the private caches) the weights msgemm reads
+    # take this long. It is an estimate from numpy's own timing, which includes its arithmetic
+    # and its noise, and small weights stay in a cache: not a bound the measured msgemm obeys.
     numpy_rate = wd.nbytes / dense[0]
-    floor = pw.nbytes / numpy_rate
-    out(f"  at numpy's read rate {_time(floor):>9}: msgemm's {_bytes(pw.nbytes)} at the {numpy_rate / 1e9:.1f} GB/s "
+    floor = nread / numpy_rate
+    out(f"  at numpy's read rate {_time(floor):>9}: msgemm's {_bytes(nread)} at the {numpy_rate / 1e9:.1f} GB/s "
         f"numpy read its {_bytes(wd.nbytes)} at (an estimate, not a bound)")
     return {"msgemm_s": ours[0], "numpy_s": dense[0], "dequant_numpy_s": deq[0], "rel_l1": rel,
-            "read_floor_s": floor, "packed_bytes": pw.nbytes, "counted": counted, "depth": d, "kernel": info["backend"]}
+            "read_floor_s": floor, "packed_bytes": pw.nbytes, "read_bytes": nread, "counted": counted, "depth": d, "kernel": info["backend"]}
 
 
 def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat: int = 10,
@@ -144,6 +178,7 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
     are counted and listed, and a tensor it refuses (a malformed block) is named with the
     reason and skipped. Memory: about twice the float32 weights of the largest tensor timed
     (numpy's copy and the loaded one); ``names`` leaves out large ones such as embeddings.
+    ``names`` that match no tensor raise ``ValueError`` (the command exits with status 2).
     """
     try:
         import gguf
@@ -166,8 +201,12 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
     skipped: dict[str, int] = {}
     rows: list[dict[str, Any]] = []
     out(f"{path}: {len(reader.tensors)} tensors; msgemm against numpy float32 on weights dequantized beforehand, "
-        f"N = {n}, min of {repeat} calls")
+        f"N = {n}, min of {repeat} calls; rel. L1 error against the float64 product of gguf's dequantized weights")
     chosen = [t for t in reader.tensors if not names or any(s in t.name for s in names)]
+    if names and not chosen:
+        some = ", ".join(t.name for t in reader.tensors[:5]) + (", ..." if len(reader.tensors) > 5 else "")
+        raise ValueError(f"names (--tensor): no tensor of {path} has a name holding {' or '.join(map(repr, names))} "
+                         f"(its {len(reader.tensors)} tensors: {some or 'none'})")
 
     def label(t: Any) -> str:
         return t.name + (f" (expert 0 of {t.data.shape[0]})" if t.data.ndim == 3 else "")
@@ -212,7 +251,7 @@ def gguf_bench(path: str, *, names: list[str] | None = None, n: int = 1, repeat:
         tm, tn = sum(r["msgemm_s"] for r in rows), sum(r["numpy_s"] for r in rows)
         out(f"  {len(rows)} tensor{'s' if len(rows) > 1 else ''} one after another: msgemm {_time(tm)}, numpy {_time(tn)} -> {tn / tm:.2f}x")
     else:
-        out("  no tensor timed" + (" (none of a type msgemm loads matches --tensor)" if names else ""))
+        out("  no tensor timed" + (" (no tensor matching --tensor is of a type msgemm loads)" if names else ""))
     if skipped:
         out("  not loaded (types msgemm has no format for, or not matrices): "
             + ", ".join(f"{v} {key}" for key, v in sorted(skipped.items())))
@@ -241,7 +280,10 @@ def _gguf_cmd(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("msgemm", help="low-bit GEMM through look-up tables (msGeMM)")
+    p = subparsers.add_parser("msgemm", help="low-bit GEMM through look-up tables (msGeMM)",
+                              description="msGeMM, low-bit GEMM through look-up tables: the counted reduction "
+                                          "and the measured speed against numpy (bench), or on a GGUF file's "
+                                          "tensors (gguf).")
     sub = p.add_subparsers(dest="msgemm_command", metavar="COMMAND")
     b = sub.add_parser("bench", help="counted reduction and measured speed against numpy for one shape")
     b.add_argument("--m", type=int_arg(1), default=4096, help="output features M (default 4096)")

@@ -103,6 +103,9 @@ def blocks_of(data: Any, name: str, shape: Any) -> tuple[np.ndarray, int, int]:
     if arr.size == 0:
         raise ValueError("data: empty")
     if shape is None:
+        if arr.ndim == 3:
+            raise ValueError(f"data: a 3-D (experts) tensor of shape {arr.shape}: load one expert at a time, "
+                             "from_gguf(tensor.data[e], ...) for expert e (each is (M, bytes per row))")
         if arr.ndim != 2:
             raise ValueError(f"shape: needed for {arr.ndim}-D data (2-D data is (M, bytes per row)); "
                              "pass shape=(M, K)")
