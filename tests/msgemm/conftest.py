@@ -85,7 +85,7 @@ def dense_gemv_default(pw: mg.PackedWeights, backend: str = "auto") -> bool:
     """Whether a default-table GEMV of ``pw`` on ``backend`` runs on the dense ``i16`` path,
     by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, AVX2 on
     any, weights whose ``i16`` GEMV the dense path runs (2-bit codes: on the 2-bit layout,
-    groups a multiple of 16, AVX-512 VNNI only)."""
+    groups a multiple of 16, AVX-512 VNNI or AVX-VNNI)."""
     if backend not in ("auto", "avx512", "avx2"):
         return False
     vnni512 = cpu_has("AVX512F", "AVX512BW", "AVX512VNNI")

@@ -483,11 +483,13 @@ pub fn gemv_preferred(backend: Backend) -> bool {
 
 /// Whether a dense call of `plan` on `backend` reads the 2-bit layout ([`DenseLayout`]): GEMVs
 /// of codebooks of at most 4 levels affine in their codes (int2, uint2, ternary) on AVX-512
-/// VNNI, groups a multiple of 16 and of at most 2^16 inputs (each lane of a bit pair's sum adds
+/// VNNI or AVX-VNNI (AVX2 without it would saturate its int16 pairs), groups a multiple of 16 and of at most 2^16 inputs (each lane of a bit pair's sum adds
 /// `G / 4` products of at most `192 * 127`: inside int32). They read half the bytes of the
 /// 4-bit layout, and sum each bit pair masked in place (4 `vpand` + 4 `vpdpbusd` per 256
 /// codes). Measured on Zen 5 (4096 x 4096, 2 threads, Rust, minima, ms, dense against the `i8`
-/// tables): int2 g64 0.037-0.038 against 0.050-0.052, ternary g128 0.031 against 0.040-0.044.
+/// tables): int2 g64 0.037-0.038 against 0.050-0.052, ternary g128 0.031 against 0.040-0.044;
+/// on its AVX-VNNI (backend `avx2`) int2 g64 0.108 against 0.154-0.160, ternary g128 0.081
+/// against 0.149.
 pub fn two_bit(plan: &Plan, backend: Backend) -> bool {
     plan.n == 1
         && plan.levels <= 4
@@ -495,7 +497,10 @@ pub fn two_bit(plan: &Plan, backend: Backend) -> bool {
         && plan.group_size <= 1 << 16
         // Codes below 4 (at most 4 levels), summed as they are (no map).
         && ints(plan).is_some_and(|i| i.map.is_none())
-        && kind_for_call(backend, plan) == Some(Kind::Vnni512)
+        && matches!(
+            kind_for_call(backend, plan),
+            Some(Kind::Vnni512 | Kind::AvxVnni)
+        )
 }
 
 /// The dense layout a call of `plan` on `backend` reads (built on first use, then cached).
@@ -782,7 +787,8 @@ pub fn run_with_kind(
     let backend = kind.backend();
     let (ints, _, lay) = setup(pw, plan, backend, xt, y)?;
     let fits = ints.map.is_none() || ints.u_max <= i64::from(map_span(kind));
-    if !kind.available() || !fits || (plan.levels > 16 && kind == Kind::Amx) {
+    let two_bit_ok = lay.bits != 2 || matches!(kind, Kind::Vnni512 | Kind::AvxVnni);
+    if !kind.available() || !fits || !two_bit_ok || (plan.levels > 16 && kind == Kind::Amx) {
         return Err(Error::Unsupported(format!(
             "the dense kernel {} does not run this plan on this CPU",
             kind.name()
@@ -1692,6 +1698,33 @@ mod avx2 {
         std::array::from_fn(|c| _mm256_add_epi32(lo[c], hi[c]))
     }
 
+    /// `vnni::parts_sums2` on AVX-VNNI for one 8-row half and one column on the 2-bit layout:
+    /// each word's 32 bytes of the half hold 16 inputs of 8 rows, bit pair `p` of its bytes
+    /// meeting activation bytes `4p .. 4p + 4` of the chunk; each pair masked in place (`c
+    /// 4^p`, at most 192) into a sum of its own, shifted back at the end (exact: sums of
+    /// multiples of `4^p`; `two_bit` keeps `G <= 2^16`, inside int32).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avxvnni")]
+    unsafe fn vnni_sums2(w: *const u8, chunks: usize, x: *const i8) -> __m256i {
+        let masks = [0x03u8, 0x0c, 0x30, 0xc0].map(|m| _mm256_set1_epi8(m as i8));
+        let mut acc = [_mm256_setzero_si256(); 4];
+        for ch in 0..chunks {
+            // SAFETY: the part holds `chunks` words of 64 bytes (32 of them this half's,
+            // 32-byte aligned); the column holds the group's `16 chunks` activations.
+            unsafe {
+                let xp = x.add(ch * 16) as *const i32;
+                let v = _mm256_load_si256(w.add(ch * 64) as *const __m256i);
+                for (p, (a, &m)) in acc.iter_mut().zip(masks.iter()).enumerate() {
+                    let xv = _mm256_set1_epi32(xp.add(p).read_unaligned());
+                    *a = _mm256_dpbusd_avx_epi32(*a, _mm256_and_si256(v, m), xv);
+                }
+            }
+        }
+        let [a0, a1, a2, a3] = acc;
+        let hi = _mm256_add_epi32(_mm256_srai_epi32::<4>(a2), _mm256_srai_epi32::<6>(a3));
+        _mm256_add_epi32(_mm256_add_epi32(a0, _mm256_srai_epi32::<2>(a1)), hi)
+    }
+
     /// Step `st` of [`vnni_sums`] (a word, or with `B8` a pair of words: 8 inputs): its low
     /// nibbles (`B8`: even word) times each column's first 4 activations into `lo`, its high
     /// nibbles (odd word) times the next 4 into `hi` (with `ONE` into `lo` too: one chain per
@@ -1771,6 +1804,12 @@ mod avx2 {
         // F16C, and AVX-VNNI with `VNNI`.
         unsafe {
             match &job.map {
+                None if lay.bits == 2 => {
+                    // GEMVs on the 2-bit layout: AVX-VNNI only (`two_bit`).
+                    assert!(VNNI && NC == 1);
+                    let q = vnni_sums2(w, c, x);
+                    std::array::from_fn(|_| q)
+                }
                 None if lay.bits == 8 && VNNI => {
                     vnni_sums::<NC, false, true>(w, c, x, k, _mm256_setzero_si256())
                 }

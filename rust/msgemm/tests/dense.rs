@@ -98,15 +98,19 @@ fn eight_bit_dense_cpu() -> bool {
 }
 
 /// Whether `auto` runs `pw`'s GEMVs of at most 4 levels densely, on the 2-bit layout: on
-/// CPUs with AVX-512 VNNI, groups a multiple of 16, codebooks in equal steps (int2, uint2,
-/// ternary, and the integer ones of this file: the codes are summed as they are).
+/// CPUs with AVX-512 VNNI or AVX2 with AVX-VNNI, groups a multiple of 16, codebooks in equal
+/// steps (int2, uint2, ternary, and the integer ones of this file: the codes are summed as
+/// they are).
 fn two_bit_gemvs(pw: &PackedWeights) -> bool {
     let v = pw.codebook().values();
     let equal_steps = v.windows(2).all(|w| w[1] - w[0] == v[1] - v[0]);
     #[cfg(target_arch = "x86_64")]
-    let vnni = is_x86_feature_detected!("avx512f")
+    let vnni = (is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni");
+        && is_x86_feature_detected!("avx512vnni"))
+        || (is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("f16c")
+            && is_x86_feature_detected!("avxvnni"));
     #[cfg(not(target_arch = "x86_64"))]
     let vnni = false;
     vnni && pw.group_size().is_multiple_of(16) && equal_steps
@@ -1013,11 +1017,13 @@ fn every_kernel_this_cpu_has_gives_the_same_bits() {
                     dense::run(&pw, &plan, kind.backend(), &xt, &mut want, YLayout::MbyN).unwrap();
                     let mut got = vec![0f32; m * n];
                     let res = dense::run_with_kind(&pw, &plan, kind, &xt, &mut got, YLayout::MbyN);
-                    if kind == dense::Kind::Avx2 && cb.levels() <= 16 {
-                        // Spans past 64 are AVX-VNNI's only.
-                        let span = dense::ints(&plan).unwrap().u_max;
-                        if dense::ints(&plan).unwrap().map.is_some() && span > 64 {
-                            assert!(res.is_err(), "{cb:?} span {span}");
+                    if kind == dense::Kind::Avx2 {
+                        // Spans past 64 and the 2-bit layout (GEMVs of at most 4 levels,
+                        // `dense::two_bit`) are AVX-VNNI's only.
+                        let ints = dense::ints(&plan).unwrap();
+                        let wide = ints.map.is_some() && ints.u_max > 64;
+                        if wide || dense::two_bit(&plan, Backend::Avx2) {
+                            assert!(res.is_err(), "{cb:?} span {}", ints.u_max);
                             continue;
                         }
                     }
