@@ -85,10 +85,10 @@ def test_scale_overflow_names_w():
 
 # -- 4. groups too long for the int32 partial sums of the tables -------------------------------
 def test_groups_too_long_for_int32_sums_say_the_limit():
-    k = (2**31 - 1) // 127 + 8  # int4 per channel: one tuple too many... at depth 1
+    k = 4_194_560 + 8  # int4 per channel, 8 inputs past the i8 limit at depth 1
     pw = mg.PackedWeights.from_arrays(np.zeros((1, k), np.uint8), np.ones((1, 1)), format="int4")
     x = np.ones(k, np.float32)
-    msg = r"pw: groups of 16,909,328 inputs are too long for table='i8'.*at depth 1: at most 16,909,320 " \
+    msg = r"pw: groups of 4,194,568 inputs are too long for table='i8'.*at depth 1: at most 4,194,560 " \
           r"inputs per group.*table='f32'.*smaller group_size"
     with pytest.raises(ValueError, match=msg):
         mg.msgemm(pw, x, depth=1, table="i8")

@@ -93,9 +93,10 @@ def _to_f32(arr: np.ndarray) -> np.ndarray:
         return np.require(arr, np.float32, "CA")
 
 
-#: The most tuples per group whose int32 partial sums cannot overflow, by table precision: one
-#: entry of at most 127 (``i8``) or 32767 (``i16``) per tuple of ``d`` inputs (the core's plan).
-_TUPLE_LIMITS: dict[str, int] = {"i8": (2**31 - 1) // 127, "i16": (2**31 - 1) // 32767}
+#: The most tuples per group whose int32 partial sums cannot overflow, by table precision (the
+#: core's plan): ``i8``: chunks of 64 tuples summing to at most ``127 * 258`` each
+#: (``maleki_msgemm::plan::I8_MAX_TUPLES``); ``i16``: one entry of at most 32767 per tuple.
+_TUPLE_LIMITS: dict[str, int] = {"i8": (2**31 - 1) // (127 * 258) * 64, "i16": (2**31 - 1) // 32767}
 
 
 def _group_limit_error(e: ValueError, pw: PackedWeights, depth: int | None) -> ValueError | None:
@@ -1137,7 +1138,7 @@ def msgemm(
     ------
     ValueError
         Besides bad arguments: a group too long for the int32 partial sums of the ``i8``
-        tables (at most 16,909,320 tuples of ``d`` inputs per group) or the ``i16`` tables
+        tables (at most 4,194,560 tuples of ``d`` inputs per group) or the ``i16`` tables
         (65,538 tuples) that the call runs on; ``table="f32"`` or a smaller ``group_size``
         avoids it.
     """

@@ -4,6 +4,14 @@ use maleki_common::{Error, Result};
 
 use crate::format::{integer_form, Codebook, Mirror};
 use crate::layout::{Tuples, ROW_BLOCK};
+use crate::table::{I8_BUDGET, I8_CHUNK};
+
+/// The most tuples per group on `i8` tables: the kernels sum each chunk of [`I8_CHUNK`]
+/// tuples' products `m_p e_p` (at most `127 * I8_BUDGET` in all, an int16) and add the chunks
+/// in int32, which holds `floor(i32::MAX / (127 * I8_BUDGET)) = 65540` of them. (The bound
+/// was one entry of 127 per tuple, 16,909,320 tuples, before stop 41: per-channel groups of
+/// 6 M inputs at depth 1, or 16.8 M at depth 2, wrapped around and gave wrong sums.)
+pub const I8_MAX_TUPLES: usize = (i32::MAX as usize / (127 * I8_BUDGET as usize)) * I8_CHUNK;
 
 /// Precision of the look-up tables (spec section 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -184,10 +192,11 @@ impl Plan {
         } else {
             (None, 0)
         };
-        if precision == TablePrecision::I8 && (tuples.per_group as u64) * 127 > i32::MAX as u64 {
-            return Err(Error::Unsupported(
-                "table='i8': group too long for int32 partial sums".into(),
-            ));
+        if precision == TablePrecision::I8 && tuples.per_group > I8_MAX_TUPLES {
+            return Err(Error::Unsupported(format!(
+                "table='i8': group too long for int32 partial sums ({} tuples, at most {I8_MAX_TUPLES})",
+                tuples.per_group
+            )));
         }
         Ok(Plan {
             m,

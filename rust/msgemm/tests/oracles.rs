@@ -168,3 +168,40 @@ fn auto_depth_and_default_options_run() {
     let p = maleki_msgemm::gemm::plan(&pw, 1, &GemmOptions::default()).unwrap();
     assert_eq!(p.depth(), if avx512 { 2 } else { 1 });
 }
+
+#[test]
+fn i8_tables_refuse_groups_whose_int32_sums_could_wrap() {
+    // One row of per-channel int4 weights, every code 0 (value -8), x all ones: every tuple's
+    // entry is -127 and the multipliers fill each chunk's budget, the largest sums the i8
+    // tables make. At the largest group the plan allows the GEMV is -8 K within the i8
+    // rounding; a group past it is refused (before stop 41 the bound let groups of 6 M
+    // inputs through, whose int32 sums wrapped: +1.96e7 for -4.8e7).
+    use maleki_msgemm::plan::I8_MAX_TUPLES;
+    let cb = Codebook::new(Format::Int4).unwrap();
+    let opts = |depth| GemmOptions {
+        depth: Depth::Fixed(depth),
+        precision: TablePrecision::I8,
+        backend: Backend::Auto,
+        mirror: false,
+    };
+    let k = I8_MAX_TUPLES;
+    let pw = PackedWeights::from_codes(cb.clone(), 1, k, k, &vec![0u8; k], vec![1.0], None, None)
+        .unwrap();
+    let y = gemm(&pw, &vec![1.0f32; k], 1, &opts(1)).unwrap();
+    let want = -8.0 * k as f64;
+    assert!(
+        (f64::from(y[0]) - want).abs() <= 1e-3 * want.abs(),
+        "{} vs {want}",
+        y[0]
+    );
+    let k = I8_MAX_TUPLES + 2;
+    let pw = PackedWeights::from_codes(cb, 1, k, k, &vec![0u8; k], vec![1.0], None, None).unwrap();
+    let x = vec![1.0f32; k];
+    let err = gemm(&pw, &x, 1, &opts(1)).unwrap_err().to_string();
+    assert!(
+        err.contains("group too long for int32 partial sums"),
+        "{err}"
+    );
+    // At depth 2 the same group is half as many tuples.
+    assert!(gemm(&pw, &x, 1, &opts(2)).is_ok());
+}
