@@ -1007,9 +1007,11 @@ def msgemm(
     table : {"i8", "i16", "f32", "bf16"}, optional
         Table precision. Default: the fast mode for the call, ``"i8"``, except for batches
         (``N >= 2``) at ``depth="auto"``, and for GEMVs on AMD CPUs with AVX-512 VNNI (Zen 4
-        and later) of the weights below, which run on the dense ``i16`` path (measured on Zen
-        5, 4096 x 4096, 2 threads: int4 g128 0.059 ms against 0.085 warm, and faster from
-        DRAM; int4 g32 0.070 against 0.107, fp4 g32 0.062 against 0.110), and for every call
+        and later) and on CPUs with AVX2 but not AVX-512 VNNI of the weights below, which run
+        on the dense ``i16`` path (measured on Zen 5, 4096 x 4096, 2 threads: int4 g128 0.059
+        ms against 0.085 warm, and faster from DRAM; int4 g32 0.070 against 0.107, fp4 g32
+        0.062 against 0.110; its AVX2 kernels: int4 g128 0.092 ms with AVX-VNNI, 0.153 without,
+        against 0.209), and for every call
         of int8 / uint8 weights where the dense path exists (256-entry tables otherwise: int8
         g32 GEMV 0.13 against 2.0 ms), and for every call at ``depth="auto"`` of fp8 weights
         (e4m3, e5m2) without zero points, which run in ``"f32"`` mode on the fp8 path where it
@@ -1051,16 +1053,18 @@ def msgemm(
         integer partial sums (ONNX Runtime ``MatMulNBits`` accuracy level 4's arithmetic). On
         x86-64 (AVX-512 VNNI or AVX2) and on Arm64 CPUs with the dot-product extension,
         ``"i16"`` calls on weights of at most 16 integer levels (int4, uint4, int3, int2,
-        ternary, fp4, and integer codebooks whose values span at most 255 on AVX-512 VNNI,
-        e.g. llama.cpp's IQ4_NL; at most 127 with ``sdot``, 64 on AVX2) or of one byte per
+        ternary, fp4, and integer codebooks whose values span at most 255 on AVX-512 VNNI and
+        AVX-VNNI, e.g. llama.cpp's IQ4_NL; at most 127 with ``sdot``, 64 on AVX2 without
+        AVX-VNNI) or of one byte per
         code (int8, uint8; not on AMX tiles)
         with group sizes that are multiples of 8 sum those same integers with
-        dot-product instructions (``vpdpbusd``, ``vpmaddubsw`` on AVX2, ``sdot`` on Arm64)
-        instead of tables (bitwise the same result, at any ``depth``; GEMVs of 2-bit formats on
-        AVX-512 VNNI only, from a layout of 2 bits per code with groups that are multiples of
-        16, elsewhere their tables read fewer bytes): there ``"i16"`` is the fastest
+        dot-product instructions (``vpdpbusd``, on AVX2 without AVX-VNNI ``vpmaddubsw``,
+        ``sdot`` on Arm64) instead of tables (bitwise the same result, at any ``depth``; GEMVs
+        of 2-bit formats on AVX-512 VNNI and AVX-VNNI only, from a layout of 2 bits per code
+        with groups that are multiples of 16, elsewhere their tables read fewer bytes): there
+        ``"i16"`` is the fastest
         mode for batches (int4 4096 x 4096, N = 16: about 2x the ``i8`` tables) and close to
-        ``i8`` for a GEMV (:func:`plan_info` reports ``dense_int8``). ``"f32"``: float32 tables, error within
+        ``i8`` for a GEMV (:func:`plan_info` reports ``dense_int8`` and ``dense_kernel``). ``"f32"``: float32 tables, error within
         ``2 (K/d + d + 3) 2^-24 (|Wd| @ |x|)`` (plus the zero-point term). Relative L1 errors measured on Gaussian int4 g128 GEMV
         (4096 x 4096, depth 2): ``i8`` 9.2e-3, ``i16`` 6.6e-3, ``f32`` 2.2e-7 (uint4 with zero
         points: ``i8`` 8.5e-3; int2 g64: 6.9e-3).
@@ -1071,7 +1075,8 @@ def msgemm(
         (``vcvtph2ps``); per row, column and 16 lanes, the group sums
         ``p = fma(v[q], x, p)`` in ascending input order, the totals ``t = fma(s, p, t)``,
         then a fixed tree of the lanes: the same bits on every kernel, thread count and column
-        count, within ``(G/16 + K/G + 5) 2^-24 (|Wd| @ |x|)`` of the exact product (e4m3 g128
+        count (backend ``"scalar"`` runs the ``f32`` tables instead, whose sums differ in the
+        last bits), within ``(G/16 + K/G + 5) 2^-24 (|Wd| @ |x|)`` of the exact product (e4m3 g128
         4096 x 4096 GEMV, 2 threads, Zen 5: 0.24-0.27 ms, 3.9-4.4x numpy, against 1.5-3.4 ms
         on ``i8`` tables and 6.5 ms on ``f32`` tables; relative L1 error 1.3e-7, ``i8``
         7.1e-3).
