@@ -996,7 +996,8 @@ impl<'a> Blocks<'a> {
 fn block_sums(b: &Blocks<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: `kind_for` checked the CPU features; `ys` holds `n * 64` floats.
+        // SAFETY: `kind_for` (or `run_with_kind`: `Kind::available`) checked the CPU features;
+        // `ys` holds `n * 64` floats.
         match b.kind {
             Kind::Vnni512 => unsafe { vnni::block_sums(&b.job, rb, groups, ys) },
             #[cfg(target_os = "linux")]

@@ -966,10 +966,11 @@ fn looked_up_codes_at_the_largest_span() {
 #[test]
 fn every_kernel_this_cpu_has_gives_the_same_bits() {
     // Backend `avx2` runs the AVX-VNNI kernel where the CPU has AVX-VNNI, so the plain AVX2
-    // one (`vpmaddubsw` + `vpmaddwd`) is run here by kind: each kernel this CPU has, on the
-    // same inputs, against the backend's own (itself tested against the scalar kernel above),
-    // over GEMVs and narrow calls of full and ragged row blocks, zero points, 8-bit codes,
-    // looked-up codes and slopes other than 1.
+    // one (`vpmaddubsw` + `vpmaddwd`) is run here by kind: each kernel this CPU has against the
+    // scalar kernel, over GEMVs and narrow calls of full and ragged row blocks, zero points,
+    // float32 and float16 scales (the latter widened by the kernels), 8-bit codes, looked-up
+    // codes and slopes other than 1; a kernel is refused what it cannot sum (AVX2 without
+    // AVX-VNNI: spans past 64 and the 2-bit layout).
     let kinds: Vec<dense::Kind> = [
         dense::Kind::Vnni512,
         dense::Kind::Amx,
@@ -980,7 +981,7 @@ fn every_kernel_this_cpu_has_gives_the_same_bits() {
     .into_iter()
     .filter(|k| k.available())
     .collect();
-    let mut ran = 0;
+    let (mut ran, mut refused) = (0, 0);
     let codebooks = [
         (Codebook::new(Format::Int4).unwrap(), false),
         (Codebook::new(Format::Uint4).unwrap(), true),
@@ -997,41 +998,73 @@ fn every_kernel_this_cpu_has_gives_the_same_bits() {
             Codebook::custom(&[-12.0, -1.0, 0.0, 2.0, 52.0]).unwrap(),
             false,
         ),
+        // A span of 255: AVX-VNNI's and AVX-512 VNNI's, past AVX2's int16 pairs.
+        (
+            Codebook::custom(&[-100.0, -3.0, 0.0, 5.0, 17.0, 155.0]).unwrap(),
+            false,
+        ),
     ];
+    let mut r = stream(300, 0);
     for (i, (cb, zeros)) in codebooks.iter().enumerate() {
-        for &(m, k, g) in &[
+        for (j, &(m, k, g)) in [
             (64, 128, 8),
             (63, 256, 32),
             (130, 272, 136),
             (200, 512, 128),
-        ] {
-            let pw = random_weights(cb, (m, k, g), *zeros, i % 2 == 0, 300 + i as u64);
+        ]
+        .iter()
+        .enumerate()
+        {
+            // Float16 scales (kept as float16 bits) for every other shape.
+            let f16 = (i + j) % 2 == 1;
+            let codes: Vec<u8> = (0..m * k)
+                .map(|_| below(&mut r, cb.levels() as u64) as u8)
+                .collect();
+            let scales: Vec<f32> = (0..m * k / g)
+                .map(|_| {
+                    let s = 0.003 + below(&mut r, 1000) as f32 * 1e-4;
+                    if f16 {
+                        half::f16::from_f32(s).to_f32()
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            let z = zeros.then(|| {
+                (0..m * k / g)
+                    .map(|_| below(&mut r, 16) as f32 - if f16 { 0.0 } else { 0.3 })
+                    .collect()
+            });
+            let pw =
+                PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap();
+            assert_eq!(matches!(pw.tiled_scales(), Tiled::F16(_)), f16);
             for n in [1, 2, 3, 9] {
-                let xt = activations(k, n, 40 + n as u64);
+                let x = activations(k, n, 40 + n as u64);
+                let want = gemm(&pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
+                // `run` reads X transposed, `(N, K)` (no act-order here: unpermuted).
+                let xt: Vec<f32> = (0..n * k).map(|t| x[(t % k) * n + t / k]).collect();
                 for &kind in &kinds {
                     let plan = make_plan(&pw, n, &i16_opts(kind.backend())).unwrap();
                     if !dense::applies(&plan, kind.backend()) {
                         continue;
                     }
-                    let mut want = vec![0f32; m * n];
-                    dense::run(&pw, &plan, kind.backend(), &xt, &mut want, YLayout::MbyN).unwrap();
                     let mut got = vec![0f32; m * n];
                     let res = dense::run_with_kind(&pw, &plan, kind, &xt, &mut got, YLayout::MbyN);
                     if kind == dense::Kind::Avx2 {
-                        // Spans past 64 and the 2-bit layout (GEMVs of at most 4 levels,
-                        // `dense::two_bit`) are AVX-VNNI's only.
                         let ints = dense::ints(&plan).unwrap();
                         let wide = ints.map.is_some() && ints.u_max > 64;
                         if wide || dense::two_bit(&plan, Backend::Avx2) {
                             assert!(res.is_err(), "{cb:?} span {}", ints.u_max);
+                            refused += 1;
                             continue;
                         }
                     }
                     res.unwrap();
-                    if let Some(j) = first_mismatch(&got, &want) {
+                    if let Some(t) = first_mismatch(&got, &want) {
                         panic!(
-                            "{kind:?} {cb:?} M={m} K={k} G={g} n={n}: y[{j}] = {} vs {}",
-                            got[j], want[j]
+                            "{kind:?} {cb:?} M={m} K={k} G={g} n={n} f16={f16}: y[{t}] = {} vs \
+                             scalar {}",
+                            got[t], want[t]
                         );
                     }
                     ran += 1;
@@ -1039,9 +1072,13 @@ fn every_kernel_this_cpu_has_gives_the_same_bits() {
             }
         }
     }
-    eprintln!("{ran} runs over the kernels {kinds:?}");
+    eprintln!("{ran} runs over the kernels {kinds:?}, {refused} refused");
     if kinds.contains(&dense::Kind::Avx2) {
         assert!(ran >= 100, "{ran}");
+    }
+    if kinds.contains(&dense::Kind::AvxVnni) {
+        // The wide codebook's calls (and the 2-bit GEMVs) on plain AVX2.
+        assert!(refused >= 16, "{refused}");
     }
     // A kernel this CPU does not have is refused.
     #[cfg(target_arch = "x86_64")]
