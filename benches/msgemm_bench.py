@@ -38,6 +38,7 @@ import _report  # noqa: E402
 
 import maleki_rs  # noqa: E402
 from maleki_rs import msgemm as mg  # noqa: E402
+from maleki_rs.msgemm._cli import read_bytes  # noqa: E402  (the bytes a call reads: GB/s)
 
 
 def blas_info() -> str:
@@ -174,28 +175,6 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
                     f()
                 times[k].append((time.perf_counter() - t0) / number)
     return {k: {"min": min(v), "median": statistics.median(v)} for k, v in times.items()}
-
-
-def read_bytes(pw: mg.PackedWeights, **call: Any) -> int:
-    """Bytes a GEMV (``msgemm(pw, x, **call)``) reads from the weights: the layout its kernel
-    reads and the scales and zero points in the form it reads them, i.e. what the caches that
-    one such call builds on a fresh copy hold (``cache_nbytes``). That is not always the
-    packed size: the dense path reads ternary at 2 bits per code (packed: 1.6) and int3 at 4
-    (packed: 3); scales are read as float16 when every one is a float16 value, zero points
-    as ``z - shift``. Where a call builds no cache (kernels reading the packed codes), the
-    packed codes and the scales and zero points at that precision (the fp8 path: the packed
-    codes and float32 scales, though it caches which codes occur)."""
-    opts = {key: v for key, v in call.items() if key in ("depth", "table", "backend", "mirror")}
-    if mg.plan_info(pw, **opts)["fp8_kernel"]:
-        return pw.packed.nbytes + 4 * pw.scales.size
-    pw.clear_cache()
-    mg.msgemm(pw, np.zeros(pw.shape[1], np.float32), **call)
-    if pw.cache_nbytes:
-        return pw.cache_nbytes
-    per_scale = 2 if pw.scale_dtype == np.float16 else 4
-    z = pw.zeros
-    per_zero = 2 if z is not None and np.array_equal(z.astype(np.float16).astype(np.float32), z) else 4
-    return pw.packed.nbytes + per_scale * pw.scales.size + (0 if z is None else per_zero * z.size)
 
 
 def fmt_ms(t: dict[str, float]) -> str:

@@ -72,19 +72,23 @@ def _report_counts(m: int, k: int, n: int, fmt: str, depth: int, g: int | None, 
         f"{c['lookup']:,} lookup-adds -> {gain}" + (f"; the run below used {ran}, not tables" if ran else ""))
 
 
-def read_bytes(pw: mg.PackedWeights, x: np.ndarray, depth: int | str = "auto", table: str | None = None) -> int:
-    """Bytes a call ``msgemm(pw, x, depth=, table=)`` reads from the weights: the layout its
-    kernel reads and the scales and zero points in the form it reads them, i.e. what the caches
-    that the call builds on a fresh copy hold (``cache_nbytes``; the same rule as
-    ``benches/msgemm_bench.py``'s ``read_bytes``). Where a call builds no cache (kernels reading
-    the packed codes): the packed codes, the scales as float16 where every one is a float16
-    value, the zero points likewise; the fp8 path: the packed codes and float32 scales (it caches
-    only which codes occur). Clears ``pw``'s caches, then runs the call once."""
+def read_bytes(pw: mg.PackedWeights, x: np.ndarray | None = None, **call: Any) -> int:
+    """Bytes a call ``msgemm(pw, x, **call)`` (``x`` None: a GEMV) reads from the weights: the
+    layout its kernel reads and the scales and zero points in the form it reads them, i.e. what
+    the caches that the call builds on a fresh copy hold (``cache_nbytes``). That is not always
+    the packed size: the dense path reads ternary at 2 bits per code (packed: 1.6) and int3 at
+    4 (packed: 3); scales are read as float16 when every one is a float16 value, zero points as
+    ``z - shift``. Where a call builds no cache (kernels reading the packed codes): the packed
+    codes, the scales and zero points at that precision; the fp8 path: the packed codes and
+    float32 scales (it caches only which codes occur). Clears ``pw``'s caches, then runs the
+    call once. (``benches/msgemm_bench.py`` counts its GB/s with it too.)"""
+    x = np.zeros(pw.shape[1], np.float32) if x is None else x
     n = 1 if x.ndim == 1 else x.shape[1]
-    if mg.plan_info(pw, n=n, depth=depth, table=table)["fp8_kernel"]:
+    opts = {key: v for key, v in call.items() if key in ("depth", "table", "backend", "mirror")}
+    if mg.plan_info(pw, n=n, **opts)["fp8_kernel"]:
         return pw.packed.nbytes + 4 * pw.scales.size
     pw.clear_cache()
-    mg.msgemm(pw, x, depth=depth, table=table)
+    mg.msgemm(pw, x, **call)
     if pw.cache_nbytes:
         return pw.cache_nbytes
     per_scale = 2 if pw.scale_dtype == np.float16 else 4
@@ -148,7 +152,7 @@ def bench(m: int = 4096, k: int = 4096, n: int = 1, fmt: str = "int4", group_siz
     ref = wd.astype(np.float64) @ x
     y = mg.msgemm(pw, x, depth=depth, table=table)
     rel = float(np.abs(y - ref).sum() / max(np.abs(ref).sum(), 1e-300))
-    nread = read_bytes(pw, x, depth, table)  # rebuilds the caches once (timings done)
+    nread = read_bytes(pw, x, depth=depth, table=table)  # rebuilds the caches once (timings done)
     gbs = nread / ours[0] / 1e9
     out(f"  msgemm               {_time(ours[0]):>9} (median {_time(ours[1])}), {gbs:6.2f} GB/s of the "
         f"{_bytes(nread)} of weights it reads (codes, scales, zero points as read)")
