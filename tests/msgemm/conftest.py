@@ -84,13 +84,13 @@ def dense_to_bf16_min_n(kernel: str | None, g: int) -> int | None:
 def dense_gemv_default(pw: mg.PackedWeights, backend: str = "auto") -> bool:
     """Whether a default-table GEMV of ``pw`` on ``backend`` runs on the dense ``i16`` path,
     by the documented rule (``dense::gemv_preferred``): AVX-512 VNNI on AMD CPUs, AVX2 on
-    any, weights whose ``i16`` GEMV the dense path runs (2-bit codes: on the 2-bit layout,
+    any with groups of at least 32, weights whose ``i16`` GEMV the dense path runs (2-bit codes: on the 2-bit layout,
     groups a multiple of 16, AVX-512 VNNI or AVX-VNNI)."""
     if backend not in ("auto", "avx512", "avx2"):
         return False
     vnni512 = cpu_has("AVX512F", "AVX512BW", "AVX512VNNI")
     if backend == "avx2" or (backend == "auto" and not vnni512):
-        if not cpu_has("AVX2", "F16C"):
+        if not cpu_has("AVX2", "F16C") or pw.group_size < 32:
             return False
     elif not (vnni512 and "AuthenticAMD" in _cpuinfo()):
         return False

@@ -1007,7 +1007,8 @@ def msgemm(
     table : {"i8", "i16", "f32", "bf16"}, optional
         Table precision. Default: the fast mode for the call, ``"i8"``, except for batches
         (``N >= 2``) at ``depth="auto"``, and for GEMVs on AMD CPUs with AVX-512 VNNI (Zen 4
-        and later) and on CPUs with AVX2 but not AVX-512 VNNI of the weights below, which run
+        and later) and on CPUs with AVX2 but not AVX-512 VNNI (groups of 32 or more) of the
+        weights below, which run
         on the dense ``i16`` path (measured on Zen 5, 4096 x 4096, 2 threads: int4 g128 0.059
         ms against 0.085 warm, and faster from DRAM; int4 g32 0.070 against 0.107, fp4 g32
         0.062 against 0.110; its AVX2 kernels: int4 g128 0.092 ms with AVX-VNNI, 0.153 without,

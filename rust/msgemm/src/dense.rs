@@ -454,9 +454,10 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
     Some(kind)
 }
 
-/// Whether a default-table GEMV (`n = 1`) on `backend` takes the dense path (where it
-/// [`applies`]) instead of `i8` tables: AVX-512 VNNI on AMD CPUs, AVX2 (with or without
-/// AVX-VNNI) on any, any group size. There it is
+/// Whether a default-table GEMV (`n = 1`) of groups of `group_size` inputs on `backend` takes
+/// the dense path (where it [`applies`]) instead of `i8` tables: AVX-512 VNNI on AMD CPUs, any
+/// group size; AVX2 (with or without AVX-VNNI) on any CPU, groups of at least
+/// [`AVX2_GEMV_MIN_GROUP`]. There it is
 /// faster and, with int8 activations summed exactly, more accurate (relative L1 about 6.7e-3
 /// against 9.1e-3 at g128). Measured on Zen 5 (4096 x 4096, 2 threads, minima, ms, dense
 /// against tables): from Python, three alternations, int4 g16 0.089 against 0.127, g32 0.070
@@ -467,19 +468,24 @@ pub fn kind_for_call(backend: Backend, plan: &Plan) -> Option<Kind> {
 /// quantizer and the register epilogue of stop 38, groups of 32 and less were level or mixed
 /// and kept the tables.) The AVX2 kernels on the same CPU (`examples/prof`, backend `avx2`,
 /// minima of four alternations, int4): g128 0.092 ms with AVX-VNNI, 0.153 without, against
-/// 0.209 on `i8` tables; g32 0.170 / 0.175 against 0.275. CPUs with AVX2 but not AVX-512 were
-/// not timed; on Intel's, `vpshufb` (the tables' lookups) issues on one port, the
-/// multiplies on two, so the tables should not fare better there. On Intel's Sapphire Rapids a GEMV on the tables was faster (0.158
+/// 0.209 on `i8` tables; g32 0.170-0.171 / 0.175-0.256 against 0.272-0.275; but g16 0.29-0.37
+/// against 0.255 and g8 0.58-0.61 against 0.41 (8 rows per vector: the epilogue per group
+/// weighs twice AVX-512's). CPUs with AVX2 but not AVX-512 were not timed; on Intel's,
+/// `vpshufb` (the tables' lookups) issues on one port, the multiplies on two, so the tables
+/// should not fare better there. On Intel's Sapphire Rapids a GEMV on the tables was faster (0.158
 /// against 0.182 ms), measured before the dense kernel kept several accumulator chains in
 /// flight, and not timed there since. A fixed rule, not a timing, so a machine's choice (and
 /// its bits) never changes from run to run.
-pub fn gemv_preferred(backend: Backend) -> bool {
+pub fn gemv_preferred(backend: Backend, group_size: usize) -> bool {
     match kind_for(backend) {
         Some(Kind::Vnni512) => crate::kernels::amd_cpu(),
-        Some(Kind::AvxVnni | Kind::Avx2) => true,
+        Some(Kind::AvxVnni | Kind::Avx2) => group_size >= AVX2_GEMV_MIN_GROUP,
         _ => false,
     }
 }
+
+/// The smallest group size whose GEMVs [`gemv_preferred`] takes densely on AVX2.
+pub const AVX2_GEMV_MIN_GROUP: usize = 32;
 
 /// Whether a dense call of `plan` on `backend` reads the 2-bit layout ([`DenseLayout`]): GEMVs
 /// of codebooks of at most 4 levels affine in their codes (int2, uint2, ternary) on AVX-512

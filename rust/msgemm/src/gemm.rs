@@ -260,7 +260,7 @@ pub fn auto_precision(pw: &PackedWeights, n: usize, opts: &GemmOptions) -> GemmO
     // have 256 entries per input (int8 g32 4096 x 4096, 2 threads, Zen 5: 2.0 ms on `i8`
     // tables, 0.13 ms dense; AVX2 and NEON have no such tables: the scalar kernel, 15 ms).
     let gemv = opts.backend == Backend::Amx
-        || dense::gemv_preferred(opts.backend)
+        || dense::gemv_preferred(opts.backend, pw.group_size())
         || pw.codebook().levels() > 16;
     let min_n = if gemv { 1 } else { 2 };
     if n < min_n || opts.depth != Depth::Auto || opts.precision != TablePrecision::I8 {

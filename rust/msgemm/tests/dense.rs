@@ -794,6 +794,22 @@ fn mirror_plans_run_densely_in_label_space_too() {
 
 /// Whether this CPU is AMD's with AVX-512 VNNI, read here from CPUID and the standard
 /// library's feature detection (an oracle apart from the library's own `kernels::amd_cpu`).
+/// Whether `auto` runs the AVX2 dense kernels here: AVX2 and F16C without AVX-512 VNNI.
+fn avx2_without_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("f16c")
+            && !(is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 fn amd_with_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -873,9 +889,17 @@ fn auto_precision_takes_the_dense_path_for_batches_and_amd_gemvs() {
         }
     }
     // A GEMV keeps its tables, except where the documented rule (`dense::gemv_preferred`:
-    // AVX-512 VNNI on AMD CPUs, any group size) takes it densely.
-    let gemv_dense = amd_with_vnni();
-    assert_eq!(dense::gemv_preferred(Backend::Auto), gemv_dense);
+    // AVX-512 VNNI on AMD CPUs, any group size; AVX2 on any CPU, groups of 32 or more) takes
+    // it densely.
+    let gemv_dense = amd_with_vnni() || avx2_without_avx512_vnni();
+    assert_eq!(dense::gemv_preferred(Backend::Auto, 128), gemv_dense);
+    assert_eq!(dense::gemv_preferred(Backend::Auto, 16), amd_with_vnni());
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        for (g, want) in [(8, false), (16, false), (32, true), (128, true)] {
+            assert_eq!(dense::gemv_preferred(Backend::Avx2, g), want, "g = {g}");
+        }
+    }
     assert_eq!(
         auto_precision(&int4, 1, &i8_auto).precision,
         if gemv_dense {
