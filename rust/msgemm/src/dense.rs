@@ -1589,9 +1589,8 @@ mod avx2 {
     /// most 64, [`super::map_span`]: the four products of a lane at most `4 * 64 * 127`).
     ///
     /// With `B8` the codes are bytes (the 8-bit layout: two words per chunk, the even inputs'
-    /// then the odd ones'), each split into its nibbles `u = 16 hi + lo`: the low nibbles'
-    /// pairs and the high nibbles' pairs are each at most `4 * 15 * 127` in int16, widened
-    /// by `vpmaddwd` against 1 and against 16.
+    /// then the odd ones'), summed as `u - 128` (see the loop): the sums are `Q - 128 S`,
+    /// which [`half_q`] corrects.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn half_sums<const NC: usize, const MAP: bool, const B8: bool>(
