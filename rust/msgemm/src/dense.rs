@@ -371,38 +371,17 @@ impl Kind {
 /// `auto` and `neon` take `sdot` where the CPU has the dot-product extension (without it, the
 /// NEON table kernels run the call).
 pub fn kind_for(backend: Backend) -> Option<Kind> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let vnni = || {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni")
-        };
-        let avx2 = || is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
-        match backend {
-            Backend::Auto if vnni() => Some(Kind::Vnni512),
-            Backend::Auto | Backend::Avx2 if avx2() && is_x86_feature_detected!("avxvnni") => {
-                Some(Kind::AvxVnni)
-            }
-            Backend::Auto | Backend::Avx2 if avx2() => Some(Kind::Avx2),
-            Backend::Avx512 if vnni() => Some(Kind::Vnni512),
-            Backend::Amx if amx_ready() => Some(Kind::Amx),
-            _ => None,
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        match backend {
-            Backend::Auto | Backend::Neon if std::arch::is_aarch64_feature_detected!("dotprod") => {
-                Some(Kind::Sdot)
-            }
-            _ => None,
-        }
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        let _ = backend;
-        None
+    let have = |k: Kind| k.available().then_some(k);
+    match backend {
+        Backend::Auto => have(Kind::Vnni512)
+            .or_else(|| have(Kind::AvxVnni))
+            .or_else(|| have(Kind::Avx2))
+            .or_else(|| have(Kind::Sdot)),
+        Backend::Avx512 => have(Kind::Vnni512),
+        Backend::Avx2 => have(Kind::AvxVnni).or_else(|| have(Kind::Avx2)),
+        Backend::Amx => have(Kind::Amx),
+        Backend::Neon => have(Kind::Sdot),
+        _ => None,
     }
 }
 
