@@ -95,7 +95,9 @@ extern "C" __global__ void msgemm_tables(const float* __restrict__ xt, const flo
     MSGEMM_COUNTERS_FLUSH
 }
 
-// S[n][g] = ((x_0 + x_1) + ...) + x_{G-1} over the group (the zero-point term), one thread each.
+// S[n][g] = x_0 + x_1 + ... + x_{G-1} over the group (the zero-point term), one thread each,
+// summed in double and rounded once to float (as the CPU's `table::group_sum`, within about one
+// float rounding of the exact sum: a float running sum drifts by up to G 2^-24 sum |x|).
 extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long long k, int n_cols,
                                              int group_size, float* __restrict__ sums) {
     const long long groups = k / group_size;
@@ -104,9 +106,9 @@ extern "C" __global__ void msgemm_group_sums(const float* __restrict__ xt, long 
     const long long n = i / groups;
     const long long g = i % groups;
     const float* xs = xt + n * k + g * group_size;
-    float s = xs[0];
-    for (int j = 1; j < group_size; ++j) s = __fadd_rn(s, xs[j]);
-    sums[i] = s;
+    double s = static_cast<double>(xs[0]);
+    for (int j = 1; j < group_size; ++j) s = __dadd_rn(s, static_cast<double>(xs[j]));
+    sums[i] = static_cast<float>(s);  // round to nearest
     MSGEMM_COUNTERS_DECLARE
     MSGEMM_COUNT_ADD(sum_add, group_size - 1);
     MSGEMM_COUNTERS_FLUSH

@@ -22,7 +22,7 @@ use maleki_common::{Error, Result};
 use crate::layout::Tuples;
 use crate::packed::PackedWeights;
 use crate::plan::{Plan, TablePrecision};
-use crate::table::{build_f32_table, seq_sum};
+use crate::table::{build_f32_table, group_sum};
 
 /// Operation counts of one msGeMM call, with the dense comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -263,7 +263,7 @@ pub fn reference_gemm(pw: &PackedWeights, plan: &Plan, xt: &[f32]) -> Result<(Ve
             }
             let zsum = if plan.zero_term {
                 cnt.c.add += (gsz - 1) as u64;
-                seq_sum(xg)
+                group_sum(xg)
             } else {
                 0.0
             };

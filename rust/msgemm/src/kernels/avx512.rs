@@ -1676,7 +1676,7 @@ unsafe fn build_block_f32(plan: &Plan, xg: &[f32], out: &mut [f32], digits: &[u3
     (
         1.0,
         if plan.zero_term {
-            table::seq_sum(xg)
+            table::group_sum(xg)
         } else {
             0.0
         },
@@ -2140,7 +2140,7 @@ unsafe fn build_block_i8(
         };
     }
     let zsum = if plan.zero_term {
-        table::seq_sum(xg) / tsc
+        table::group_sum(xg) / tsc
     } else {
         0.0
     };

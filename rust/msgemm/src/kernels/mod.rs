@@ -299,7 +299,7 @@ pub(crate) fn small_i8_block(
         }
     }
     let zsum = if plan.zero_term {
-        table::seq_sum(xg) / tsc
+        table::group_sum(xg) / tsc
     } else {
         0.0
     };
@@ -384,7 +384,7 @@ pub(crate) fn small_f32_block(
         out[t * slot..(t + 1) * slot].copy_from_slice(&entries(xs, w)[..slot]);
     }
     let zsum = if plan.zero_term {
-        table::seq_sum(xg)
+        table::group_sum(xg)
     } else {
         0.0
     };
