@@ -71,20 +71,10 @@ def get_num_threads() -> int:
 
 
 def show_config(file: _Any = None) -> dict[str, _Any]:
-    """Prints (and returns) the version, build, CPU features, threads and subsystems.
-
-    The CPU features are those the kernels choose by, as the core detects them, plus
-    ``avx512bf16`` (which picks msgemm's ``bf16`` kernel) where AVX-512 is usable and the
-    CPU has it: read from ``/proc/cpuinfo`` on Linux, and implied wherever msgemm's ``bf16``
-    calls run on ``vdpbf16ps``.
-    """
+    """Prints (and returns) the version, build, CPU features, threads and subsystems."""
     from . import _gpu
 
     info = dict(_core.build_info())
-    info["cpu_features"] = list(info["cpu_features"])
-    if "avx512f" in info["cpu_features"] and _has_avx512_bf16():
-        feats = info["cpu_features"]
-        feats.insert(feats.index("amx") if "amx" in feats else len(feats), "avx512bf16")
     info["num_threads"] = get_num_threads()
     info["subsystems"] = {name: (name in AVAILABLE) for name in SUBSYSTEMS}
     info["gpu"] = _gpu.describe()
@@ -98,27 +88,6 @@ def show_config(file: _Any = None) -> dict[str, _Any]:
     lines.append(f"  gpu: {info['gpu']}")
     print("\n".join(lines), file=file)
     return info
-
-
-def _has_avx512_bf16() -> bool:
-    """Whether the CPU has AVX-512 BF16 (``vdpbf16ps``, ``vcvtne2ps2bf16``), which the core's
-    feature list leaves out: Linux's CPU flags, or msgemm's own choice of its kernel."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            if any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f):
-                return True
-    except OSError:
-        pass
-    if "msgemm" not in AVAILABLE:
-        return False
-    from .msgemm import _api as mg
-
-    # Elsewhere than Linux: a bf16 call on AVX-512 runs vdpbf16ps only where the CPU has it
-    # (AMD's; Intel's run FMA instead, so there it goes unlisted).
-    pw = mg.PackedWeights.from_arrays([[0] * 32], [[1.0]], format="nf4")
-    if not mg.backend_supports(pw, "avx512", n=8, table="bf16"):
-        return False
-    return mg.plan_info(pw, n=8, table="bf16", backend="avx512")["bf16_kernel"] == "avx512-vdpbf16ps"
 
 
 def __getattr__(name: str) -> _Any:

@@ -94,6 +94,14 @@ mod _core {
             if std::arch::is_x86_feature_detected!("avx512vnni") {
                 feats.push("avx512vnni");
             }
+            // Picks msgemm's `bf16` kernel (`vdpbf16ps` on AMD).
+            if std::arch::is_x86_feature_detected!("avx512bf16") {
+                feats.push("avx512bf16");
+            }
+            // The AVX2 dense kernel's `vpdpbusd` (`dense::Kind::AvxVnni`).
+            if std::arch::is_x86_feature_detected!("avxvnni") {
+                feats.push("avxvnni");
+            }
             // AMX tiles that this process may use (CPU and OS).
             if maleki_msgemm::dense::amx_ready() {
                 feats.push("amx");
