@@ -77,7 +77,7 @@ def dense_to_bf16_min_n(kernel: str | None, g: int) -> int | None:
     if kernel == "amx-tdpbf16ps":
         return 8 if g <= 16 else 32 if g <= 32 else None
     if kernel == "avx512-vdpbf16ps":
-        return 4 if g <= 16 else 12 if g <= 32 else None
+        return 24 if g <= 16 else 48 if g <= 32 else None
     return 32 if kernel in ("avx512-fma", "avx2-fma") and g <= 16 else None
 
 

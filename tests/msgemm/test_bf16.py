@@ -159,7 +159,7 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     assert mg.plan_info(pi, n=64)["dense_bf16"] is False
     # ... except small groups, whose per-group epilogue costs more than decoding to bfloat16
     # (documented at dense_to_bf16_min_n): on AMX groups of 16 from 8 columns and of 32 from
-    # 32; on AMD's vdpbf16ps kernel groups of 16 from 4 and of 32 from 12; on the AVX-512 FMA
+    # 32; on AMD's vdpbf16ps kernel groups of 16 from 24 and of 32 from 48; on the AVX-512 FMA
     # and AVX2 kernels groups of 16 from 32.
     def rule(backend: str, g: int) -> int | None:
         if backend == "auto":
@@ -173,14 +173,14 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
             if not mg.backend_supports(small, backend, n=2, table="i16"):
                 continue
             min_n = rule(backend, g)
-            for n in (2, 3, 4, 7, 8, 11, 12, 31, 32, 64):
+            for n in (2, 3, 4, 7, 8, 11, 12, 23, 24, 31, 32, 47, 48, 64):
                 info = mg.plan_info(small, n=n, backend=backend)
                 dense = mg.plan_info(small, n=n, backend=backend, table="i16")["dense_int8"]
                 switch = dense and min_n is not None and n >= min_n
                 assert info["dense_bf16"] == switch, (fmt, g, backend, n)
                 assert info["dense_int8"] == (dense and not switch), (fmt, g, backend, n)
         if rule("auto", g) is not None:
-            xs = np.random.default_rng(6).standard_normal((256, 40)).astype(np.float32)
+            xs = np.random.default_rng(6).standard_normal((256, 64)).astype(np.float32)
             np.testing.assert_array_equal(mg.msgemm(small, xs), mg.msgemm(small, xs, table="bf16"))
     if AUTO_MIN_N is not None:
         np.testing.assert_array_equal(mg.msgemm(pw, x), mg.msgemm(pw, x, table="bf16"))

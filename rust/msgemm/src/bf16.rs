@@ -89,7 +89,7 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// the integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
 /// dominates for small groups; `bf16` mode applies the scales while decoding the weights.
 /// - AMX kernel: groups of at most 16 inputs from 8 columns, of at most 32 from 32.
-/// - AVX-512 BF16 kernel (AMD): groups of at most 16 from 4 columns, of at most 32 from 12.
+/// - AVX-512 BF16 kernel (AMD): groups of at most 16 from 24 columns, of at most 32 from 48.
 /// - AVX-512 FMA and AVX2 kernels: groups of at most 16 from 32 columns.
 /// - The portable kernel: never.
 ///
@@ -106,13 +106,19 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// N = 10 0.69 / 0.69, N = 12 0.79-0.87 / 0.76, N = 16 1.06-1.12 / 0.90-0.93, N = 64 4.6 /
 /// 3.0; G = 64 N = 16 0.76 / 0.97, N = 64 3.2 / 3.0; G = 128 N = 64 2.2 / 2.8. `bf16` is
 /// also the more accurate of the two (about 2e-3 relative L1 against 6e-3 for int8
-/// activations).
+/// activations). Since stop 42 the dense kernel keeps the rows' results in registers up to 64
+/// columns (`dense::vnni::NARROW_MAX`) and the AMD thresholds moved from 4 and 12 columns to
+/// 24 and 48 (Zen 5, from Python, minima of five rounds in one process, ms, dense / `bf16`):
+/// G = 16 (int3, int4) N = 8 0.97-1.00 / 1.28, N = 12 1.47 / 1.79, N = 16 1.78-1.80 /
+/// 2.02-2.11, N = 24 2.64 / 2.39, N = 32 3.3-3.6 / 2.5-3.0; G = 32 with zero points (uint4)
+/// N = 24 1.86 / 1.93, N = 32 2.54 / 2.38, N = 48 3.38 / 3.20, N = 64 4.98 / 3.91, without
+/// (int4) N = 32 2.17 / 2.42, N = 64 3.86 / 4.15 (near ties go to `bf16`, the more accurate).
 pub fn dense_to_bf16_min_n(backend: Backend, group_size: usize) -> Option<usize> {
     match (kernel_of(backend)?, group_size) {
         (Kernel::Amx, 0..=16) => Some(8),
         (Kernel::Amx, 17..=32) => Some(32),
-        (Kernel::Avx512Bf16, 0..=16) => Some(4),
-        (Kernel::Avx512Bf16, 17..=32) => Some(12),
+        (Kernel::Avx512Bf16, 0..=16) => Some(24),
+        (Kernel::Avx512Bf16, 17..=32) => Some(48),
         (Kernel::Avx512 | Kernel::Avx2, 0..=16) => Some(32),
         _ => None,
     }
@@ -857,7 +863,7 @@ mod tests {
             // The documented rule, by the kernel the backend runs here.
             let rule = |g: usize| match kernel_of(backend) {
                 Some(Kernel::Amx) => Some(if g <= 16 { 8 } else { 32 }),
-                Some(Kernel::Avx512Bf16) => Some(if g <= 16 { 4 } else { 12 }),
+                Some(Kernel::Avx512Bf16) => Some(if g <= 16 { 24 } else { 48 }),
                 Some(Kernel::Avx512 | Kernel::Avx2) if g <= 16 => Some(32),
                 _ => None,
             };
@@ -869,7 +875,7 @@ mod tests {
                 );
             }
             assert_eq!(dense_to_bf16_min_n(backend, 64), None);
-            for n in [2, 3, 4, 7, 8, 11, 12, 31, 32, 64] {
+            for n in [2, 3, 4, 7, 8, 11, 12, 23, 24, 31, 32, 47, 48, 64] {
                 for g in [16, 32] {
                     let small = weights(Format::Int4, 64, 128, g, 1);
                     let resolved = auto_precision(&small, n, &opts);

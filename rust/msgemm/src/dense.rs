@@ -1233,9 +1233,15 @@ mod vnni {
 
     /// [`parts`] for the groups `groups` one after another, the rows' results kept in
     /// registers between them (loaded from `ys` at the start, stored at the end) instead of
-    /// loaded and stored per group: the same operations in the same order, so the same bits. For narrow calls
-    /// (`P * NC <= 8`), whose few sums per group left the epilogue's memory traffic a large
-    /// part of the work.
+    /// loaded and stored per group: the same operations in the same order, so the same bits. For
+    /// calls of up to [`NARROW_MAX`] columns, at most 4 at a time (`P * NC <= 8`), whose
+    /// per-group epilogue (loads, branches, stores) was a large part of the work, the larger
+    /// the smaller the groups. Before stop 42 calls of 3 columns or more took [`parts`] group
+    /// by group, 8 columns at a time (Zen 5, 4096 x 4096, two threads, from Python, ms, before /
+    /// now: int4 g128 N = 4 0.171 / 0.138, N = 8 0.31-0.43 / 0.27, N = 64 2.3-2.9 / 1.9-2.6;
+    /// uint4 g32 with zero points N = 4 0.36-0.39 / 0.22-0.26, N = 12 0.90-1.22 / 0.60-0.74,
+    /// N = 32 2.7-3.8 / 2.1-2.4; int3 g16 N = 8 1.2-1.4 / 0.62-0.82, N = 64 8.1-10.5 /
+    /// 4.6-5.5).
     ///
     /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column).
     #[inline]
@@ -1446,6 +1452,11 @@ mod vnni {
         }
     }
 
+    /// The widest call that [`block_sums`] runs group after group with the rows' results in
+    /// registers ([`parts_groups`]; measured up to 64 columns, faster throughout; wider calls
+    /// take the groups one at a time, 8 columns at a time).
+    const NARROW_MAX: usize = 64;
+
     /// [`super::block_sums`] on this CPU.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn block_sums(
@@ -1476,35 +1487,50 @@ mod vnni {
             }
             return;
         }
-        if n <= 2 {
-            // Narrow calls: all groups per part, the rows' results in registers.
+        if n <= NARROW_MAX {
+            // Narrow calls: all groups per part, the rows' results in registers; columns 4, 2
+            // or 1 at a time (8 at a time spilled registers).
             let mut c0 = 0;
             while c0 < n {
+                let nc = match n - c0 {
+                    4.. => 4,
+                    2.. => 2,
+                    _ => 1,
+                };
                 let mut s = 0;
                 while s < nparts {
+                    let g = groups.clone();
                     // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
                     unsafe {
-                        s += match (n - c0, nparts - s) {
-                            (2.., 4..) => {
-                                parts_groups::<4, 2, false>(job, rb, groups.clone(), s, c0, ys);
+                        s += match (nc, nparts - s) {
+                            (4, 2..) => {
+                                parts_groups::<2, 4, false>(job, rb, g, s, c0, ys);
+                                2
+                            }
+                            (4, _) => {
+                                parts_groups::<1, 4, false>(job, rb, g, s, c0, ys);
+                                1
+                            }
+                            (2, 4..) => {
+                                parts_groups::<4, 2, false>(job, rb, g, s, c0, ys);
                                 4
                             }
-                            (2.., _) => {
-                                parts_groups::<1, 2, false>(job, rb, groups.clone(), s, c0, ys);
+                            (2, _) => {
+                                parts_groups::<1, 2, false>(job, rb, g, s, c0, ys);
                                 1
                             }
                             (_, 4..) => {
-                                parts_groups::<4, 1, false>(job, rb, groups.clone(), s, c0, ys);
+                                parts_groups::<4, 1, false>(job, rb, g, s, c0, ys);
                                 4
                             }
                             _ => {
-                                parts_groups::<1, 1, false>(job, rb, groups.clone(), s, c0, ys);
+                                parts_groups::<1, 1, false>(job, rb, g, s, c0, ys);
                                 1
                             }
                         }
                     }
                 }
-                c0 += 2;
+                c0 += nc;
             }
             return;
         }

@@ -368,7 +368,7 @@ fn dense_path_equals_the_table_kernel_bitwise() {
         let cb = Codebook::new(f).unwrap();
         for &(m, k, g) in &[(1, 64, 8), (63, 256, 32), (130, 272, 136), (200, 512, 128)] {
             let pw = random_weights(&cb, (m, k, g), zeros, i % 2 == 0, 100 + i as u64);
-            for n in [1, 2, 3, 5, 16, 17, 31, 40] {
+            for n in [1, 2, 3, 5, 16, 17, 31, 40, 70] {
                 check(&pw, n, &format!("{f:?} M={m} K={k} G={g}"));
                 ran += 1;
             }
@@ -394,7 +394,7 @@ fn dense_path_equals_the_table_kernel_bitwise() {
             ran += 1;
         }
     }
-    assert_eq!(ran, 10 * 4 * 8 + 6 * 3);
+    assert_eq!(ran, 10 * 4 * 9 + 6 * 3);
 }
 
 #[test]
