@@ -1893,7 +1893,7 @@ mod avx2 {
     }
 
     /// Row block `rb` (all 64 rows of it rows of the weights) for the groups `groups` and the
-    /// call's `NC` columns (N <= 2): per group, the sums of each 8-row half and
+    /// columns `c0 .. c0 + NC` (NC <= 2): per group, the sums of each 8-row half and
     /// [`half_epilogue`]'s operations in the same order (so the same bits), with each
     /// column's constants read once per group instead of once per half and no partial-half
     /// branches. For GEMVs, whose few sums per group left that epilogue most of the work
@@ -1903,10 +1903,11 @@ mod avx2 {
         job: &Job<'_>,
         rb: usize,
         groups: Range<usize>,
+        c0: usize,
         ys: &mut [f32],
     ) {
         let (plan, acts, ng) = (job.plan, job.acts, job.plan.groups);
-        assert!(plan.n == NC && ys.len() >= NC * ROW_BLOCK);
+        assert!(c0 + NC <= plan.n && ys.len() >= plan.n * ROW_BLOCK);
         assert!(plan.m - rb * ROW_BLOCK >= ROW_BLOCK);
         let yp = ys.as_mut_ptr();
         // SAFETY: 64 floats of `ys` per column (asserted); the caller enables AVX2 and F16C
@@ -1916,7 +1917,7 @@ mod avx2 {
             for g in groups {
                 // Per column: `corr`, `zsum` and `tsc`.
                 let cst: [(__m256i, __m256, __m256); NC] = std::array::from_fn(|c| {
-                    let gn = c * ng + g;
+                    let gn = (c0 + c) * ng + g;
                     (
                         _mm256_set1_epi32(acts.corr[gn]),
                         _mm256_set1_ps(acts.zsum[gn]),
@@ -1924,7 +1925,7 @@ mod avx2 {
                     )
                 });
                 for hh in 0..2 * SUBS {
-                    let q = half_q::<NC, VNNI>(job, (rb, g, hh / 2, hh % 2), 0);
+                    let q = half_q::<NC, VNNI>(job, (rb, g, hh / 2, hh % 2), c0);
                     let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + 8 * hh;
                     let z8 = match job.zeros {
                         _ if !plan.zero_term => _mm256_setzero_ps(),
@@ -1944,7 +1945,7 @@ mod avx2 {
                             u = _mm256_sub_ps(u, _mm256_mul_ps(z8, zs));
                         }
                         u = _mm256_mul_ps(u, tsc);
-                        let y = yp.add(c * ROW_BLOCK + 8 * hh);
+                        let y = yp.add((c0 + c) * ROW_BLOCK + 8 * hh);
                         _mm256_storeu_ps(
                             y,
                             _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(sc8, u)),
@@ -2041,6 +2042,15 @@ mod avx2 {
         unsafe { sums::<true>(job, rb, groups, ys) }
     }
 
+    /// The widest call that [`sums`] runs through [`narrow`] (8 columns ran faster as they
+    /// were: the weights unpacked once for all 8, `half::<8>`). Zen 5, 4096 x 4096, two
+    /// threads, backend `avx2`, from Python, alternating builds, ms, before / after, with
+    /// AVX-VNNI: int4 g128 N = 3 0.35 / 0.28, N = 6 0.56 / 0.49; uint4 g32 with zero points
+    /// N = 3 0.83 / 0.56, N = 6 1.26 / 0.99; int8 g32 N = 3 0.88 / 0.65; without (the plain
+    /// AVX2 kernel): uint4 g32 N = 3 0.83 / 0.57, N = 5 1.02 / 0.86, int8 g32 N = 3 0.93 /
+    /// 0.73, N = 6 1.50 / 1.28.
+    const NARROW_MAX: usize = 7;
+
     /// [`block_sums`] (`VNNI`: [`block_sums_vnni`]), inlined into each.
     #[inline(always)]
     unsafe fn sums<const VNNI: bool>(
@@ -2053,15 +2063,20 @@ mod avx2 {
         assert!(ys.len() >= n * ROW_BLOCK);
         let rows = plan.m - rb * ROW_BLOCK;
         let halves = rows.div_ceil(8).min(2 * SUBS);
-        // Narrow calls on full row blocks: `narrow`.
-        if n <= 2 && rows >= ROW_BLOCK {
-            // SAFETY: as `narrow`.
-            unsafe {
-                if n == 2 {
-                    narrow::<2, VNNI>(job, rb, groups, ys);
-                } else {
-                    narrow::<1, VNNI>(job, rb, groups, ys);
+        // Calls of up to `NARROW_MAX` columns on full row blocks: `narrow`, 2 columns at a
+        // time.
+        if n <= NARROW_MAX && rows >= ROW_BLOCK {
+            let mut c0 = 0;
+            while c0 < n {
+                // SAFETY: as `narrow`.
+                unsafe {
+                    if n - c0 >= 2 {
+                        narrow::<2, VNNI>(job, rb, groups.clone(), c0, ys);
+                    } else {
+                        narrow::<1, VNNI>(job, rb, groups.clone(), c0, ys);
+                    }
                 }
+                c0 += 2;
             }
             return;
         }

@@ -1062,7 +1062,7 @@ fn every_kernel_this_cpu_has_gives_the_same_bits() {
             let pw =
                 PackedWeights::from_codes(cb.clone(), m, k, g, &codes, scales, z, None).unwrap();
             assert_eq!(matches!(pw.tiled_scales(), Tiled::F16(_)), f16);
-            for n in [1, 2, 3, 9] {
+            for n in [1, 2, 3, 5, 7, 9] {
                 let x = activations(k, n, 40 + n as u64);
                 let want = gemm(&pw, &x, n, &i16_opts(Backend::Scalar)).unwrap();
                 // `run` reads X transposed, `(N, K)` (no act-order here: unpermuted).
