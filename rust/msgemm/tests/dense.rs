@@ -790,6 +790,34 @@ fn mirror_plans_run_densely_in_label_space_too() {
             }
         }
     }
+    // Shifted codebooks whose integers keep slope 1 (`a = 1`): the register epilogue's uniform
+    // zero point `-shift` (found untested by review: a mutation there passed).
+    let mut uniform = 0;
+    for values in [
+        &[0.0f32, 1.0, 2.0][..],
+        &[1.0, 2.0, 3.0, 4.0, 5.0],
+        &[0.0, 0.5, 1.0],
+    ] {
+        let cb = Codebook::custom(values).unwrap();
+        for &(m, k, g) in &[(63, 256, 32), (97, 256, 64), (130, 128, 16)] {
+            let pw = random_weights(&cb, (m, k, g), false, false, 30 + m as u64);
+            for n in [1, 2, 3, 5, 8, 13, 64, 65] {
+                let plan = make_plan(&pw, n, &mirror(Backend::Auto)).unwrap();
+                assert!(plan.mirror.is_some() && plan.shift != 0.0, "{values:?}");
+                let x = activations(k, n, 8 + n as u64);
+                let want = gemm(&pw, &x, n, &mirror(Backend::Scalar)).unwrap();
+                for b in dense_backends() {
+                    if dense::applies(&plan, b) {
+                        let got = gemm(&pw, &x, n, &mirror(b)).unwrap();
+                        let at = first_mismatch(&got, &want);
+                        assert_eq!(at, None, "{values:?} M={m} G={g} n={n} {b:?}");
+                        uniform += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(uniform >= 72, "{uniform}");
 }
 
 /// Whether this CPU is AMD's with AVX-512 VNNI, read here from CPUID and the standard
