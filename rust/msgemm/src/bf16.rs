@@ -106,13 +106,15 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// N = 10 0.69 / 0.69, N = 12 0.79-0.87 / 0.76, N = 16 1.06-1.12 / 0.90-0.93, N = 64 4.6 /
 /// 3.0; G = 64 N = 16 0.76 / 0.97, N = 64 3.2 / 3.0; G = 128 N = 64 2.2 / 2.8. `bf16` is
 /// also the more accurate of the two (about 2e-3 relative L1 against 6e-3 for int8
-/// activations). Since stop 42 the dense kernel keeps the rows' results in registers up to 64
-/// columns (`dense::vnni::NARROW_MAX`) and the AMD thresholds moved from 4 and 12 columns to
-/// 24 and 48 (Zen 5, from Python, minima of five rounds in one process, ms, dense / `bf16`):
+/// activations). Since stop 42 the dense kernel keeps the rows' results in registers across
+/// the groups at every width (`dense::vnni::parts_groups`) and the AMD thresholds moved from 4
+/// and 12 columns to 24 and 48 (Zen 5, from Python, minima of five rounds in one process, ms,
+/// dense / `bf16`):
 /// G = 16 (int3, int4) N = 8 0.97-1.00 / 1.28, N = 12 1.47 / 1.79, N = 16 1.78-1.80 /
 /// 2.02-2.11, N = 24 2.64 / 2.39, N = 32 3.3-3.6 / 2.5-3.0; G = 32 with zero points (uint4)
 /// N = 24 1.86 / 1.93, N = 32 2.54 / 2.38, N = 48 3.38 / 3.20, N = 64 4.98 / 3.91, without
-/// (int4) N = 32 2.17 / 2.42, N = 64 3.86 / 4.15 (near ties go to `bf16`, the more accurate).
+/// (int4) N = 32 2.17 / 2.42, N = 64 3.86 / 4.15; N = 128: G = 16 10.0 / 6.9, G = 32 6.1-6.3 /
+/// 6.5 (near ties go to `bf16`, the more accurate).
 pub fn dense_to_bf16_min_n(backend: Backend, group_size: usize) -> Option<usize> {
     match (kernel_of(backend)?, group_size) {
         (Kernel::Amx, 0..=16) => Some(8),

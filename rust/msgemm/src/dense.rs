@@ -1027,9 +1027,7 @@ mod vnni {
     use std::ops::Range;
 
     use super::{Job, CHUNK, SUB, SUBS};
-    use crate::kernels::avx512::{
-        epilogue16_with, load16, prefetch_tiled, scaled16, zero_vec, TileEpi,
-    };
+    use crate::kernels::avx512::{load16, prefetch_tiled, scaled16, zero_vec};
     use crate::kernels::{Tiled, Zeros};
     use crate::layout::ROW_BLOCK;
     use crate::plan::TablePrecision;
@@ -1171,44 +1169,6 @@ mod vnni {
         })
     }
 
-    /// The 16-row parts `s0 .. s0 + P` of row block `rb`, group `g`, columns `c0 .. c0 + NC`:
-    /// sums and epilogue into `ys` (`[n][64]`).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn parts<const P: usize, const NC: usize>(
-        job: &Job<'_>,
-        rb: usize,
-        g: usize,
-        s0: usize,
-        c0: usize,
-        ys: &mut [f32],
-    ) {
-        let (plan, lay, acts) = (job.plan, job.lay, job.acts);
-        let k = plan.k;
-        let w = lay.data[lay.part(g, rb, s0)..].as_ptr();
-        let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
-        // SAFETY: offsets inside the layout and the activations (see `parts_sums`); the
-        // callers keep `s0 + P` within the row block's parts.
-        let q = unsafe {
-            match &job.map {
-                None if lay.bits == 8 => {
-                    parts_sums::<P, NC, false, true>(w, lay.chunks, x, k, _mm512_setzero_si512())
-                }
-                None => {
-                    parts_sums::<P, NC, false, false>(w, lay.chunks, x, k, _mm512_setzero_si512())
-                }
-                Some(m) => {
-                    let t = _mm512_broadcast_i32x4(_mm_loadu_si128(m.as_ptr() as *const __m128i));
-                    parts_sums::<P, NC, true, false>(w, lay.chunks, x, k, t)
-                }
-            }
-        };
-        for (pi, q) in q.iter().enumerate() {
-            // SAFETY: as `part_epilogue`.
-            unsafe { part_epilogue(job, rb, g, s0 + pi, c0, q, ys) };
-        }
-    }
-
     /// The `P` 16-row parts' values of a tiled array from offset `i0` (`i0 + 16 P` inside it),
     /// widened from float16 where stored so.
     #[inline(always)]
@@ -1231,16 +1191,18 @@ mod vnni {
         }
     }
 
-    /// [`parts`] for the groups `groups` one after another, the rows' results kept in
-    /// registers between them (loaded from `ys` at the start, stored at the end) instead of
-    /// loaded and stored per group: the same operations in the same order, so the same bits. For
-    /// calls of up to [`NARROW_MAX`] columns, at most 4 at a time (`P * NC <= 8`), whose
-    /// per-group epilogue (loads, branches, stores) was a large part of the work, the larger
-    /// the smaller the groups. Before stop 42 calls of 3 columns or more took [`parts`] group
-    /// by group, 8 columns at a time (Zen 5, 4096 x 4096, two threads, from Python, ms, before /
+    /// The 16-row parts `s0 .. s0 + P` of row block `rb`, columns `c0 .. c0 + NC` (at most 4
+    /// at a time: `P * NC <= 8`), over the groups `groups` one after another: the sums, then
+    /// the `i16` epilogue (`u = P; u -= z zsum; u *= tscale; y += s u`, as `scaled16`), with
+    /// the rows' results kept in registers between the groups (loaded from `ys` at the start,
+    /// stored at the end). Every call runs here. Until stop 42 only calls of 1 or 2 columns did;
+    /// wider ones took the groups one at a time, 8 columns at a time, loading and storing the
+    /// rows' results and branching on the variants per group and 16 rows, which weighed the
+    /// more the smaller the groups (Zen 5, 4096 x 4096, two threads, from Python, ms, before /
     /// now: int4 g128 N = 4 0.171 / 0.138, N = 8 0.31-0.43 / 0.27, N = 64 2.3-2.9 / 1.9-2.6;
     /// uint4 g32 with zero points N = 4 0.36-0.39 / 0.22-0.26, N = 12 0.90-1.22 / 0.60-0.74,
-    /// N = 32 2.7-3.8 / 2.1-2.4; int3 g16 N = 8 1.2-1.4 / 0.62-0.82, N = 64 8.1-10.5 /
+    /// N = 32 2.7-3.8 / 2.1-2.4, N = 128 10.0 / 6.0, N = 512 40.7 / 24.2; int4 g128 N = 128
+    /// 4.7 / 3.7, N = 512 19.4 / 16.0; int3 g16 N = 8 1.2-1.4 / 0.62-0.82, N = 64 8.1-10.5 /
     /// 4.6-5.5).
     ///
     /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column).
@@ -1280,8 +1242,7 @@ mod vnni {
                 (1u16 << lanes) - 1
             }
         };
-        // The rows' values so far (the first add of each is then the one `part_epilogue`
-        // makes).
+        // The rows' values so far (each group's epilogue adds to them).
         let mut y = [[_mm512_setzero_ps(); NC]; P];
         for (pi, y) in y.iter_mut().enumerate() {
             for (c, y) in y.iter_mut().enumerate() {
@@ -1385,59 +1346,6 @@ mod vnni {
         }
     }
 
-    /// The epilogue of one 16-row part `s` of row block `rb`, group `g`, for the columns
-    /// `c0 .. c0 + q.len()` from their sums `Q` (one vector of 16 rows per column), into `ys`
-    /// (`[n][64]`): `P = a Q + c0 S`, then the `i16` epilogue.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn part_epilogue(
-        job: &Job<'_>,
-        rb: usize,
-        g: usize,
-        s: usize,
-        c0: usize,
-        q: &[__m512i],
-        ys: &mut [f32],
-    ) {
-        let (plan, acts, groups) = (job.plan, job.acts, job.plan.groups);
-        let rows = plan.m - rb * ROW_BLOCK;
-        let lanes = rows.saturating_sub(s * SUB).min(SUB);
-        let a = _mm512_set1_epi32(job.a);
-        // The part's scales and zero points, shared by its columns.
-        let sz = (g * plan.row_blocks + rb) * ROW_BLOCK;
-        // SAFETY: 64 tiled values per (group, row block); the part's 16 from `s * SUB`.
-        let (sc, z) = unsafe {
-            let z = if plan.zero_term {
-                zero_vec(job.zeros, sz + s * SUB)
-            } else {
-                _mm512_setzero_ps()
-            };
-            (load16(job.scales, sz + s * SUB), z)
-        };
-        assert!(ys.len() >= (c0 + q.len()) * ROW_BLOCK);
-        for (c, &q) in q.iter().enumerate() {
-            let gn = (c0 + c) * groups + g;
-            let p = if job.a == 1 {
-                q
-            } else {
-                _mm512_mullo_epi32(q, a)
-            };
-            let p = _mm512_add_epi32(p, _mm512_set1_epi32(acts.corr[gn]));
-            let e = TileEpi {
-                plan,
-                scales: job.scales,
-                zeros: job.zeros,
-                sz,
-                tsc: acts.tsc[gn],
-                zs: acts.zsum[gn],
-                dst: ys[(c0 + c) * ROW_BLOCK..].as_mut_ptr(),
-                rows,
-            };
-            // SAFETY: 64 floats of `ys` per column (asserted above).
-            unsafe { epilogue16_with(&e, _mm512_cvtepi32_ps(p), s * SUB, lanes, sc, z) };
-        }
-    }
-
     /// Prefetches the scales and zero points of group `g` of the next row block, a row
     /// block's sweep ahead of their use: strided lines that the hardware prefetchers miss.
     /// (Int4 4096 x 4096 GEMV over 9 weight sets, two threads, ms, g128 / g32: no prefetch
@@ -1451,11 +1359,6 @@ mod vnni {
             prefetch_tiled(job.scales, job.zeros, next, 1);
         }
     }
-
-    /// The widest call that [`block_sums`] runs group after group with the rows' results in
-    /// registers ([`parts_groups`]; measured up to 64 columns, faster throughout; wider calls
-    /// take the groups one at a time, 8 columns at a time).
-    const NARROW_MAX: usize = 64;
 
     /// [`super::block_sums`] on this CPU.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -1487,103 +1390,49 @@ mod vnni {
             }
             return;
         }
-        if n <= NARROW_MAX {
-            // Narrow calls: all groups per part, the rows' results in registers; columns 4, 2
-            // or 1 at a time (8 at a time spilled registers).
-            let mut c0 = 0;
-            while c0 < n {
-                let nc = match n - c0 {
-                    4.. => 4,
-                    2.. => 2,
-                    _ => 1,
-                };
-                let mut s = 0;
-                while s < nparts {
-                    let g = groups.clone();
-                    // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
-                    unsafe {
-                        s += match (nc, nparts - s) {
-                            (4, 2..) => {
-                                parts_groups::<2, 4, false>(job, rb, g, s, c0, ys);
-                                2
-                            }
-                            (4, _) => {
-                                parts_groups::<1, 4, false>(job, rb, g, s, c0, ys);
-                                1
-                            }
-                            (2, 4..) => {
-                                parts_groups::<4, 2, false>(job, rb, g, s, c0, ys);
-                                4
-                            }
-                            (2, _) => {
-                                parts_groups::<1, 2, false>(job, rb, g, s, c0, ys);
-                                1
-                            }
-                            (_, 4..) => {
-                                parts_groups::<4, 1, false>(job, rb, g, s, c0, ys);
-                                4
-                            }
-                            _ => {
-                                parts_groups::<1, 1, false>(job, rb, g, s, c0, ys);
-                                1
-                            }
+        // All groups per part, the rows' results in registers; columns 4, 2 or 1 at a time
+        // (8 at a time spilled registers).
+        let mut c0 = 0;
+        while c0 < n {
+            let nc = match n - c0 {
+                4.. => 4,
+                2.. => 2,
+                _ => 1,
+            };
+            let mut s = 0;
+            while s < nparts {
+                let g = groups.clone();
+                // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
+                unsafe {
+                    s += match (nc, nparts - s) {
+                        (4, 2..) => {
+                            parts_groups::<2, 4, false>(job, rb, g, s, c0, ys);
+                            2
+                        }
+                        (4, _) => {
+                            parts_groups::<1, 4, false>(job, rb, g, s, c0, ys);
+                            1
+                        }
+                        (2, 4..) => {
+                            parts_groups::<4, 2, false>(job, rb, g, s, c0, ys);
+                            4
+                        }
+                        (2, _) => {
+                            parts_groups::<1, 2, false>(job, rb, g, s, c0, ys);
+                            1
+                        }
+                        (_, 4..) => {
+                            parts_groups::<4, 1, false>(job, rb, g, s, c0, ys);
+                            4
+                        }
+                        _ => {
+                            parts_groups::<1, 1, false>(job, rb, g, s, c0, ys);
+                            1
                         }
                     }
                 }
-                c0 += nc;
             }
-            return;
-        }
-        for g in groups {
-            prefetch_next_scales(job, g, rb);
-            // Columns 8 at a time (16 at a time ran out of registers: 1.6x slower per column
-            // on Zen 5), and the fewer the columns the more parts at once (see `parts_sums`).
-            let mut c0 = 0;
-            while c0 < n {
-                // SAFETY: as `parts`: `s + P <= nparts` in every arm.
-                unsafe {
-                    let nc = match n - c0 {
-                        8.. => 8,
-                        4.. => 4,
-                        2.. => 2,
-                        _ => 1,
-                    };
-                    let mut s = 0;
-                    while s < nparts {
-                        s += match (nc, nparts - s) {
-                            (8, _) => {
-                                parts::<1, 8>(job, rb, g, s, c0, ys);
-                                1
-                            }
-                            (4, 2..) => {
-                                parts::<2, 4>(job, rb, g, s, c0, ys);
-                                2
-                            }
-                            (4, _) => {
-                                parts::<1, 4>(job, rb, g, s, c0, ys);
-                                1
-                            }
-                            (2, 4..) => {
-                                parts::<4, 2>(job, rb, g, s, c0, ys);
-                                4
-                            }
-                            (2, _) => {
-                                parts::<1, 2>(job, rb, g, s, c0, ys);
-                                1
-                            }
-                            (_, 4..) => {
-                                parts::<4, 1>(job, rb, g, s, c0, ys);
-                                4
-                            }
-                            _ => {
-                                parts::<1, 1>(job, rb, g, s, c0, ys);
-                                1
-                            }
-                        };
-                    }
-                    c0 += nc;
-                }
-            }
+            c0 += nc;
         }
     }
 }

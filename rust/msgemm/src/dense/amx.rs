@@ -5,7 +5,7 @@
 //!
 //! The sums are the exact integers `Q` that the VNNI kernel computes, and they go through
 //! the same float operations in the same order ([`epilogue`], as
-//! [`super::vnni::part_epilogue`]), so the results are bitwise those of every `i16` kernel.
+//! `super::vnni::parts_groups`), so the results are bitwise those of every `i16` kernel.
 //! Per group, the codes of the row block's four 16-row parts are unpacked once into bytes
 //! laid out as a weight tile wants them (`[input quad][16 rows][4 bytes]`: the low nibbles
 //! of a chunk's words are one quad, inputs `0, 2, 4, 6`, the high nibbles the next, `1, 3,
