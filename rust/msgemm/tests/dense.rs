@@ -817,7 +817,9 @@ fn mirror_plans_run_densely_in_label_space_too() {
             }
         }
     }
-    assert!(uniform >= 72, "{uniform}");
+    // At least one dense backend per call of 2 columns or more (3-level GEMVs are dense on
+    // AVX-512 VNNI only).
+    assert!(uniform >= 66, "{uniform}");
 }
 
 /// Whether this CPU is AMD's with AVX-512 VNNI, read here from CPUID and the standard
