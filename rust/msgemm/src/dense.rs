@@ -566,6 +566,7 @@ struct Acts {
     /// `[n][g]`: `c0 * sum_k xq_k`, the constant part of `P`.
     corr: Vec<i32>,
     /// `[n][g]`: `sum_k xq_k` (the AVX2 kernel's 8-bit codes: see `avx2::half_sums`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     sums: Vec<i32>,
 }
 

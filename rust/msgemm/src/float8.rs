@@ -156,6 +156,9 @@ struct Weights<'a> {
     k: usize,
     g: usize,
     groups: usize,
+    /// e4m3 (not e5m2) codes: which decode the x86-64 kernels run (Arm64 has only the
+    /// portable kernel, which reads `values`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     e4m3: bool,
     /// The codebook's values (invalid codes read 0): the portable kernel's decoder (empty for
     /// the others).
