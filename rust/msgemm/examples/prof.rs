@@ -135,7 +135,7 @@ fn main() {
                     gemm_into(&pw, &x, n, XLayout::KbyN, &opts, &mut y).unwrap();
                 })
             });
-            println!("{fmt} threads={threads} n={n} total {total:.3} ms (called from a worker {inside:.3} ms)");
+            println!("{fmt} threads={threads} n={n} total {total:.4} ms (called from a worker {inside:.4} ms)");
             continue;
         }
         let p = plan(&pw, n, &opts).unwrap();

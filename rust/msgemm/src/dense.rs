@@ -1206,7 +1206,8 @@ mod vnni {
     /// 4.7 / 3.7, N = 512 19.4 / 16.0; int3 g16 N = 8 1.2-1.4 / 0.62-0.82, N = 64 8.1-10.5 /
     /// 4.6-5.5).
     ///
-    /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column).
+    /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column): the last,
+    /// ragged row block and codebooks of slope other than 1 ([`gemv2`] runs the others).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn parts_groups<const P: usize, const NC: usize, const B2: bool>(
@@ -1348,6 +1349,174 @@ mod vnni {
         }
     }
 
+    /// Per-row values of the epilogue (scales, zero points) read 16 rows at a time from offset
+    /// `i` of their tiled layout (`[g][rb][64]`): as float32, as float16, or one value for
+    /// every row (`Zeros::Uniform`). [`gemv2`] is compiled for each, so that its loop over the
+    /// groups has no branch on them.
+    trait Rows16: Copy {
+        /// Values in the tiled array (`usize::MAX` for one value): [`gemv2`] asserts its reads
+        /// against it.
+        fn len(self) -> usize;
+        /// The 16 values from offset `i`, as floats.
+        ///
+        /// # Safety
+        /// `i + 16 <= len`; AVX-512 F enabled.
+        unsafe fn get(self, i: usize) -> __m512;
+        /// Prefetches the 64 values (one row block) from offset `i` (never faults).
+        fn prefetch(self, i: usize);
+    }
+
+    impl Rows16 for &[f32] {
+        fn len(self) -> usize {
+            <[f32]>::len(self)
+        }
+        #[inline(always)]
+        unsafe fn get(self, i: usize) -> __m512 {
+            // SAFETY: the caller's.
+            unsafe { _mm512_loadu_ps(self.as_ptr().add(i)) }
+        }
+        #[inline(always)]
+        fn prefetch(self, i: usize) {
+            for l in 0..4 {
+                // SAFETY: prefetching never faults.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(self.as_ptr().wrapping_add(i + 16 * l) as *const i8)
+                };
+            }
+        }
+    }
+
+    /// IEEE binary16 bits.
+    impl Rows16 for &[u16] {
+        fn len(self) -> usize {
+            <[u16]>::len(self)
+        }
+        #[inline(always)]
+        unsafe fn get(self, i: usize) -> __m512 {
+            // SAFETY: the caller's.
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.as_ptr().add(i) as *const __m256i)) }
+        }
+        #[inline(always)]
+        fn prefetch(self, i: usize) {
+            for l in 0..2 {
+                // SAFETY: prefetching never faults.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(self.as_ptr().wrapping_add(i + 32 * l) as *const i8)
+                };
+            }
+        }
+    }
+
+    impl Rows16 for f32 {
+        fn len(self) -> usize {
+            usize::MAX
+        }
+        #[inline(always)]
+        unsafe fn get(self, _i: usize) -> __m512 {
+            // SAFETY: AVX-512 F enabled by the caller.
+            unsafe { _mm512_set1_ps(self) }
+        }
+        #[inline(always)]
+        fn prefetch(self, _i: usize) {}
+    }
+
+    /// [`gemv2`] for this call's types of scales and zero points; `false` when it does not
+    /// apply (a ragged row block, codebooks of slope other than 1), for `parts_groups`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn gemv2_typed(job: &Job<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) -> bool {
+        let plan = job.plan;
+        if (rb + 1) * ROW_BLOCK > plan.m || job.a != 1 || plan.precision != TablePrecision::I16 {
+            return false;
+        }
+        /// The scales' type, then `gemv2`.
+        macro_rules! scales {
+            ($zt:literal, $z:expr) => {
+                // SAFETY: `gemv2` asserts its bounds; AVX-512 VNNI enabled here.
+                unsafe {
+                    match job.scales {
+                        Tiled::F32(s) => gemv2::<_, _, $zt>(job, rb, groups, ys, s, $z),
+                        Tiled::F16(s) => gemv2::<_, _, $zt>(job, rb, groups, ys, s, $z),
+                    }
+                }
+            };
+        }
+        match (plan.zero_term, job.zeros) {
+            (false, _) => scales!(false, 0f32),
+            (true, Zeros::Uniform(z)) => scales!(true, z),
+            (true, Zeros::Tiled(Tiled::F32(z))) => scales!(true, z),
+            (true, Zeros::Tiled(Tiled::F16(z))) => scales!(true, z),
+            (true, Zeros::None) => return false,
+        }
+        true
+    }
+
+    /// The 2-bit GEMV ([`parts_sums2`]) of the 4 parts of a whole row block with the `a = 1`
+    /// epilogue: what `parts_groups::<4, 1, true>` computes (the same operations in the same
+    /// order, so the same bits), with the types of the scales and zero points fixed at
+    /// compile time and no bounds checks in the loop over the groups: its branches on them per
+    /// group, its bounds checks and its prefetch loop were about as many instructions as the
+    /// dot products of a group of 64 inputs (Zen 5, minima of alternating builds: int2 g64
+    /// 4096 x 4096, two threads, 0.039-0.040 -> 0.035-0.037 ms; 1024 x 2048 in L2, one
+    /// thread, 9.0-9.3 -> 8.1-8.3 us, ternary g128 7.5-7.7 -> 7.1-7.3 us).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn gemv2<S: Rows16, Z: Rows16, const ZT: bool>(
+        job: &Job<'_>,
+        rb: usize,
+        groups: Range<usize>,
+        ys: &mut [f32],
+        scales: S,
+        zeros: Z,
+    ) {
+        let (plan, lay, acts) = (job.plan, job.lay, job.acts);
+        let stride = plan.row_blocks * ROW_BLOCK;
+        let end = groups.end;
+        assert!(ys.len() >= ROW_BLOCK && (rb + 1) * ROW_BLOCK <= plan.m && end <= plan.groups);
+        assert!(
+            scales.len() >= plan.groups * stride && (!ZT || zeros.len() >= plan.groups * stride)
+        );
+        assert!(acts.corr.len() >= end && acts.tsc.len() >= end && acts.zsum.len() >= end);
+        assert!(acts.xq.len() >= end * plan.group_size);
+        assert!(
+            groups.is_empty()
+                || lay.part(end - 1, rb, SUBS - 1) + lay.part_bytes() <= lay.data.len()
+        );
+        // SAFETY: 64 floats in `ys`; every offset below is inside its array (asserted above).
+        unsafe {
+            let mut y: [__m512; SUBS] =
+                std::array::from_fn(|s| _mm512_loadu_ps(ys.as_ptr().add(s * SUB)));
+            for g in groups {
+                let t = g * stride + rb * ROW_BLOCK;
+                // `prefetch_next_scales`.
+                if rb + 1 < plan.row_blocks {
+                    scales.prefetch(t + ROW_BLOCK);
+                    if ZT {
+                        zeros.prefetch(t + ROW_BLOCK);
+                    }
+                }
+                let w = lay.data.as_ptr().add(lay.part(g, rb, 0));
+                let x = acts.xq.as_ptr().add(g * plan.group_size);
+                let q = parts_sums2::<SUBS>(w, lay.chunks, x);
+                let corr = _mm512_set1_epi32(*acts.corr.get_unchecked(g));
+                let tsc = _mm512_set1_ps(*acts.tsc.get_unchecked(g));
+                let zsum = _mm512_set1_ps(*acts.zsum.get_unchecked(g));
+                for (s, (y, q)) in y.iter_mut().zip(q.iter()).enumerate() {
+                    // As `parts_groups`' `a = 1` epilogue.
+                    let mut u = _mm512_cvtepi32_ps(_mm512_add_epi32(q[0], corr));
+                    if ZT {
+                        u = _mm512_sub_ps(u, _mm512_mul_ps(zeros.get(t + s * SUB), zsum));
+                    }
+                    let su = _mm512_mul_ps(scales.get(t + s * SUB), _mm512_mul_ps(u, tsc));
+                    *y = _mm512_add_ps(*y, su);
+                }
+            }
+            for (s, y) in y.iter().enumerate() {
+                _mm512_storeu_ps(ys.as_mut_ptr().add(s * SUB), *y);
+            }
+        }
+    }
+
     /// Prefetches the scales and zero points of group `g` of the next row block, a row
     /// block's sweep ahead of their use: strided lines that the hardware prefetchers miss.
     /// (Int4 4096 x 4096 GEMV over 9 weight sets, two threads, ms, g128 / g32: no prefetch
@@ -1377,6 +1546,10 @@ mod vnni {
         if job.lay.bits == 2 {
             // A GEMV on the 2-bit layout (`two_bit`).
             assert_eq!(n, 1);
+            // SAFETY: AVX-512 VNNI enabled here; `gemv2` asserts its bounds.
+            if unsafe { gemv2_typed(job, rb, groups.clone(), ys) } {
+                return;
+            }
             let mut s = 0;
             while s < nparts {
                 // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.

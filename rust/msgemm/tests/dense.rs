@@ -410,6 +410,9 @@ fn float16_scales_and_zero_points_give_the_same_bits() {
         (Format::Uint4, true),
         (Format::Int4, false),
         (Format::Int3, false),
+        (Format::Uint2, true),
+        (Format::Int2, false),
+        (Format::Ternary, false),
     ] {
         let cb = Codebook::new(f).unwrap();
         let (m, k, g) = (150, 384, 64);
