@@ -1207,7 +1207,7 @@ mod vnni {
     /// 4.6-5.5).
     ///
     /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column): the last,
-    /// ragged row block and codebooks of slope other than 1 ([`gemv2`] runs the others).
+    /// ragged row block and codebooks of slope other than 1 ([`gemv`] runs the others).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn parts_groups<const P: usize, const NC: usize, const B2: bool>(
@@ -1351,10 +1351,10 @@ mod vnni {
 
     /// Per-row values of the epilogue (scales, zero points) read 16 rows at a time from offset
     /// `i` of their tiled layout (`[g][rb][64]`): as float32, as float16, or one value for
-    /// every row (`Zeros::Uniform`). [`gemv2`] is compiled for each, so that its loop over the
+    /// every row (`Zeros::Uniform`). [`gemv`] is compiled for each, so that its loop over the
     /// groups has no branch on them.
     trait Rows16: Copy {
-        /// Values in the tiled array (`usize::MAX` for one value): [`gemv2`] asserts its reads
+        /// Values in the tiled array (`usize::MAX` for one value): [`gemv`] asserts its reads
         /// against it.
         fn len(self) -> usize;
         /// The 16 values from offset `i`, as floats.
@@ -1420,23 +1420,39 @@ mod vnni {
         fn prefetch(self, _i: usize) {}
     }
 
-    /// [`gemv2`] for this call's types of scales and zero points; `false` when it does not
-    /// apply (a ragged row block, codebooks of slope other than 1), for `parts_groups`.
+    /// [`gemv`] for this call's layout and types of scales and zero points; `false` when it
+    /// does not apply (a ragged row block, codebooks of slope other than 1 or whose codes are
+    /// looked up, codes of 8 bits), for `parts_groups`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn gemv2_typed(job: &Job<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) -> bool {
-        let plan = job.plan;
-        if (rb + 1) * ROW_BLOCK > plan.m || job.a != 1 || plan.precision != TablePrecision::I16 {
+    unsafe fn gemv_typed(job: &Job<'_>, rb: usize, groups: Range<usize>, ys: &mut [f32]) -> bool {
+        let (plan, bits) = (job.plan, job.lay.bits);
+        if (rb + 1) * ROW_BLOCK > plan.m
+            || job.a != 1
+            || plan.precision != TablePrecision::I16
+            || job.map.is_some()
+            || bits == 8
+        {
             return false;
         }
-        /// The scales' type, then `gemv2`.
+        /// The layout and the scales' type, then `gemv`.
         macro_rules! scales {
             ($zt:literal, $z:expr) => {
-                // SAFETY: `gemv2` asserts its bounds; AVX-512 VNNI enabled here.
+                // SAFETY: `gemv` asserts its bounds; AVX-512 VNNI enabled here.
                 unsafe {
-                    match job.scales {
-                        Tiled::F32(s) => gemv2::<_, _, $zt>(job, rb, groups, ys, s, $z),
-                        Tiled::F16(s) => gemv2::<_, _, $zt>(job, rb, groups, ys, s, $z),
+                    match (bits == 2, job.scales) {
+                        (true, Tiled::F32(s)) => {
+                            gemv::<_, _, $zt, true>(job, rb, groups, ys, s, $z)
+                        }
+                        (true, Tiled::F16(s)) => {
+                            gemv::<_, _, $zt, true>(job, rb, groups, ys, s, $z)
+                        }
+                        (false, Tiled::F32(s)) => {
+                            gemv::<_, _, $zt, false>(job, rb, groups, ys, s, $z)
+                        }
+                        (false, Tiled::F16(s)) => {
+                            gemv::<_, _, $zt, false>(job, rb, groups, ys, s, $z)
+                        }
                     }
                 }
             };
@@ -1451,17 +1467,20 @@ mod vnni {
         true
     }
 
-    /// The 2-bit GEMV ([`parts_sums2`]) of the 4 parts of a whole row block with the `a = 1`
-    /// epilogue: what `parts_groups::<4, 1, true>` computes (the same operations in the same
-    /// order, so the same bits), with the types of the scales and zero points fixed at
-    /// compile time and no bounds checks in the loop over the groups: its branches on them per
-    /// group, its bounds checks and its prefetch loop were about as many instructions as the
-    /// dot products of a group of 64 inputs (Zen 5, minima of alternating builds: int2 g64
-    /// 4096 x 4096, two threads, 0.039-0.040 -> 0.035-0.037 ms; 1024 x 2048 in L2, one
-    /// thread, 9.0-9.3 -> 8.1-8.3 us, ternary g128 7.5-7.7 -> 7.1-7.3 us).
+    /// The GEMV of the 4 parts of a whole row block with the `a = 1` epilogue, on the 2-bit
+    /// layout ([`parts_sums2`], `B2`) or the 4-bit one: what `parts_groups::<4, 1, B2>`
+    /// computes (the same operations in the same order, so the same bits), with the types of
+    /// the scales and zero points fixed at compile time and no bounds checks in the loop over
+    /// the groups. Its branches on them per group, its bounds checks and its prefetch loop were
+    /// about as many instructions as the dot products of a 2-bit group of 64 inputs (Zen 5,
+    /// minima of alternating builds, 4096 x 4096 on two threads / 1024 x 2048 in L2 on one:
+    /// int2 g64 0.039-0.040 -> 0.035-0.037 ms / 9.0-9.3 -> 8.1-8.3 us, ternary g128 7.5-7.7
+    /// -> 7.1-7.3 us in L2; int4 g128 0.0566-0.0568 -> 0.0534-0.0545 ms / 11.4-11.9 ->
+    /// 10.3-10.5 us, uint4 g32 with zero points 0.074-0.077 -> 0.072-0.075 ms (float16 ones
+    /// 0.0725 -> 0.0688) / 18.1-21.3 -> 17.4-17.8 us).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn gemv2<S: Rows16, Z: Rows16, const ZT: bool>(
+    unsafe fn gemv<S: Rows16, Z: Rows16, const ZT: bool, const B2: bool>(
         job: &Job<'_>,
         rb: usize,
         groups: Range<usize>,
@@ -1497,7 +1516,11 @@ mod vnni {
                 }
                 let w = lay.data.as_ptr().add(lay.part(g, rb, 0));
                 let x = acts.xq.as_ptr().add(g * plan.group_size);
-                let q = parts_sums2::<SUBS>(w, lay.chunks, x);
+                let q = if B2 {
+                    parts_sums2::<SUBS>(w, lay.chunks, x)
+                } else {
+                    parts_sums::<SUBS, 1, false, false>(w, lay.chunks, x, 0, _mm512_setzero_si512())
+                };
                 let corr = _mm512_set1_epi32(*acts.corr.get_unchecked(g));
                 let tsc = _mm512_set1_ps(*acts.tsc.get_unchecked(g));
                 let zsum = _mm512_set1_ps(*acts.zsum.get_unchecked(g));
@@ -1543,13 +1566,13 @@ mod vnni {
         assert!(ys.len() >= n * ROW_BLOCK);
         let rows = plan.m - rb * ROW_BLOCK;
         let nparts = rows.div_ceil(SUB).min(SUBS);
+        // SAFETY: AVX-512 VNNI enabled here; `gemv` asserts its bounds.
+        if n == 1 && unsafe { gemv_typed(job, rb, groups.clone(), ys) } {
+            return;
+        }
         if job.lay.bits == 2 {
             // A GEMV on the 2-bit layout (`two_bit`).
             assert_eq!(n, 1);
-            // SAFETY: AVX-512 VNNI enabled here; `gemv2` asserts its bounds.
-            if unsafe { gemv2_typed(job, rb, groups.clone(), ys) } {
-                return;
-            }
             let mut s = 0;
             while s < nparts {
                 // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
