@@ -2082,10 +2082,10 @@ mod avx2 {
 
     /// Per-row values of the epilogue (scales, zero points) read 8 rows at a time from offset
     /// `i` of their tiled layout: as float32, as float16, or one value for every row
-    /// (`Zeros::Uniform`); [`narrow1`] is compiled for each.
+    /// (`Zeros::Uniform`); [`narrow_typed`] is compiled for each.
     trait Rows8: Copy {
-        /// Values in the tiled array (`usize::MAX` for one value): [`narrow1`] asserts its
-        /// reads against it.
+        /// Values in the tiled array (`usize::MAX` for one value): [`narrow_typed`] asserts
+        /// its reads against it.
         fn len(self) -> usize;
         /// The 8 values from offset `i`, as floats.
         ///
@@ -2128,10 +2128,10 @@ mod avx2 {
         }
     }
 
-    /// [`narrow1`] for this call's types of scales and zero points; `false` when it does not
-    /// apply (codebooks of slope other than 1), for [`narrow`].
+    /// [`narrow_typed`] for this call's types of scales and zero points; `false` when it does
+    /// not apply (codebooks of slope other than 1), for [`narrow`].
     #[inline(always)]
-    unsafe fn narrow1_typed<const VNNI: bool>(
+    unsafe fn typed_narrow<const NC: usize, const VNNI: bool>(
         job: &Job<'_>,
         rb: usize,
         groups: Range<usize>,
@@ -2141,14 +2141,18 @@ mod avx2 {
         if job.a != 1 {
             return false;
         }
-        /// The scales' type, then `narrow1`.
+        /// The scales' type, then `narrow_typed`.
         macro_rules! scales {
             ($zt:literal, $z:expr) => {
-                // SAFETY: the caller's (`narrow`'s); `narrow1` asserts its bounds.
+                // SAFETY: the caller's (`narrow`'s); `narrow_typed` asserts its bounds.
                 unsafe {
                     match job.scales {
-                        Tiled::F32(s) => narrow1::<VNNI, _, _, $zt>(job, rb, groups, c0, ys, s, $z),
-                        Tiled::F16(s) => narrow1::<VNNI, _, _, $zt>(job, rb, groups, c0, ys, s, $z),
+                        Tiled::F32(s) => {
+                            narrow_typed::<NC, VNNI, _, _, $zt>(job, rb, groups, c0, ys, s, $z)
+                        }
+                        Tiled::F16(s) => {
+                            narrow_typed::<NC, VNNI, _, _, $zt>(job, rb, groups, c0, ys, s, $z)
+                        }
                     }
                 }
             };
@@ -2163,18 +2167,26 @@ mod avx2 {
         true
     }
 
-    /// [`narrow`] for one column (column `c0`) with `a = 1`: the same operations in the same
-    /// order (so the same bits), with the types of the scales and zero points fixed at compile
-    /// time and no bounds checks in the loop over the groups and halves: its branches on them
-    /// per half, and `load_tiled8`'s bounds checks, weighed the more the smaller the groups.
-    /// Zen 5, backend `avx2`, 4096 x 4096, two threads, minima of alternating builds in a
-    /// noisy hour, ms, before / after, with AVX-VNNI: int4 g128 0.089 / 0.082, uint4 g32 with
+    /// [`narrow`] with `a = 1`: the same operations in the same order (so the same bits), with
+    /// the types of the scales and zero points fixed at compile time and no bounds checks in
+    /// the loop over the groups and halves: its branches on them per half, and
+    /// `load_tiled8`'s bounds checks, weighed the more the smaller the groups. Zen 5, backend
+    /// `avx2`, 4096 x 4096, two threads, minima of alternating builds in a noisy hour, ms,
+    /// before / after, one column, with AVX-VNNI: int4 g128 0.089 / 0.082, uint4 g32 with
     /// zero points 0.214 / 0.130, int8 g32 0.248 / 0.188, ternary g128 0.104 / 0.075; the
     /// plain AVX2 kernel (AVX-VNNI masked off in a local build, not committed): int4 g128
-    /// 0.119 / 0.096, uint4 g32 0.242 / 0.169, int8 g32 0.273 / 0.197.
+    /// 0.119 / 0.096, uint4 g32 0.242 / 0.169, int8 g32 0.273 / 0.197. Two columns, with
+    /// AVX-VNNI / without: uint4 g32 N = 2 0.363 / 0.234 and 0.380 / 0.232, int8 g32 N = 2
+    /// 0.378 / 0.242 and 0.459 / 0.318; int4 g128 N = 3 0.252 / 0.224 and 0.299 / 0.272.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn narrow1<const VNNI: bool, S: Rows8, Z: Rows8, const ZT: bool>(
+    unsafe fn narrow_typed<
+        const NC: usize,
+        const VNNI: bool,
+        S: Rows8,
+        Z: Rows8,
+        const ZT: bool,
+    >(
         job: &Job<'_>,
         rb: usize,
         groups: Range<usize>,
@@ -2186,54 +2198,75 @@ mod avx2 {
         let (plan, lay, acts, ng) = (job.plan, job.lay, job.acts, job.plan.groups);
         let end = groups.end;
         let tiled = ng * plan.row_blocks * ROW_BLOCK;
-        assert!(c0 < plan.n && ys.len() >= plan.n * ROW_BLOCK && end <= ng);
+        assert!(c0 + NC <= plan.n && ys.len() >= plan.n * ROW_BLOCK && end <= ng);
         assert!(plan.m - rb * ROW_BLOCK >= ROW_BLOCK);
         assert!(scales.len() >= tiled && (!ZT || zeros.len() >= tiled));
-        let gn0 = c0 * ng;
-        assert!(acts.corr.len() >= gn0 + end && acts.tsc.len() >= gn0 + end);
-        assert!(
-            acts.zsum.len() >= gn0 + end && acts.xq.len() >= c0 * plan.k + end * plan.group_size
-        );
+        let gn_end = (c0 + NC - 1) * ng + end;
+        assert!(acts.corr.len() >= gn_end && acts.tsc.len() >= gn_end && acts.zsum.len() >= gn_end);
+        assert!(acts.xq.len() >= (c0 + NC - 1) * plan.k + end * plan.group_size);
         assert!(end == 0 || lay.part(end - 1, rb, SUBS - 1) + lay.part_bytes() <= lay.data.len());
-        // Both halves of a part at once with AVX-VNNI (as `narrow`).
-        let pair = VNNI && job.map.is_none() && lay.bits != 8;
+        // One column with AVX-VNNI: both halves of a part at once (as `narrow`).
+        let pair = VNNI && NC == 1 && job.map.is_none() && lay.bits != 8;
         let yp = ys.as_mut_ptr().wrapping_add(c0 * ROW_BLOCK);
-        // SAFETY: 64 floats of `ys` from `yp`; every offset below is inside its array
-        // (asserted above); the caller enables AVX2 and F16C (AVX-VNNI with `VNNI`).
+        // SAFETY: 64 floats of `ys` per column from `yp`; every offset below is inside its
+        // array (asserted above); the caller enables AVX2 and F16C (AVX-VNNI with `VNNI`).
         unsafe {
             for g in groups {
-                let gn = gn0 + g;
-                let corr = _mm256_set1_epi32(*acts.corr.get_unchecked(gn));
-                let zs = _mm256_set1_ps(*acts.zsum.get_unchecked(gn));
-                let tsc = _mm256_set1_ps(*acts.tsc.get_unchecked(gn));
-                let x = acts.xq.as_ptr().add(c0 * plan.k + g * plan.group_size);
+                // Per column: `corr`, `zsum` and `tsc` (a loop, not a closure: see below).
+                let mut cst = [(
+                    _mm256_setzero_si256(),
+                    _mm256_setzero_ps(),
+                    _mm256_setzero_ps(),
+                ); NC];
+                for (c, cst) in cst.iter_mut().enumerate() {
+                    let gn = (c0 + c) * ng + g;
+                    *cst = (
+                        _mm256_set1_epi32(*acts.corr.get_unchecked(gn)),
+                        _mm256_set1_ps(*acts.zsum.get_unchecked(gn)),
+                        _mm256_set1_ps(*acts.tsc.get_unchecked(gn)),
+                    );
+                }
                 for s in 0..SUBS {
-                    let q: [__m256i; 2] = if pair {
+                    let q: [[__m256i; NC]; 2] = if pair {
                         let w = lay.data.as_ptr().add(lay.part(g, rb, s));
-                        if lay.bits == 2 {
+                        let x = acts.xq.as_ptr().add(c0 * plan.k + g * plan.group_size);
+                        let [q0, q1] = if lay.bits == 2 {
                             vnni_sums2::<2>(w, lay.chunks, x)
                         } else {
                             vnni_sums_part(w, lay.chunks, x)
-                        }
+                        };
+                        [[q0; NC], [q1; NC]]
                     } else {
                         // Not in a closure: `half_q`'s sum functions are inlined only into
                         // a function with their target features.
-                        let [q0] = half_q::<1, VNNI>(job, (rb, g, s, 0), c0);
-                        let [q1] = half_q::<1, VNNI>(job, (rb, g, s, 1), c0);
+                        let q0 = half_q::<NC, VNNI>(job, (rb, g, s, 0), c0);
+                        let q1 = half_q::<NC, VNNI>(job, (rb, g, s, 1), c0);
                         [q0, q1]
                     };
-                    for (h, &q) in q.iter().enumerate() {
+                    for (h, q) in q.iter().enumerate() {
                         let hh = 2 * s + h;
                         let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + 8 * hh;
-                        // As `narrow` with `a = 1`.
-                        let mut u = _mm256_cvtepi32_ps(_mm256_add_epi32(q, corr));
-                        if ZT {
-                            u = _mm256_sub_ps(u, _mm256_mul_ps(zeros.get(sz), zs));
+                        let (z8, sc8) = (
+                            if ZT {
+                                zeros.get(sz)
+                            } else {
+                                _mm256_setzero_ps()
+                            },
+                            scales.get(sz),
+                        );
+                        for (c, (&q, &(corr, zs, tsc))) in q.iter().zip(cst.iter()).enumerate() {
+                            // As `narrow` with `a = 1`.
+                            let mut u = _mm256_cvtepi32_ps(_mm256_add_epi32(q, corr));
+                            if ZT {
+                                u = _mm256_sub_ps(u, _mm256_mul_ps(z8, zs));
+                            }
+                            u = _mm256_mul_ps(u, tsc);
+                            let y = yp.add(c * ROW_BLOCK + 8 * hh);
+                            _mm256_storeu_ps(
+                                y,
+                                _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(sc8, u)),
+                            );
                         }
-                        u = _mm256_mul_ps(u, tsc);
-                        let y = yp.add(8 * hh);
-                        let su = _mm256_mul_ps(scales.get(sz), u);
-                        _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), su));
                     }
                 }
             }
@@ -2355,8 +2388,10 @@ mod avx2 {
                 // SAFETY: as `narrow`.
                 unsafe {
                     if n - c0 >= 2 {
-                        narrow::<2, VNNI>(job, rb, groups.clone(), c0, ys);
-                    } else if !narrow1_typed::<VNNI>(job, rb, groups.clone(), c0, ys) {
+                        if !typed_narrow::<2, VNNI>(job, rb, groups.clone(), c0, ys) {
+                            narrow::<2, VNNI>(job, rb, groups.clone(), c0, ys);
+                        }
+                    } else if !typed_narrow::<1, VNNI>(job, rb, groups.clone(), c0, ys) {
                         narrow::<1, VNNI>(job, rb, groups.clone(), c0, ys);
                     }
                 }
