@@ -2002,7 +2002,8 @@ mod avx2 {
     /// [`half_epilogue`]'s operations in the same order (so the same bits), with each
     /// column's constants read once per group instead of once per half and no partial-half
     /// branches. For GEMVs, whose few sums per group left that epilogue most of the work
-    /// (int8 g32 4096 x 4096, one thread: 54% of the samples).
+    /// (int8 g32 4096 x 4096, one thread: 54% of the samples). Since stop 43 only for
+    /// codebooks of slope other than 1: [`narrow_typed`] runs the others.
     #[inline(always)]
     unsafe fn narrow<const NC: usize, const VNNI: bool>(
         job: &Job<'_>,
@@ -2019,9 +2020,6 @@ mod avx2 {
         // (AVX-VNNI with `VNNI`); the tiled arrays hold 64 values per (group, row block).
         unsafe {
             let a = _mm256_set1_epi32(job.a);
-            // One column of 4-bit codes summed as they are, or of 2-bit codes, with AVX-VNNI:
-            // both halves of a part at once (`vnni_sums_part`, `vnni_sums2`).
-            let pair = VNNI && NC == 1 && job.map.is_none() && job.lay.bits != 8;
             for g in groups {
                 // Per column: `corr`, `zsum` and `tsc`.
                 let cst: [(__m256i, __m256, __m256); NC] = std::array::from_fn(|c| {
@@ -2032,24 +2030,8 @@ mod avx2 {
                         _mm256_set1_ps(acts.tsc[gn]),
                     )
                 });
-                let mut pair_q = [[_mm256_setzero_si256(); NC]; 2];
                 for hh in 0..2 * SUBS {
-                    let q = if !pair {
-                        half_q::<NC, VNNI>(job, (rb, g, hh / 2, hh % 2), c0)
-                    } else {
-                        if hh % 2 == 0 {
-                            let lay = job.lay;
-                            let w = lay.data[lay.part(g, rb, hh / 2)..].as_ptr();
-                            let x = acts.xq[c0 * plan.k + g * plan.group_size..].as_ptr();
-                            let q = if lay.bits == 2 {
-                                vnni_sums2::<2>(w, lay.chunks, x)
-                            } else {
-                                vnni_sums_part(w, lay.chunks, x)
-                            };
-                            pair_q = std::array::from_fn(|h| std::array::from_fn(|_| q[h]));
-                        }
-                        pair_q[hh % 2]
-                    };
+                    let q = half_q::<NC, VNNI>(job, (rb, g, hh / 2, hh % 2), c0);
                     let sz = (g * plan.row_blocks + rb) * ROW_BLOCK + 8 * hh;
                     let z8 = match job.zeros {
                         _ if !plan.zero_term => _mm256_setzero_ps(),
