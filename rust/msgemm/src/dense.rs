@@ -1054,6 +1054,10 @@ mod vnni {
     /// prefetchers stop at page boundaries, and from DRAM each new page then started with
     /// misses (int4 4096 x 4096 GEMV over 9 weight sets, Zen 5: one thread 0.56-0.64 -> 0.32
     /// ms, two 0.29-0.35 -> 0.21-0.24 ms; 2 KiB did not help, 8 KiB about as much as 4).
+    /// Into L2 (`T1`), not L1: on Zen 4 the weights came from DRAM at about 1.5x the rate
+    /// (likely because L1 has fewer miss buffers than L2; the same GEMV over 9 sets, two threads, minima of
+    /// alternating builds: int4 g128 0.39-0.48 -> 0.24-0.30 ms, int2 g64 0.137 -> 0.110; warm
+    /// 0.0697 -> 0.0671 ms; in L2, 1024 x 2048 on one thread, 16.6 -> 17.2 us).
     const PF_DIST: usize = 4096;
 
     /// The sums `Q = sum_k q_k xq_k` of `P` consecutive 16-row parts and one group for `NC`
@@ -1098,9 +1102,9 @@ mod vnni {
                 for (pi, (acc, acc_hi)) in acc.iter_mut().zip(acc_hi.iter_mut()).enumerate() {
                     let at = w.add((pi * chunks + words * ch) * 64);
                     // Past the layout's end near its last page: never dereferenced.
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST) as *const i8);
                     let (lo, hi) = if B8 {
-                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST + 64) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST + 64) as *const i8);
                         (
                             _mm512_load_si512(at as *const __m512i),
                             _mm512_load_si512(at.add(64) as *const __m512i),
@@ -1153,7 +1157,7 @@ mod vnni {
                 for (pi, acc) in acc.iter_mut().enumerate() {
                     let at = w.add((pi * chunks + ch) * 64);
                     // Past the layout's end near its last page: never dereferenced.
-                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PF_DIST) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST) as *const i8);
                     let v = _mm512_load_si512(at as *const __m512i);
                     for ((a, &m), &xv) in acc.iter_mut().zip(masks.iter()).zip(xs.iter()) {
                         *a = _mm512_dpbusd_epi32(*a, _mm512_and_si512(v, m), xv);
