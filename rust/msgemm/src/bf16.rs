@@ -592,9 +592,8 @@ impl<'a> Job<'a> {
             let t = (g * lay.row_blocks + rb) * ROW_BLOCK + rr;
             let z = self.zeros.map_or(0.0, |z| z.at(t));
             let s = self.scales.at(t);
-            let part = lay.part(g, rb, sub);
             for (c, w8) in wg.chunks_exact_mut(CHUNK).enumerate() {
-                let word = &lay.data[part + (c * SUB + r) * 4..][..4];
+                let word = &lay.data[lay.word(g, rb, sub, c) + r * 4..][..4];
                 for (i, w) in w8.iter_mut().enumerate() {
                     let b = word[i / 2];
                     let q = usize::from(if i % 2 == 0 { b & 15 } else { b >> 4 });
@@ -613,7 +612,7 @@ impl<'a> Job<'a> {
             let (g, c0) = (j / g_size, (j % g_size) / CHUNK);
             let out = &mut out[cc * CHUNK * ROW_BLOCK..][..CHUNK * ROW_BLOCK];
             for sub in 0..ROW_BLOCK / SUB {
-                let words = &lay.data[lay.part(g, rb, sub) + c0 * SUB * 4..][..SUB * 4];
+                let words = &lay.data[lay.word(g, rb, sub, c0)..][..SUB * 4];
                 for (r, word) in words.chunks_exact(4).enumerate() {
                     let rr = sub * SUB + r;
                     let t = (g * lay.row_blocks + rb) * ROW_BLOCK + rr;

@@ -59,9 +59,16 @@ pub const SUB: usize = 16;
 /// Vectors of rows per 64-row block.
 const SUBS: usize = ROW_BLOCK / SUB;
 
-/// The codes of the weights for the dense kernel: `[rb][g][s][c][16 rows][4 bytes]`
-/// (`s`: 16-row part of the 64-row block `rb`, `c`: word of group `g`). Rows past M hold
-/// code 0 (never written out).
+/// The codes of the weights for the dense kernel: `[rb][g][c][s][16 rows][4 bytes]` (`s`:
+/// 16-row part of the 64-row block `rb`, `c`: word of group `g`), the four parts' words
+/// interleaved, on CPUs with the AVX-512 VNNI kernels ([`interleave_here`]), whose GEMVs sum
+/// all four parts at once: they then read one stream per row block rather than four 1 KiB
+/// streams (Zen 4, int4 g128 4096 x 4096 on two threads, minima of alternating builds: 0.065
+/// -> 0.061 ms warm (0.069 -> 0.060 in another run), 0.23-0.26 -> 0.13-0.19 ms over 9 weight
+/// sets; uint4 g128 0.070 -> 0.064, int8 g32 0.162 -> 0.147; on Zen 5, at stop 38, a probe read the single stream 1.2x faster
+/// and the kernel was level). Elsewhere `[rb][g][s][c][16 rows][4 bytes]`, each part's words
+/// one after another. Part `s`'s words are [`DenseLayout::word_stride`] bytes apart. Rows
+/// past M hold code 0 (never written out).
 ///
 /// 4 bits per code (every dense call but 2-bit GEMVs): word `c` holds the chunk of
 /// [`CHUNK`] inputs from `k0 = g G + 8 c`; byte `j` of a row's word the codes of inputs
@@ -86,35 +93,79 @@ pub struct DenseLayout {
     pub chunks: usize,
     /// Bits per code: 4, 2 or 8.
     pub bits: u32,
+    /// Bytes from a word of a part to its next: [`WORD_STRIDE`] where the parts' words are
+    /// interleaved, `SUB * 4` where each part's words follow one another.
+    pub word_stride: usize,
 }
 
 /// The inputs of a 16-input chunk in the order [`Acts`] stores their activations (each 8 as
 /// `0, 2, 4, 6, 1, 3, 5, 7`).
 const ORDER16: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
 
+/// Bytes from one word of a part of [`DenseLayout`] to its next: the four parts' words of a
+/// row block and group are interleaved.
+pub const WORD_STRIDE: usize = SUBS * SUB * 4;
+
 impl DenseLayout {
-    /// Bytes of one 16-row part of one group.
+    /// Bytes of one 16-row part of one group (its words, [`WORD_STRIDE`] apart).
     #[inline]
     pub fn part_bytes(&self) -> usize {
         self.chunks * SUB * 4
     }
 
-    /// Offset of part `s` of row block `rb` of group `g` in `data`.
+    /// Whether the four parts' words are interleaved (`[rb][g][c][s]`), or each part's
+    /// words follow one another (`[rb][g][s][c]`).
+    #[inline]
+    pub fn interleaved(&self) -> bool {
+        self.word_stride == WORD_STRIDE
+    }
+
+    /// Offset of the first word of part `s` of row block `rb` of group `g` in `data`.
     #[inline]
     pub fn part(&self, g: usize, rb: usize, s: usize) -> usize {
-        ((rb * self.groups + g) * SUBS + s) * self.part_bytes()
+        let step = if self.interleaved() {
+            SUB * 4
+        } else {
+            self.part_bytes()
+        };
+        (rb * self.groups + g) * SUBS * self.part_bytes() + s * step
+    }
+
+    /// Offset of word `c` of part `s` of row block `rb` of group `g` in `data`.
+    #[inline]
+    pub fn word(&self, g: usize, rb: usize, s: usize, c: usize) -> usize {
+        self.part(g, rb, s) + c * self.word_stride
+    }
+
+    /// Offset just past the words of row block `rb` of group `g` (all four parts).
+    #[inline]
+    pub fn block_end(&self, g: usize, rb: usize) -> usize {
+        (rb * self.groups + g + 1) * SUBS * self.part_bytes()
     }
 
     /// Builds the layout from unpacked codes `(M, K)` row-major at `bits` (4: every code <
     /// 16, `group_size` a multiple of [`CHUNK`]; 2: every code < 4, `group_size` a multiple of
-    /// 16; 8: any code, `group_size` a multiple of [`CHUNK`]). Fails only when its buffer
-    /// cannot be allocated.
+    /// 16; 8: any code, `group_size` a multiple of [`CHUNK`]), its parts' words interleaved
+    /// where this CPU has the AVX-512 VNNI kernels ([`interleave_here`]). Fails only when its
+    /// buffer cannot be allocated.
     pub fn build(
         codes: &[u8],
         m: usize,
         k: usize,
         group_size: usize,
         bits: u32,
+    ) -> Result<DenseLayout> {
+        Self::build_with(codes, m, k, group_size, bits, interleave_here())
+    }
+
+    /// [`DenseLayout::build`] with the parts' words interleaved or not.
+    pub fn build_with(
+        codes: &[u8],
+        m: usize,
+        k: usize,
+        group_size: usize,
+        bits: u32,
+        interleaved: bool,
     ) -> Result<DenseLayout> {
         assert!(bits == 4 || bits == 2 || bits == 8);
         let word_inputs = 32 / bits as usize;
@@ -133,40 +184,42 @@ impl DenseLayout {
             row_blocks,
             chunks,
             bits,
+            word_stride: if interleaved { WORD_STRIDE } else { SUB * 4 },
         };
         // One row block per task: its 64 rows of every group, contiguous.
         let per_block = groups * ROW_BLOCK * bytes_per_row_group;
-        let part = lay.part_bytes();
         if per_block > 0 {
             lay.data
                 .par_chunks_mut(per_block)
                 .enumerate()
                 .for_each(|(rb, out)| {
-                    for (gs, part_out) in out.chunks_exact_mut(part).enumerate() {
-                        let (g, s) = (gs / SUBS, gs % SUBS);
+                    // Word `c` of part `s` of group `g`: `[g][c][s]` or `[g][s][c]`.
+                    for (i, words) in out.chunks_exact_mut(SUB * 4).enumerate() {
+                        let (g, c, s) = if interleaved {
+                            (i / (chunks * SUBS), i / SUBS % chunks, i % SUBS)
+                        } else {
+                            (i / (chunks * SUBS), i % chunks, i / chunks % SUBS)
+                        };
                         let row0 = rb * ROW_BLOCK + s * SUB;
-                        for (c, words) in part_out.chunks_exact_mut(SUB * 4).enumerate() {
-                            // 8 bits: the chunk of words `c` and `c ^ 1`, half `c % 2`.
-                            let k0 = match bits {
-                                8 => g * group_size + (c / 2) * CHUNK,
-                                _ => g * group_size + c * word_inputs,
-                            };
-                            let span = word_inputs.max(CHUNK);
-                            for (r, word) in words.chunks_exact_mut(4).enumerate() {
-                                let row = row0 + r;
-                                if row >= m {
-                                    break;
-                                }
-                                let src = &codes[row * k + k0..row * k + k0 + span];
-                                for (j, b) in word.iter_mut().enumerate() {
-                                    *b = match bits {
-                                        4 => src[2 * j] | (src[2 * j + 1] << 4),
-                                        2 => (0..4).fold(0, |b, p| {
-                                            b | (src[ORDER16[4 * p + j]] << (2 * p))
-                                        }),
-                                        _ => src[ORDER16[4 * (c % 2) + j]],
-                                    };
-                                }
+                        // 8 bits: the chunk of words `c` and `c ^ 1`, half `c % 2`.
+                        let k0 = match bits {
+                            8 => g * group_size + (c / 2) * CHUNK,
+                            _ => g * group_size + c * word_inputs,
+                        };
+                        let span = word_inputs.max(CHUNK);
+                        for (r, word) in words.chunks_exact_mut(4).enumerate() {
+                            let row = row0 + r;
+                            if row >= m {
+                                break;
+                            }
+                            let src = &codes[row * k + k0..row * k + k0 + span];
+                            for (j, b) in word.iter_mut().enumerate() {
+                                *b = match bits {
+                                    4 => src[2 * j] | (src[2 * j + 1] << 4),
+                                    2 => (0..4)
+                                        .fold(0, |b, p| b | (src[ORDER16[4 * p + j]] << (2 * p))),
+                                    _ => src[ORDER16[4 * (c % 2) + j]],
+                                };
                             }
                         }
                     }
@@ -174,6 +227,16 @@ impl DenseLayout {
         }
         Ok(lay)
     }
+}
+
+/// Whether [`DenseLayout::build`] interleaves the parts' words on this CPU: where it has the
+/// AVX-512 VNNI kernels, whose GEMVs sum all four parts at once. The AVX2 and `sdot` kernels
+/// sum one part (or half of one) at a time, which read the interleaved words more slowly (Zen
+/// 4, backend `avx2`, int4 g128 4096 x 4096 on two threads: 0.131 against 0.156 ms; N = 4
+/// 0.387 against 0.438), so on other CPUs each part's words follow one another.
+pub fn interleave_here() -> bool {
+    static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HERE.get_or_init(|| Kind::Vnni512.available())
 }
 
 /// Largest span (`max - min`) of a non-affine codebook's integer values that the dense
@@ -1027,7 +1090,7 @@ mod vnni {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Job, CHUNK, SUB, SUBS};
+    use super::{Job, CHUNK, SUB, SUBS, WORD_STRIDE};
     use crate::kernels::avx512::{load16, prefetch_tiled, scaled16, zero_vec};
     use crate::kernels::{Tiled, Zeros};
     use crate::layout::ROW_BLOCK;
@@ -1054,15 +1117,26 @@ mod vnni {
     /// prefetchers stop at page boundaries, and from DRAM each new page then started with
     /// misses (int4 4096 x 4096 GEMV over 9 weight sets, Zen 5: one thread 0.56-0.64 -> 0.32
     /// ms, two 0.29-0.35 -> 0.21-0.24 ms; 2 KiB did not help, 8 KiB about as much as 4).
-    /// Into L2 (`T1`), not L1: on Zen 4 the weights came from DRAM at about 1.5x the rate
-    /// (likely because L1 has fewer miss buffers than L2; the same GEMV over 9 sets, two threads, minima of
-    /// alternating builds: int4 g128 0.39-0.48 -> 0.24-0.30 ms, int2 g64 0.137 -> 0.110; warm
-    /// 0.0697 -> 0.0671 ms; in L2, 1024 x 2048 on one thread, 16.6 -> 17.2 us).
     const PF_DIST: usize = 4096;
 
+    /// Prefetches the words [`PF_DIST`] ahead of `at`, the first of a row of the four parts'
+    /// interleaved words: one line per row of four (the hardware prefetchers fetch the rest
+    /// of a page once it has started), into L2 (`T1`). Zen 4, int4 g128 4096 x 4096 GEMV on
+    /// two threads, one alternating run, minima, warm / over 9 weight sets, ms: no prefetch
+    /// 0.058 / 0.21, one per page 0.059 / 0.20, this 0.059 / 0.19; (the layout before, a
+    /// prefetch per line 0.065 / 0.25). Into L1 (`T0`), on the layout before, the weights came
+    /// from DRAM at 2/3 the rate (0.39-0.48 against 0.24-0.30 ms).
+    #[inline(always)]
+    fn prefetch_row(at: *const u8) {
+        // SAFETY: prefetching never faults (past the layout's end near its last page: never
+        // dereferenced).
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST) as *const i8) };
+    }
+
     /// The sums `Q = sum_k q_k xq_k` of `P` consecutive 16-row parts and one group for `NC`
-    /// columns: `w` the first part's words (each part `chunks` words of 64 bytes, the parts
-    /// one after another), `x` the first column's activations of the group, `stride` bytes
+    /// columns: `w` the first part's first word (the interleaved layout: each part `chunks`
+    /// words of 64 bytes, [`WORD_STRIDE`] apart), `x` the first column's activations of the
+    /// group, `stride` bytes
     /// between columns. With `MAP`, each 4-bit code `c` is replaced by `map[c]` (the 16 bytes
     /// of `map`, in every 128-bit lane) before it is multiplied.
     ///
@@ -1100,14 +1174,17 @@ mod vnni {
                     );
                 }
                 for (pi, (acc, acc_hi)) in acc.iter_mut().zip(acc_hi.iter_mut()).enumerate() {
-                    let at = w.add((pi * chunks + words * ch) * 64);
-                    // Past the layout's end near its last page: never dereferenced.
-                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST) as *const i8);
+                    let at = w.add(words * ch * WORD_STRIDE + pi * 64);
+                    if pi == 0 {
+                        prefetch_row(at);
+                        if B8 {
+                            prefetch_row(at.add(WORD_STRIDE));
+                        }
+                    }
                     let (lo, hi) = if B8 {
-                        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST + 64) as *const i8);
                         (
                             _mm512_load_si512(at as *const __m512i),
-                            _mm512_load_si512(at.add(64) as *const __m512i),
+                            _mm512_load_si512(at.add(WORD_STRIDE) as *const __m512i),
                         )
                     } else {
                         nibbles::<MAP>(_mm512_load_si512(at as *const __m512i), map)
@@ -1155,9 +1232,10 @@ mod vnni {
                 let xs: [__m512i; 4] =
                     std::array::from_fn(|p| _mm512_set1_epi32(xp.add(p).read_unaligned()));
                 for (pi, acc) in acc.iter_mut().enumerate() {
-                    let at = w.add((pi * chunks + ch) * 64);
-                    // Past the layout's end near its last page: never dereferenced.
-                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(PF_DIST) as *const i8);
+                    let at = w.add(ch * WORD_STRIDE + pi * 64);
+                    if pi == 0 {
+                        prefetch_row(at);
+                    }
                     let v = _mm512_load_si512(at as *const __m512i);
                     for ((a, &m), &xv) in acc.iter_mut().zip(masks.iter()).zip(xs.iter()) {
                         *a = _mm512_dpbusd_epi32(*a, _mm512_and_si512(v, m), xv);
@@ -1501,10 +1579,7 @@ mod vnni {
         );
         assert!(acts.corr.len() >= end && acts.tsc.len() >= end && acts.zsum.len() >= end);
         assert!(acts.xq.len() >= end * plan.group_size);
-        assert!(
-            groups.is_empty()
-                || lay.part(end - 1, rb, SUBS - 1) + lay.part_bytes() <= lay.data.len()
-        );
+        assert!(groups.is_empty() || lay.block_end(end - 1, rb) <= lay.data.len());
         // SAFETY: 64 floats in `ys`; every offset below is inside its array (asserted above).
         unsafe {
             let mut y: [__m512; SUBS] =
@@ -1568,6 +1643,8 @@ mod vnni {
     ) {
         let (plan, n) = (job.plan, job.plan.n);
         assert!(ys.len() >= n * ROW_BLOCK);
+        // The parts' words interleaved (`interleave_here`, on every CPU with these kernels).
+        assert!(job.lay.interleaved());
         let rows = plan.m - rb * ROW_BLOCK;
         let nparts = rows.div_ceil(SUB).min(SUBS);
         // SAFETY: AVX-512 VNNI enabled here; `gemv` asserts its bounds.
@@ -1679,6 +1756,7 @@ mod avx2 {
     unsafe fn half_sums<const NC: usize, const MAP: bool, const B8: bool>(
         w: *const u8,
         chunks: usize,
+        ws: usize,
         x: *const i8,
         stride: usize,
         map: __m256i,
@@ -1699,11 +1777,11 @@ mod avx2 {
                 // SAFETY: as below; words `2 ch` and `2 ch + 1` of the part.
                 unsafe {
                     let se = _mm256_xor_si256(
-                        _mm256_load_si256(w.add(2 * ch * 64) as *const __m256i),
+                        _mm256_load_si256(w.add(2 * ch * ws) as *const __m256i),
                         flip,
                     );
                     let so = _mm256_xor_si256(
-                        _mm256_load_si256(w.add((2 * ch + 1) * 64) as *const __m256i),
+                        _mm256_load_si256(w.add((2 * ch + 1) * ws) as *const __m256i),
                         flip,
                     );
                     let (ae, ao) = (_mm256_abs_epi8(se), _mm256_abs_epi8(so));
@@ -1728,7 +1806,7 @@ mod avx2 {
         for ch in 0..chunks {
             // SAFETY: as `vnni::part_sums` (32 of each 64-byte word vector; 32-byte aligned).
             unsafe {
-                let (mut lo, mut hi) = nibbles(_mm256_load_si256(w.add(ch * 64) as *const __m256i));
+                let (mut lo, mut hi) = nibbles(_mm256_load_si256(w.add(ch * ws) as *const __m256i));
                 if MAP {
                     lo = _mm256_shuffle_epi8(map, lo);
                     hi = _mm256_shuffle_epi8(map, hi);
@@ -1760,6 +1838,7 @@ mod avx2 {
     unsafe fn vnni_sums<const NC: usize, const MAP: bool, const B8: bool>(
         w: *const u8,
         chunks: usize,
+        ws: usize,
         x: *const i8,
         stride: usize,
         map: __m256i,
@@ -1774,10 +1853,20 @@ mod avx2 {
             for st in 0..steps / 2 {
                 // SAFETY: see above.
                 unsafe {
-                    vnni_step::<NC, MAP, B8, false>(w, 2 * st, x, stride, map, &mut lo, &mut hi);
+                    vnni_step::<NC, MAP, B8, false>(
+                        w,
+                        2 * st,
+                        ws,
+                        x,
+                        stride,
+                        map,
+                        &mut lo,
+                        &mut hi,
+                    );
                     vnni_step::<NC, MAP, B8, false>(
                         w,
                         2 * st + 1,
+                        ws,
                         x,
                         stride,
                         map,
@@ -1789,7 +1878,16 @@ mod avx2 {
             if steps % 2 == 1 {
                 // SAFETY: see above.
                 unsafe {
-                    vnni_step::<NC, MAP, B8, false>(w, steps - 1, x, stride, map, &mut lo, &mut hi)
+                    vnni_step::<NC, MAP, B8, false>(
+                        w,
+                        steps - 1,
+                        ws,
+                        x,
+                        stride,
+                        map,
+                        &mut lo,
+                        &mut hi,
+                    )
                 };
             }
             for c in 0..NC {
@@ -1799,7 +1897,9 @@ mod avx2 {
         } else {
             for st in 0..steps {
                 // SAFETY: see above.
-                unsafe { vnni_step::<NC, MAP, B8, true>(w, st, x, stride, map, &mut lo, &mut hi) };
+                unsafe {
+                    vnni_step::<NC, MAP, B8, true>(w, st, ws, x, stride, map, &mut lo, &mut hi)
+                };
             }
         }
         std::array::from_fn(|c| _mm256_add_epi32(lo[c], hi[c]))
@@ -1814,7 +1914,7 @@ mod avx2 {
     /// 26.3 / 22.2 us; uint4 g32 with zero points 0.222 / 0.216 ms.
     #[inline]
     #[target_feature(enable = "avx2,f16c,avxvnni")]
-    unsafe fn vnni_sums_part(w: *const u8, chunks: usize, x: *const i8) -> [__m256i; 2] {
+    unsafe fn vnni_sums_part(w: *const u8, chunks: usize, ws: usize, x: *const i8) -> [__m256i; 2] {
         let zero = [_mm256_setzero_si256(); 2];
         // `[half]`: even steps' low and high nibbles, odd steps' low and high nibbles.
         let (mut lo, mut hi, mut lo2, mut hi2) = (zero, zero, zero, zero);
@@ -1828,7 +1928,7 @@ mod avx2 {
                 let odd = _mm256_set1_epi32(p.add(1).read_unaligned());
                 for h in 0..2 {
                     let (l, u) =
-                        nibbles(_mm256_load_si256(w.add(st * 64 + 32 * h) as *const __m256i));
+                        nibbles(_mm256_load_si256(w.add(st * ws + 32 * h) as *const __m256i));
                     lo[h] = _mm256_dpbusd_avx_epi32(lo[h], l, even);
                     hi[h] = _mm256_dpbusd_avx_epi32(hi[h], u, odd);
                 }
@@ -1865,6 +1965,7 @@ mod avx2 {
     unsafe fn vnni_sums2<const H: usize>(
         w: *const u8,
         chunks: usize,
+        ws: usize,
         x: *const i8,
     ) -> [__m256i; H] {
         let masks = [0x03u8, 0x0c, 0x30, 0xc0].map(|m| _mm256_set1_epi8(m as i8));
@@ -1877,7 +1978,7 @@ mod avx2 {
                 let xs: [__m256i; 4] =
                     std::array::from_fn(|p| _mm256_set1_epi32(xp.add(p).read_unaligned()));
                 for (h, acc) in acc.iter_mut().enumerate() {
-                    let v = _mm256_load_si256(w.add(ch * 64 + 32 * h) as *const __m256i);
+                    let v = _mm256_load_si256(w.add(ch * ws + 32 * h) as *const __m256i);
                     for ((a, &m), &xv) in acc.iter_mut().zip(masks.iter()).zip(xs.iter()) {
                         *a = _mm256_dpbusd_avx_epi32(*a, _mm256_and_si256(v, m), xv);
                     }
@@ -1895,9 +1996,11 @@ mod avx2 {
     /// nibbles (odd word) times the next 4 into `hi` (with `ONE` into `lo` too: one chain per
     /// column). Inlined into `vnni_sums`, which enables AVX-VNNI.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn vnni_step<const NC: usize, const MAP: bool, const B8: bool, const ONE: bool>(
         w: *const u8,
         st: usize,
+        ws: usize,
         x: *const i8,
         stride: usize,
         map: __m256i,
@@ -1906,11 +2009,11 @@ mod avx2 {
     ) {
         // SAFETY: the caller's (see `vnni_sums`).
         unsafe {
-            let at = w.add(st * if B8 { 128 } else { 64 });
+            let at = w.add(st * if B8 { 2 * ws } else { ws });
             let (u_lo, u_hi) = if B8 {
                 (
                     _mm256_load_si256(at as *const __m256i),
-                    _mm256_load_si256(at.add(64) as *const __m256i),
+                    _mm256_load_si256(at.add(ws) as *const __m256i),
                 )
             } else {
                 let (l, h) = nibbles(_mm256_load_si256(at as *const __m256i));
@@ -1964,7 +2067,7 @@ mod avx2 {
         let k = plan.k;
         let w = lay.data[lay.part(g, rb, s) + 32 * h..].as_ptr();
         let x = acts.xq[c0 * k + g * plan.group_size..].as_ptr();
-        let c = lay.chunks;
+        let (c, ws) = (lay.chunks, lay.word_stride);
         // SAFETY: offsets inside the layout and the activations; the caller enables AVX2 and
         // F16C, and AVX-VNNI with `VNNI`.
         unsafe {
@@ -1972,29 +2075,31 @@ mod avx2 {
                 None if lay.bits == 2 => {
                     // GEMVs on the 2-bit layout: AVX-VNNI only (`two_bit`).
                     assert!(VNNI && NC == 1);
-                    let [q] = vnni_sums2::<1>(w, c, x);
+                    let [q] = vnni_sums2::<1>(w, c, ws, x);
                     std::array::from_fn(|_| q)
                 }
                 None if lay.bits == 8 && VNNI => {
-                    vnni_sums::<NC, false, true>(w, c, x, k, _mm256_setzero_si256())
+                    vnni_sums::<NC, false, true>(w, c, ws, x, k, _mm256_setzero_si256())
                 }
                 None if lay.bits == 8 => {
                     // `Q - 128 S` per column: add `128 S` back.
-                    let q = half_sums::<NC, false, true>(w, c, x, k, _mm256_setzero_si256());
+                    let q = half_sums::<NC, false, true>(w, c, ws, x, k, _mm256_setzero_si256());
                     std::array::from_fn(|i| {
                         let s = acts.sums[(c0 + i) * plan.groups + g];
                         _mm256_add_epi32(q[i], _mm256_set1_epi32(128 * s))
                     })
                 }
-                None if VNNI => vnni_sums::<NC, false, false>(w, c, x, k, _mm256_setzero_si256()),
-                None => half_sums::<NC, false, false>(w, c, x, k, _mm256_setzero_si256()),
+                None if VNNI => {
+                    vnni_sums::<NC, false, false>(w, c, ws, x, k, _mm256_setzero_si256())
+                }
+                None => half_sums::<NC, false, false>(w, c, ws, x, k, _mm256_setzero_si256()),
                 Some(m) => {
                     let t =
                         _mm256_broadcastsi128_si256(_mm_loadu_si128(m.as_ptr() as *const __m128i));
                     if VNNI {
-                        vnni_sums::<NC, true, false>(w, c, x, k, t)
+                        vnni_sums::<NC, true, false>(w, c, ws, x, k, t)
                     } else {
-                        half_sums::<NC, true, false>(w, c, x, k, t)
+                        half_sums::<NC, true, false>(w, c, ws, x, k, t)
                     }
                 }
             }
@@ -2190,7 +2295,7 @@ mod avx2 {
         let gn_end = (c0 + NC - 1) * ng + end;
         assert!(acts.corr.len() >= gn_end && acts.tsc.len() >= gn_end && acts.zsum.len() >= gn_end);
         assert!(acts.xq.len() >= (c0 + NC - 1) * plan.k + end * plan.group_size);
-        assert!(end == 0 || lay.part(end - 1, rb, SUBS - 1) + lay.part_bytes() <= lay.data.len());
+        assert!(end == 0 || lay.block_end(end - 1, rb) <= lay.data.len());
         // One column with AVX-VNNI: both halves of a part at once (as `narrow`).
         let pair = VNNI && NC == 1 && job.map.is_none() && lay.bits != 8;
         let yp = ys.as_mut_ptr().wrapping_add(c0 * ROW_BLOCK);
@@ -2217,9 +2322,9 @@ mod avx2 {
                         let w = lay.data.as_ptr().add(lay.part(g, rb, s));
                         let x = acts.xq.as_ptr().add(c0 * plan.k + g * plan.group_size);
                         let [q0, q1] = if lay.bits == 2 {
-                            vnni_sums2::<2>(w, lay.chunks, x)
+                            vnni_sums2::<2>(w, lay.chunks, lay.word_stride, x)
                         } else {
-                            vnni_sums_part(w, lay.chunks, x)
+                            vnni_sums_part(w, lay.chunks, lay.word_stride, x)
                         };
                         [[q0; NC], [q1; NC]]
                     } else {
@@ -2461,6 +2566,7 @@ mod sdot {
     unsafe fn part_sums<const NC: usize, const MAP: bool, const B8: bool>(
         w: *const u8,
         chunks: usize,
+        ws: usize,
         x: *const i8,
         stride: usize,
         map: uint8x16_t,
@@ -2476,7 +2582,7 @@ mod sdot {
                 // SAFETY: as below, two words per chunk.
                 unsafe {
                     let word = |h: usize| -> [uint8x16_t; 4] {
-                        std::array::from_fn(|i| vld1q_u8(w.add((2 * ch + h) * 64 + 16 * i)))
+                        std::array::from_fn(|i| vld1q_u8(w.add((2 * ch + h) * ws + 16 * i)))
                     };
                     let (ve, vo) = (word(0), word(1));
                     let lo_e = ve.map(|v| vreinterpretq_s8_u8(vandq_u8(v, low)));
@@ -2506,7 +2612,7 @@ mod sdot {
             // hold the group's `8 chunks` bytes, and 8 bytes follow the last column's (the
             // padding of `Acts::xq`), so a 16-byte load at a chunk stays inside.
             unsafe {
-                let v: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(w.add(ch * 64 + 16 * i)));
+                let v: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(w.add(ch * ws + 16 * i)));
                 let look = |c: uint8x16_t| if MAP { vqtbl1q_u8(map, c) } else { c };
                 let lo = v.map(|v| vreinterpretq_s8_u8(look(vandq_u8(v, low))));
                 let hi = v.map(|v| vreinterpretq_s8_u8(look(vshrq_n_u8::<4>(v))));
@@ -2579,11 +2685,30 @@ mod sdot {
         // SAFETY: offsets inside the layout and the activations (see `part_sums`).
         let q = unsafe {
             match &job.map {
-                None if lay.bits == 8 => {
-                    part_sums::<NC, false, true>(w, lay.chunks, x, k, vdupq_n_u8(0))
-                }
-                None => part_sums::<NC, false, false>(w, lay.chunks, x, k, vdupq_n_u8(0)),
-                Some(m) => part_sums::<NC, true, false>(w, lay.chunks, x, k, vld1q_u8(m.as_ptr())),
+                None if lay.bits == 8 => part_sums::<NC, false, true>(
+                    w,
+                    lay.chunks,
+                    lay.word_stride,
+                    x,
+                    k,
+                    vdupq_n_u8(0),
+                ),
+                None => part_sums::<NC, false, false>(
+                    w,
+                    lay.chunks,
+                    lay.word_stride,
+                    x,
+                    k,
+                    vdupq_n_u8(0),
+                ),
+                Some(m) => part_sums::<NC, true, false>(
+                    w,
+                    lay.chunks,
+                    lay.word_stride,
+                    x,
+                    k,
+                    vld1q_u8(m.as_ptr()),
+                ),
             }
         };
         let r0 = s * SUB;

@@ -242,29 +242,52 @@ fn check(pw: &PackedWeights, n: usize, what: &str) {
     }
 }
 
+/// Where word `c` of part `s` of row block `rb`, group `g` lies: `[rb][g][c][s]` (the four
+/// parts' words interleaved) or `[rb][g][s][c]`, 64 bytes per word.
+fn word_offset(
+    lay: &DenseLayout,
+    interleaved: bool,
+    g: usize,
+    rb: usize,
+    s: usize,
+    c: usize,
+) -> usize {
+    let (blk, parts) = (rb * lay.groups + g, ROW_BLOCK / SUB);
+    let word = if interleaved {
+        (blk * lay.chunks + c) * parts + s
+    } else {
+        (blk * parts + s) * lay.chunks + c
+    };
+    word * SUB * 4
+}
+
 #[test]
 fn dense_layout_holds_the_codes() {
     let cb = Codebook::new(Format::Uint4).unwrap();
     let (m, k, g) = (70, 48, 16);
     let pw = random_weights(&cb, (m, k, g), false, false, 3);
     let codes = pw.codes().unwrap();
-    let lay = DenseLayout::build(&codes, m, k, g, 4).unwrap();
-    let parts = ROW_BLOCK / SUB;
-    for gi in 0..k / g {
-        for rb in 0..lay.row_blocks {
-            for s in 0..parts {
-                let part = &lay.data[lay.part(gi, rb, s)..][..lay.part_bytes()];
-                for (c, words) in part.chunks_exact(SUB * 4).enumerate() {
-                    for (r, word) in words.chunks_exact(4).enumerate() {
-                        let row = rb * ROW_BLOCK + s * SUB + r;
-                        for j in 0..CHUNK {
-                            let nib = (word[j / 2] >> (4 * (j % 2))) & 15;
-                            let want = if row < m {
-                                codes[row * k + gi * g + c * CHUNK + j]
-                            } else {
-                                0
-                            };
-                            assert_eq!(nib, want, "g={gi} row={row} chunk={c} j={j}");
+    for interleaved in [true, false] {
+        let lay = DenseLayout::build_with(&codes, m, k, g, 4, interleaved).unwrap();
+        let parts = ROW_BLOCK / SUB;
+        for gi in 0..k / g {
+            for rb in 0..lay.row_blocks {
+                for s in 0..parts {
+                    for c in 0..lay.chunks {
+                        let at = word_offset(&lay, interleaved, gi, rb, s, c);
+                        assert_eq!(lay.word(gi, rb, s, c), at);
+                        let words = &lay.data[at..][..SUB * 4];
+                        for (r, word) in words.chunks_exact(4).enumerate() {
+                            let row = rb * ROW_BLOCK + s * SUB + r;
+                            for j in 0..CHUNK {
+                                let nib = (word[j / 2] >> (4 * (j % 2))) & 15;
+                                let want = if row < m {
+                                    codes[row * k + gi * g + c * CHUNK + j]
+                                } else {
+                                    0
+                                };
+                                assert_eq!(nib, want, "g={gi} row={row} chunk={c} j={j}");
+                            }
                         }
                     }
                 }
@@ -286,21 +309,27 @@ fn eight_bit_dense_layout_holds_the_codes() {
         codes.iter().any(|&c| c > 127),
         "the test needs codes past 127"
     );
-    let lay = DenseLayout::build(&codes, m, k, g, 8).unwrap();
-    assert_eq!((lay.bits, lay.chunks), (8, g / 4));
-    assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g);
-    assert_eq!(pw.dense_layout().unwrap(), &lay);
-    for gi in 0..k / g {
-        for rb in 0..lay.row_blocks {
-            for s in 0..ROW_BLOCK / SUB {
-                let part = &lay.data[lay.part(gi, rb, s)..][..lay.part_bytes()];
-                for (w, words) in part.chunks_exact(SUB * 4).enumerate() {
-                    for (r, word) in words.chunks_exact(4).enumerate() {
-                        let row = rb * ROW_BLOCK + s * SUB + r;
-                        for (j, &byte) in word.iter().enumerate() {
-                            let input = gi * g + (w / 2) * CHUNK + ORDER[4 * (w % 2) + j];
-                            let want = if row < m { codes[row * k + input] } else { 0 };
-                            assert_eq!(byte, want, "g={gi} row={row} word={w} byte={j}");
+    for interleaved in [true, false] {
+        let lay = DenseLayout::build_with(&codes, m, k, g, 8, interleaved).unwrap();
+        assert_eq!((lay.bits, lay.chunks), (8, g / 4));
+        assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g);
+        if interleaved == dense::interleave_here() {
+            assert_eq!(pw.dense_layout().unwrap(), &lay);
+        }
+        for gi in 0..k / g {
+            for rb in 0..lay.row_blocks {
+                for s in 0..ROW_BLOCK / SUB {
+                    for w in 0..lay.chunks {
+                        let at = word_offset(&lay, interleaved, gi, rb, s, w);
+                        assert_eq!(lay.word(gi, rb, s, w), at);
+                        let words = &lay.data[at..][..SUB * 4];
+                        for (r, word) in words.chunks_exact(4).enumerate() {
+                            let row = rb * ROW_BLOCK + s * SUB + r;
+                            for (j, &byte) in word.iter().enumerate() {
+                                let input = gi * g + (w / 2) * CHUNK + ORDER[4 * (w % 2) + j];
+                                let want = if row < m { codes[row * k + input] } else { 0 };
+                                assert_eq!(byte, want, "g={gi} row={row} word={w} byte={j}");
+                            }
                         }
                     }
                 }
@@ -318,25 +347,29 @@ fn two_bit_dense_layout_holds_the_codes() {
     let (m, k, g) = (70, 96, 32);
     let pw = random_weights(&cb, (m, k, g), false, false, 5);
     let codes = pw.codes().unwrap();
-    let lay = DenseLayout::build(&codes, m, k, g, 2).unwrap();
-    assert_eq!((lay.bits, lay.chunks), (2, g / 16));
-    assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g / 4);
-    for gi in 0..k / g {
-        for rb in 0..lay.row_blocks {
-            for s in 0..ROW_BLOCK / SUB {
-                let part = &lay.data[lay.part(gi, rb, s)..][..lay.part_bytes()];
-                for (c, words) in part.chunks_exact(SUB * 4).enumerate() {
-                    for (r, word) in words.chunks_exact(4).enumerate() {
-                        let row = rb * ROW_BLOCK + s * SUB + r;
-                        for (j, &byte) in word.iter().enumerate() {
-                            for p in 0..4 {
-                                let got = (byte >> (2 * p)) & 3;
-                                let input = gi * g + c * 16 + ORDER[4 * p + j];
-                                let want = if row < m { codes[row * k + input] } else { 0 };
-                                assert_eq!(
-                                    got, want,
-                                    "g={gi} row={row} word={c} byte={j} pair={p}"
-                                );
+    for interleaved in [true, false] {
+        let lay = DenseLayout::build_with(&codes, m, k, g, 2, interleaved).unwrap();
+        assert_eq!((lay.bits, lay.chunks), (2, g / 16));
+        assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g / 4);
+        for gi in 0..k / g {
+            for rb in 0..lay.row_blocks {
+                for s in 0..ROW_BLOCK / SUB {
+                    for c in 0..lay.chunks {
+                        let at = word_offset(&lay, interleaved, gi, rb, s, c);
+                        assert_eq!(lay.word(gi, rb, s, c), at);
+                        let words = &lay.data[at..][..SUB * 4];
+                        for (r, word) in words.chunks_exact(4).enumerate() {
+                            let row = rb * ROW_BLOCK + s * SUB + r;
+                            for (j, &byte) in word.iter().enumerate() {
+                                for p in 0..4 {
+                                    let got = (byte >> (2 * p)) & 3;
+                                    let input = gi * g + c * 16 + ORDER[4 * p + j];
+                                    let want = if row < m { codes[row * k + input] } else { 0 };
+                                    assert_eq!(
+                                        got, want,
+                                        "g={gi} row={row} word={c} byte={j} pair={p}"
+                                    );
+                                }
                             }
                         }
                     }

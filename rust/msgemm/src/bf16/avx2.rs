@@ -75,7 +75,7 @@ unsafe fn decode(job: &Job<'_>, rb: usize, j0: usize, len: usize, out: &mut [f32
         let (g, c0) = (j / g_size, (j % g_size) / CHUNK);
         for s in 0..ROW_BLOCK / SUB {
             let ti = (g * lay.row_blocks + rb) * ROW_BLOCK + s * SUB;
-            let word = &lay.data[lay.part(g, rb, s) + c0 * SUB * 4..][..SUB * 4];
+            let word = &lay.data[lay.word(g, rb, s, c0)..][..SUB * 4];
             for h in 0..SUB / OCT {
                 let sc = load_tiled8(job.scales, ti + h * OCT);
                 let z = job.zeros.map(|z| load_tiled8(z, ti + h * OCT));

@@ -70,7 +70,7 @@ unsafe fn decode(job: &Job<'_>, rb: usize, j0: usize, len: usize, out: &mut [f32
             let ti = (g * lay.row_blocks + rb) * ROW_BLOCK + s * SUB;
             // SAFETY: 64 tiled values per (group, row block).
             let (sc, z) = unsafe { (load16(job.scales, ti), job.zeros.map(|z| load16(z, ti))) };
-            let word = &lay.data[lay.part(g, rb, s) + c0 * SUB * 4..][..SUB * 4];
+            let word = &lay.data[lay.word(g, rb, s, c0)..][..SUB * 4];
             // SAFETY: 64 bytes, aligned (the layout's chunks are 64-byte words).
             let v = unsafe { _mm512_load_si512(word.as_ptr() as *const __m512i) };
             for i in 0..CHUNK {

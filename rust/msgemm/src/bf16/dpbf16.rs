@@ -132,7 +132,7 @@ pub(in crate::bf16) unsafe fn decode(
                     (sc, z) = unsafe { (load16(job.scales, ti), job.zeros.map(|z| load16(z, ti))) };
                     loaded = g;
                 }
-                let word = &lay.data[lay.part(g, rb, s) + c * SUB * 4..][..64];
+                let word = &lay.data[lay.word(g, rb, s, c)..][..64];
                 // SAFETY: 64 bytes, aligned (the layout's chunks are 64-byte words).
                 let v = unsafe { _mm512_load_si512(word.as_ptr() as *const __m512i) };
                 for j in 0..4u32 {

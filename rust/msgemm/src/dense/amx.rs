@@ -226,16 +226,17 @@ impl Drop for Tiles {
     }
 }
 
-/// Unpacks the `chunks` 64-byte words of a part (`w`, 64-byte aligned) into `out`
+/// Unpacks the `chunks` 64-byte words of a part (`w`, 64-byte aligned, the words `ws`
+/// bytes apart) into `out`
 /// ([`CHUNK_BYTES`] per chunk, 64-byte aligned): the low nibbles, then the high ones, each
 /// code replaced by `map[code]` when there is a map.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack(w: *const u8, chunks: usize, map: Option<__m512i>, out: *mut u8) {
+unsafe fn unpack(w: *const u8, chunks: usize, ws: usize, map: Option<__m512i>, out: *mut u8) {
     for ch in 0..chunks {
         // SAFETY: the part holds `chunks` aligned words; `out` `chunks * 128` aligned bytes.
         unsafe {
-            let v = _mm512_load_si512(w.add(ch * 64) as *const __m512i);
+            let v = _mm512_load_si512(w.add(ch * ws) as *const __m512i);
             let (lo, hi) = match map {
                 Some(m) => nibbles::<true>(v, m),
                 None => nibbles::<false>(v, _mm512_setzero_si512()),
@@ -349,7 +350,15 @@ pub(super) unsafe fn block_sums(job: &Job<'_>, rb: usize, groups: Range<usize>, 
         for s in 0..SUBS {
             let w = lay.data[lay.part(g, rb, s)..].as_ptr();
             // SAFETY: the part's words lie inside the layout (aligned, see `DenseLayout`).
-            unsafe { unpack(w, chunks, map, codes[s * part_bytes..].as_mut_ptr()) };
+            unsafe {
+                unpack(
+                    w,
+                    chunks,
+                    lay.word_stride,
+                    map,
+                    codes[s * part_bytes..].as_mut_ptr(),
+                )
+            };
         }
         let mut c0 = 0;
         while c0 < n {
