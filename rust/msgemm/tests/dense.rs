@@ -242,23 +242,35 @@ fn check(pw: &PackedWeights, n: usize, what: &str) {
     }
 }
 
-/// Where word `c` of part `s` of row block `rb`, group `g` lies: `[rb][g][c][s]` (the four
-/// parts' words interleaved) or `[rb][g][s][c]`, 64 bytes per word.
-fn word_offset(
+/// Calls `f(g, row, c, bytes)` with the 4 bytes of word `c` of every row (rows past M
+/// included) and group of the layout, after checking that the word lies where it should:
+/// `[rb][g][c][s]` (the four 16-row parts' words interleaved) or `[rb][g][s][c]`, 64 bytes
+/// per word.
+fn each_row_word(
     lay: &DenseLayout,
     interleaved: bool,
-    g: usize,
-    rb: usize,
-    s: usize,
-    c: usize,
-) -> usize {
-    let (blk, parts) = (rb * lay.groups + g, ROW_BLOCK / SUB);
-    let word = if interleaved {
-        (blk * lay.chunks + c) * parts + s
-    } else {
-        (blk * parts + s) * lay.chunks + c
-    };
-    word * SUB * 4
+    mut f: impl FnMut(usize, usize, usize, &[u8]),
+) {
+    let parts = ROW_BLOCK / SUB;
+    for g in 0..lay.groups {
+        for rb in 0..lay.row_blocks {
+            let blk = rb * lay.groups + g;
+            for s in 0..parts {
+                for c in 0..lay.chunks {
+                    let word = if interleaved {
+                        (blk * lay.chunks + c) * parts + s
+                    } else {
+                        (blk * parts + s) * lay.chunks + c
+                    };
+                    let at = word * SUB * 4;
+                    assert_eq!(lay.word(g, rb, s, c), at, "g={g} rb={rb} s={s} c={c}");
+                    for (r, bytes) in lay.data[at..][..SUB * 4].chunks_exact(4).enumerate() {
+                        f(g, rb * ROW_BLOCK + s * SUB + r, c, bytes);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -269,30 +281,17 @@ fn dense_layout_holds_the_codes() {
     let codes = pw.codes().unwrap();
     for interleaved in [true, false] {
         let lay = DenseLayout::build_with(&codes, m, k, g, 4, interleaved).unwrap();
-        let parts = ROW_BLOCK / SUB;
-        for gi in 0..k / g {
-            for rb in 0..lay.row_blocks {
-                for s in 0..parts {
-                    for c in 0..lay.chunks {
-                        let at = word_offset(&lay, interleaved, gi, rb, s, c);
-                        assert_eq!(lay.word(gi, rb, s, c), at);
-                        let words = &lay.data[at..][..SUB * 4];
-                        for (r, word) in words.chunks_exact(4).enumerate() {
-                            let row = rb * ROW_BLOCK + s * SUB + r;
-                            for j in 0..CHUNK {
-                                let nib = (word[j / 2] >> (4 * (j % 2))) & 15;
-                                let want = if row < m {
-                                    codes[row * k + gi * g + c * CHUNK + j]
-                                } else {
-                                    0
-                                };
-                                assert_eq!(nib, want, "g={gi} row={row} chunk={c} j={j}");
-                            }
-                        }
-                    }
-                }
+        each_row_word(&lay, interleaved, |gi, row, c, word| {
+            for j in 0..CHUNK {
+                let nib = (word[j / 2] >> (4 * (j % 2))) & 15;
+                let want = if row < m {
+                    codes[row * k + gi * g + c * CHUNK + j]
+                } else {
+                    0
+                };
+                assert_eq!(nib, want, "g={gi} row={row} chunk={c} j={j}");
             }
-        }
+        });
     }
 }
 
@@ -316,25 +315,13 @@ fn eight_bit_dense_layout_holds_the_codes() {
         if interleaved == dense::interleave_here() {
             assert_eq!(pw.dense_layout().unwrap(), &lay);
         }
-        for gi in 0..k / g {
-            for rb in 0..lay.row_blocks {
-                for s in 0..ROW_BLOCK / SUB {
-                    for w in 0..lay.chunks {
-                        let at = word_offset(&lay, interleaved, gi, rb, s, w);
-                        assert_eq!(lay.word(gi, rb, s, w), at);
-                        let words = &lay.data[at..][..SUB * 4];
-                        for (r, word) in words.chunks_exact(4).enumerate() {
-                            let row = rb * ROW_BLOCK + s * SUB + r;
-                            for (j, &byte) in word.iter().enumerate() {
-                                let input = gi * g + (w / 2) * CHUNK + ORDER[4 * (w % 2) + j];
-                                let want = if row < m { codes[row * k + input] } else { 0 };
-                                assert_eq!(byte, want, "g={gi} row={row} word={w} byte={j}");
-                            }
-                        }
-                    }
-                }
+        each_row_word(&lay, interleaved, |gi, row, w, word| {
+            for (j, &byte) in word.iter().enumerate() {
+                let input = gi * g + (w / 2) * CHUNK + ORDER[4 * (w % 2) + j];
+                let want = if row < m { codes[row * k + input] } else { 0 };
+                assert_eq!(byte, want, "g={gi} row={row} word={w} byte={j}");
             }
-        }
+        });
     }
 }
 
@@ -351,31 +338,16 @@ fn two_bit_dense_layout_holds_the_codes() {
         let lay = DenseLayout::build_with(&codes, m, k, g, 2, interleaved).unwrap();
         assert_eq!((lay.bits, lay.chunks), (2, g / 16));
         assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g / 4);
-        for gi in 0..k / g {
-            for rb in 0..lay.row_blocks {
-                for s in 0..ROW_BLOCK / SUB {
-                    for c in 0..lay.chunks {
-                        let at = word_offset(&lay, interleaved, gi, rb, s, c);
-                        assert_eq!(lay.word(gi, rb, s, c), at);
-                        let words = &lay.data[at..][..SUB * 4];
-                        for (r, word) in words.chunks_exact(4).enumerate() {
-                            let row = rb * ROW_BLOCK + s * SUB + r;
-                            for (j, &byte) in word.iter().enumerate() {
-                                for p in 0..4 {
-                                    let got = (byte >> (2 * p)) & 3;
-                                    let input = gi * g + c * 16 + ORDER[4 * p + j];
-                                    let want = if row < m { codes[row * k + input] } else { 0 };
-                                    assert_eq!(
-                                        got, want,
-                                        "g={gi} row={row} word={c} byte={j} pair={p}"
-                                    );
-                                }
-                            }
-                        }
-                    }
+        each_row_word(&lay, interleaved, |gi, row, c, word| {
+            for (j, &byte) in word.iter().enumerate() {
+                for p in 0..4 {
+                    let got = (byte >> (2 * p)) & 3;
+                    let input = gi * g + c * 16 + ORDER[4 * p + j];
+                    let want = if row < m { codes[row * k + input] } else { 0 };
+                    assert_eq!(got, want, "g={gi} row={row} word={c} byte={j} pair={p}");
                 }
             }
-        }
+        });
     }
 }
 
