@@ -65,10 +65,10 @@ const SUBS: usize = ROW_BLOCK / SUB;
 /// all four parts at once: they then read one stream per row block rather than four 1 KiB
 /// streams (Zen 4, int4 g128 4096 x 4096 on two threads, minima of alternating builds: 0.065
 /// -> 0.061 ms warm (0.069 -> 0.060 in another run), 0.23-0.26 -> 0.13-0.19 ms over 9 weight
-/// sets; uint4 g128 0.070 -> 0.064, int8 g32 0.162 -> 0.147; on Zen 5, at stop 38, a probe read the single stream 1.2x faster
-/// and the kernel was level). Elsewhere `[rb][g][s][c][16 rows][4 bytes]`, each part's words
-/// one after another. Part `s`'s words are [`DenseLayout::word_stride`] bytes apart. Rows
-/// past M hold code 0 (never written out).
+/// sets; uint4 g128 0.070 -> 0.064, int8 g32 0.162 -> 0.147; on Zen 5, at stops 38 and 43,
+/// a probe read the single stream 1.2x faster and the kernel was level). Elsewhere
+/// `[rb][g][s][c][16 rows][4 bytes]`, each part's words one after another. Part `s`'s words
+/// are [`DenseLayout::word_stride`] bytes apart. Rows past M hold code 0 (never written out).
 ///
 /// 4 bits per code (every dense call but 2-bit GEMVs): word `c` holds the chunk of
 /// [`CHUNK`] inputs from `k0 = g G + 8 c`; byte `j` of a row's word the codes of inputs
@@ -107,7 +107,7 @@ const ORDER16: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 
 pub const WORD_STRIDE: usize = SUBS * SUB * 4;
 
 impl DenseLayout {
-    /// Bytes of one 16-row part of one group (its words, [`WORD_STRIDE`] apart).
+    /// Bytes of one 16-row part of one group (its words, `word_stride` bytes apart).
     #[inline]
     pub fn part_bytes(&self) -> usize {
         self.chunks * SUB * 4
@@ -1136,9 +1136,8 @@ mod vnni {
     /// The sums `Q = sum_k q_k xq_k` of `P` consecutive 16-row parts and one group for `NC`
     /// columns: `w` the first part's first word (the interleaved layout: each part `chunks`
     /// words of 64 bytes, [`WORD_STRIDE`] apart), `x` the first column's activations of the
-    /// group, `stride` bytes
-    /// between columns. With `MAP`, each 4-bit code `c` is replaced by `map[c]` (the 16 bytes
-    /// of `map`, in every 128-bit lane) before it is multiplied.
+    /// group, `stride` bytes between columns. With `MAP`, each 4-bit code `c` is replaced by
+    /// `map[c]` (the 16 bytes of `map`, in every 128-bit lane) before it is multiplied.
     ///
     /// Why several parts at once: each accumulator is a chain of dependent `vpdpbusd`s (4-5
     /// cycles each), so one part of one column (a GEMV) waited on that latency, not on the
@@ -1751,6 +1750,7 @@ mod avx2 {
     /// With `B8` the codes are bytes (the 8-bit layout: two words per chunk, the even inputs'
     /// then the odd ones'), summed as `u - 128` (see the loop): the sums are `Q - 128 S`,
     /// which [`half_q`] corrects.
+    /// `ws`: bytes from a word of the part to its next ([`super::DenseLayout::word_stride`]).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn half_sums<const NC: usize, const MAP: bool, const B8: bool>(
@@ -1833,6 +1833,7 @@ mod avx2 {
     /// of even and of odd chunks sum into chains of their own, added at the end (integers:
     /// the same sums); more columns are chains enough, within AVX2's 16 registers. No int16
     /// step, so bytes up to 255 (codebook maps up to [`super::MAP_SPAN`]).
+    /// `ws`: bytes from a word of the part to its next ([`super::DenseLayout::word_stride`]).
     #[inline]
     #[target_feature(enable = "avx2,f16c,avxvnni")]
     unsafe fn vnni_sums<const NC: usize, const MAP: bool, const B8: bool>(
@@ -1912,6 +1913,7 @@ mod avx2 {
     /// `avx2` (AVX-VNNI), minima of alternating builds, before / after: int4 g128 4096 x 4096,
     /// two threads, 0.104 / 0.086 ms (N = 3: 0.273 / 0.251), 1024 x 2048 in L2, one thread,
     /// 26.3 / 22.2 us; uint4 g32 with zero points 0.222 / 0.216 ms.
+    /// `ws`: bytes from a word of the part to its next ([`super::DenseLayout::word_stride`]).
     #[inline]
     #[target_feature(enable = "avx2,f16c,avxvnni")]
     unsafe fn vnni_sums_part(w: *const u8, chunks: usize, ws: usize, x: *const i8) -> [__m256i; 2] {
@@ -1960,6 +1962,7 @@ mod avx2 {
     /// of alternating builds in a noisy hour, before / after: 4096 x 4096 on two threads,
     /// ternary g128 0.101-0.136 / 0.078-0.105 ms, int2 g64 0.133 / 0.110; 1024 x 2048 in L2
     /// on one, ternary 25.2 / 18.5 us, int2 33.3 / 28.1 us).
+    /// `ws`: bytes from a word of the part to its next ([`super::DenseLayout::word_stride`]).
     #[inline]
     #[target_feature(enable = "avx2,f16c,avxvnni")]
     unsafe fn vnni_sums2<const H: usize>(
@@ -1995,6 +1998,7 @@ mod avx2 {
     /// nibbles (`B8`: even word) times each column's first 4 activations into `lo`, its high
     /// nibbles (odd word) times the next 4 into `hi` (with `ONE` into `lo` too: one chain per
     /// column). Inlined into `vnni_sums`, which enables AVX-VNNI.
+    /// `ws`: bytes from a word of the part to its next ([`super::DenseLayout::word_stride`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn vnni_step<const NC: usize, const MAP: bool, const B8: bool, const ONE: bool>(
@@ -2561,6 +2565,7 @@ mod sdot {
     /// codes (0..15) are the signed operand too: `sdot` multiplies signed by signed. With
     /// `MAP`, each code `c` is replaced by `map[c]` first (`tbl`; values at most
     /// 127, [`super::map_span`]: the same bytes signed).
+    /// `ws`: bytes from a word of the part to its next ([`super::DenseLayout::word_stride`]).
     #[inline]
     #[target_feature(enable = "dotprod")]
     unsafe fn part_sums<const NC: usize, const MAP: bool, const B8: bool>(
