@@ -494,7 +494,7 @@ def main() -> None:
                  "for float ones (nf4, float custom codebooks: on CPUs with AMX-BF16 from N = 6, with AVX-512 from "
                  "N = 8, with AVX2 and FMA from N = 16; below, `i8` tables, about a GEMV per column), and for integer ones with small groups (on AMX groups of at most 16 "
                  "inputs from N = 8 and of at most 32 from N = 32; on AMD's AVX-512 BF16 groups of at most 16 from "
-                 "N = 24 and of at most 32 from N = 48; on other AVX-512 and AVX2 CPUs groups of at most 16 from "
+                 "N = 24 and of at most 32 from N = 48 (Zen 4: of at most 16 from N = 32); on other AVX-512 and AVX2 CPUs groups of at most 16 from "
                  "N = 32). Errors are relative L1 against the float64 product of the dequantized "
                  "weights.")
 

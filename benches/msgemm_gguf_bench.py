@@ -137,7 +137,7 @@ def main() -> None:
         "for groups of 16 or 32 inputs that epilogue dominates, while `bf16` mode scales the weights as it "
         "decodes them. On CPUs with AMX-BF16 the default therefore takes `bf16` for groups of at most 16 "
         "inputs from N = 8 and of at most 32 from N = 32 (`bf16::dense_to_bf16_min_n`; on AMD CPUs with "
-        "AVX-512 BF16 groups of at most 16 from N = 24 and of at most 32 from N = 48; on other AVX-512 or "
+        "AVX-512 BF16 groups of at most 16 from N = 24 and of at most 32 from N = 48 (Zen 4: of at most 16 from N = 32); on other AVX-512 or "
         "AVX2 CPUs groups of at most 16 from N = 32). A0 is numpy on the int4 g32 weights dequantized "
         "beforehand, in the same rounds.",
     ]

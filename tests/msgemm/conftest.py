@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,12 @@ def cpu_has(*names: str) -> bool:
     from numpy._core._multiarray_umath import __cpu_features__
 
     return all(__cpu_features__.get(n, False) for n in names)
+
+
+def _cpu_family() -> int:
+    """The first "cpu family" of /proc/cpuinfo (AMD Zen 4: 25, Zen 5: 26), or 0."""
+    m = re.search(r"^cpu family\s*:\s*(\d+)", _cpuinfo(), re.M)
+    return int(m.group(1)) if m else 0
 
 
 def _cpuinfo() -> str:
@@ -76,8 +84,10 @@ def dense_to_bf16_min_n(kernel: str | None, g: int) -> int | None:
     instead, for group size ``g`` (None: never)."""
     if kernel == "amx-tdpbf16ps":
         return 8 if g <= 16 else 32 if g <= 32 else None
-    if kernel == "avx512-vdpbf16ps":
-        return 24 if g <= 16 else 48 if g <= 32 else None
+    if kernel == "avx512-vdpbf16ps":  # Zen 5 (family 0x1A) and later; Zen 4 below
+        if _cpu_family() >= 0x1A:
+            return 24 if g <= 16 else 48 if g <= 32 else None
+        return 32 if g <= 16 else None
     return 32 if kernel in ("avx512-fma", "avx2-fma") and g <= 16 else None
 
 

@@ -159,7 +159,7 @@ def test_default_batches_of_float_codebooks_take_it_where_a_fast_kernel_runs_it(
     assert mg.plan_info(pi, n=64)["dense_bf16"] is False
     # ... except small groups, whose per-group epilogue costs more than decoding to bfloat16
     # (documented at dense_to_bf16_min_n): on AMX groups of 16 from 8 columns and of 32 from
-    # 32; on AMD's vdpbf16ps kernel groups of 16 from 24 and of 32 from 48; on the AVX-512 FMA
+    # 32; on AMD's vdpbf16ps kernel groups of 16 from 24 and of 32 from 48 (Zen 4: of 16 from 32); on the AVX-512 FMA
     # and AVX2 kernels groups of 16 from 32.
     def rule(backend: str, g: int) -> int | None:
         if backend == "auto":

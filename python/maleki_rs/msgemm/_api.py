@@ -1030,7 +1030,8 @@ def msgemm(
           most 32 (Q4_0, Q4_K, MXFP4) from 32 on (4096 x 4096, N = 64, three runs: 0.15-0.36x
           the dense path's time at G = 16, 0.21-0.65x at G = 32); on AMD CPUs with AVX-512
           BF16 groups of at most 16 from 24 columns on and of at most 32 from 48 (Zen 5, N = 32:
-          0.76-0.85x at G = 16; N = 64 0.79x at G = 32 with zero points); on other CPUs with
+          0.76-0.85x at G = 16; N = 64 0.79x at G = 32 with zero points; on Zen 4, where
+          groups of 32 took 1.2-1.5x the dense time, groups of at most 16 from 32); on other CPUs with
           AVX-512 or AVX2 and FMA groups of at most 16 from 32 columns on (0.5-0.9x at N = 64);
         - other weights of at most 16 levels (nf4, float custom codebooks) with group sizes
           that are multiples of 8 and K a multiple of 32, in batches without ``mirror`` of 6 columns or more on a

@@ -89,7 +89,8 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// the integer sums of every group of every 16 rows by 16 columns in float32, an epilogue that
 /// dominates for small groups; `bf16` mode applies the scales while decoding the weights.
 /// - AMX kernel: groups of at most 16 inputs from 8 columns, of at most 32 from 32.
-/// - AVX-512 BF16 kernel (AMD): groups of at most 16 from 24 columns, of at most 32 from 48.
+/// - AVX-512 BF16 kernel (AMD): on Zen 5 and later (CPU family 0x1A on) groups of at most 16
+///   from 24 columns, of at most 32 from 48; on Zen 4 groups of at most 16 from 32.
 /// - AVX-512 FMA and AVX2 kernels: groups of at most 16 from 32 columns.
 /// - The portable kernel: never.
 ///
@@ -114,16 +115,27 @@ pub const AUTO_MIN_N_AVX2: usize = 16;
 /// 2.02-2.11, N = 24 2.64 / 2.39, N = 32 3.3-3.6 / 2.5-3.0; G = 32 with zero points (uint4)
 /// N = 24 1.86 / 1.93, N = 32 2.54 / 2.38, N = 48 3.38 / 3.20, N = 64 4.98 / 3.91, without
 /// (int4) N = 32 2.17 / 2.42, N = 64 3.86 / 4.15; N = 128: G = 16 10.0 / 6.9, G = 32 6.1-6.3 /
-/// 6.5 (near ties go to `bf16`, the more accurate).
+/// 6.5 (near ties go to `bf16`, the more accurate). On Zen 4 (family 0x19, whose 512-bit
+/// `vdpbf16ps` and `vpdpbusd` run at half width) groups of 32 stay dense: `bf16` took
+/// 1.22-1.53x the dense path's time at every N from 16 to 128 (int4, uint4 with zero points,
+/// fp4; from Python, minima of five rounds in one process); groups of 16 (int3, uint2, fp4)
+/// N = 16 0.91-1.07x, N = 24 1.02-1.09x, N = 32 0.97-1.04x, N = 64 0.90-0.98x, N = 128
+/// 0.80-0.94x.
 pub fn dense_to_bf16_min_n(backend: Backend, group_size: usize) -> Option<usize> {
     match (kernel_of(backend)?, group_size) {
         (Kernel::Amx, 0..=16) => Some(8),
         (Kernel::Amx, 17..=32) => Some(32),
-        (Kernel::Avx512Bf16, 0..=16) => Some(24),
-        (Kernel::Avx512Bf16, 17..=32) => Some(48),
+        (Kernel::Avx512Bf16, 0..=16) if zen5_on() => Some(24),
+        (Kernel::Avx512Bf16, 17..=32) if zen5_on() => Some(48),
+        (Kernel::Avx512Bf16, 0..=16) => Some(32),
         (Kernel::Avx512 | Kernel::Avx2, 0..=16) => Some(32),
         _ => None,
     }
+}
+
+/// Whether this AMD CPU is a Zen 5 or later (CPU family 0x1A on): full-width 512-bit units.
+fn zen5_on() -> bool {
+    crate::kernels::cpu_family() >= 0x1a
 }
 
 /// Inputs the portable kernel decodes at a time (64 rows x 64 inputs of float32, 16 KiB).
@@ -864,7 +876,11 @@ mod tests {
             // The documented rule, by the kernel the backend runs here.
             let rule = |g: usize| match kernel_of(backend) {
                 Some(Kernel::Amx) => Some(if g <= 16 { 8 } else { 32 }),
-                Some(Kernel::Avx512Bf16) => Some(if g <= 16 { 24 } else { 48 }),
+                // Zen 5 on (family 0x1A); Zen 4 keeps groups of 32 dense.
+                Some(Kernel::Avx512Bf16) if crate::kernels::cpu_family() >= 0x1a => {
+                    Some(if g <= 16 { 24 } else { 48 })
+                }
+                Some(Kernel::Avx512Bf16) if g <= 16 => Some(32),
                 Some(Kernel::Avx512 | Kernel::Avx2) if g <= 16 => Some(32),
                 _ => None,
             };

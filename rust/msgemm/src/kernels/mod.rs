@@ -621,6 +621,31 @@ pub fn amd_cpu() -> bool {
     }
 }
 
+/// The CPU's family as CPUID leaf 1 gives it (the base family, plus the extended one where the
+/// base is 15): AMD Zen 3 and Zen 4 0x19, Zen 5 0x1A; 0 off x86-64. Like [`amd_cpu`], for
+/// fixed rules ([`crate::bf16::dense_to_bf16_min_n`]).
+pub fn cpu_family() -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static FAMILY: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        *FAMILY.get_or_init(|| {
+            #[allow(unused_unsafe)] // safe functions in newer Rust
+            // SAFETY: CPUID leaf 1 exists on every x86-64 CPU.
+            let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+            let base = (eax >> 8) & 0xf;
+            if base == 0xf {
+                base + ((eax >> 20) & 0xff)
+            } else {
+                base
+            }
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
 /// Backends usable on this machine (compiled in and supported by the CPU), by name, plus
 /// `"reference"`.
 pub fn available_backends() -> Vec<Backend> {
@@ -634,4 +659,25 @@ pub fn available_backends() -> Vec<Backend> {
     }
     out.push(Backend::Reference);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    /// `cpu_family` agrees with the kernel's reading of CPUID ("cpu family" in /proc/cpuinfo,
+    /// in decimal), where there is one to read.
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn cpu_family_is_the_one_linux_reports() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            return;
+        };
+        let reported = info
+            .lines()
+            .find(|l| l.starts_with("cpu family"))
+            .and_then(|l| l.split(':').nth(1))
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if let Some(family) = reported {
+            assert_eq!(super::cpu_family(), family);
+        }
+    }
 }
