@@ -74,10 +74,17 @@ const SUBS: usize = ROW_BLOCK / SUB;
 /// [`CHUNK`] inputs from `k0 = g G + 8 c`; byte `j` of a row's word the codes of inputs
 /// `k0 + 2j` (low nibble) and `k0 + 2j + 1` (high nibble).
 ///
-/// 2 bits per code ([`two_bit`] GEMVs): word `c` holds the 16 inputs from `k0 = g G + 16 c`;
-/// bits `2p, 2p + 1` of byte `j` the code of input `k0 + ORDER16[4p + j]`, so that the codes
-/// of bit pair `p` meet the activations at bytes `4p .. 4p + 4` of the chunk in the order that
-/// [`Acts`] stores them.
+/// 2 bits per code ([`two_bit`] GEMVs), where the parts' words are not interleaved: word `c`
+/// holds the 16 inputs from `k0 = g G + 16 c`; bits `2p, 2p + 1` of byte `j` the code of input
+/// `k0 + ORDER16[4p + j]`, so that the codes of bit pair `p` meet the activations at bytes
+/// `4p .. 4p + 4` of the chunk in the order that [`Acts`] stores them. Where they are
+/// ([`DenseLayout::pairs`]), the four parts share each word instead, one bit pair each:
+/// `[rb][g][c][16 rows][4 bytes]`, word `c` (`G / 4` per group) holds 4 inputs of all 64 rows,
+/// bits `2s, 2s + 1` of byte `j` of row `r` the code of row `16 s + r` and input
+/// `g G + 16 (c / 4) + ORDER16[4 (c % 4) + j]`, the input whose activation [`Acts`] stores at
+/// byte `4c + j` of the group. A GEMV then masks out each part's codes in place and multiplies
+/// them by the same 4 activations (one broadcast per 256 codes), and the shifts back that
+/// undo the bit pairs' weights `4^s` come once per part and group (`vnni::pairs_sums`).
 ///
 /// 8 bits per code (codebooks of more than 16 levels: int8, uint8): words `2c` and `2c + 1`
 /// hold the chunk of 8 inputs from `k0 = g G + 8 c`, byte `j` of word `2c + h` the code of
@@ -89,12 +96,16 @@ pub struct DenseLayout {
     pub groups: usize,
     pub row_blocks: usize,
     /// Words per part and group: `G / 8` (4 bits per code), `G / 16` (2 bits) or `G / 4` (8
-    /// bits).
+    /// bits, and 2 bits with the parts in bit pairs, [`DenseLayout::pairs`]).
     pub chunks: usize,
     /// Bits per code: 4, 2 or 8.
     pub bits: u32,
+    /// Whether the four parts' words are interleaved (`[rb][g][c][s]`; with 2 bits per code,
+    /// the parts in the bit pairs of each word), or each part's words follow one another
+    /// (`[rb][g][s][c]`).
+    pub interleaved: bool,
     /// Bytes from a word of a part to its next: [`WORD_STRIDE`] where the parts' words are
-    /// interleaved, `SUB * 4` where each part's words follow one another.
+    /// interleaved, `SUB * 4` where each part's words follow one another or share them.
     pub word_stride: usize,
 }
 
@@ -107,28 +118,47 @@ const ORDER16: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 
 pub const WORD_STRIDE: usize = SUBS * SUB * 4;
 
 impl DenseLayout {
-    /// Bytes of one 16-row part of one group (its words, `word_stride` bytes apart).
+    /// Bytes of one 16-row part of one group (its words, `word_stride` bytes apart; with the
+    /// parts in bit pairs, the words that all four share).
     #[inline]
     pub fn part_bytes(&self) -> usize {
         self.chunks * SUB * 4
     }
 
-    /// Whether the four parts' words are interleaved (`[rb][g][c][s]`), or each part's
-    /// words follow one another (`[rb][g][s][c]`).
+    /// Whether the four parts' words are interleaved (`[rb][g][c][s]`; 2-bit codes: the
+    /// parts in bit pairs), or each part's words follow one another (`[rb][g][s][c]`).
     #[inline]
     pub fn interleaved(&self) -> bool {
-        self.word_stride == WORD_STRIDE
+        self.interleaved
     }
 
-    /// Offset of the first word of part `s` of row block `rb` of group `g` in `data`.
+    /// Whether the four parts share each word, part `s` in bit pair `s` of every byte (2-bit
+    /// codes, interleaved).
+    #[inline]
+    pub fn pairs(&self) -> bool {
+        self.bits == 2 && self.interleaved
+    }
+
+    /// Bytes of the words of one row block and group (all four parts).
+    #[inline]
+    fn block_bytes(&self) -> usize {
+        if self.pairs() {
+            self.part_bytes()
+        } else {
+            SUBS * self.part_bytes()
+        }
+    }
+
+    /// Offset of the first word of part `s` of row block `rb` of group `g` in `data` (with
+    /// the parts in bit pairs, the same for every part).
     #[inline]
     pub fn part(&self, g: usize, rb: usize, s: usize) -> usize {
-        let step = if self.interleaved() {
-            SUB * 4
-        } else {
-            self.part_bytes()
+        let step = match (self.pairs(), self.interleaved) {
+            (true, _) => 0,
+            (false, true) => SUB * 4,
+            (false, false) => self.part_bytes(),
         };
-        (rb * self.groups + g) * SUBS * self.part_bytes() + s * step
+        (rb * self.groups + g) * self.block_bytes() + s * step
     }
 
     /// Offset of word `c` of part `s` of row block `rb` of group `g` in `data`.
@@ -140,14 +170,14 @@ impl DenseLayout {
     /// Offset just past the words of row block `rb` of group `g` (all four parts).
     #[inline]
     pub fn block_end(&self, g: usize, rb: usize) -> usize {
-        (rb * self.groups + g + 1) * SUBS * self.part_bytes()
+        (rb * self.groups + g + 1) * self.block_bytes()
     }
 
     /// Builds the layout from unpacked codes `(M, K)` row-major at `bits` (4: every code <
     /// 16, `group_size` a multiple of [`CHUNK`]; 2: every code < 4, `group_size` a multiple of
     /// 16; 8: any code, `group_size` a multiple of [`CHUNK`]), its parts' words interleaved
-    /// where this CPU has the AVX-512 VNNI kernels ([`interleave_here`]). Fails only when its
-    /// buffer cannot be allocated.
+    /// (2 bits: the parts in bit pairs) where this CPU has the AVX-512 VNNI kernels
+    /// ([`interleave_here`]). Fails only when its buffer cannot be allocated.
     pub fn build(
         codes: &[u8],
         m: usize,
@@ -173,7 +203,10 @@ impl DenseLayout {
         assert_eq!(codes.len(), m * k);
         let groups = k / group_size;
         let row_blocks = m.div_ceil(ROW_BLOCK);
-        let chunks = group_size / word_inputs;
+        let pairs = bits == 2 && interleaved;
+        // With the parts in bit pairs a word holds 4 inputs of 64 rows, else `word_inputs` of
+        // 16.
+        let chunks = group_size / if pairs { 4 } else { word_inputs };
         let bytes_per_row_group = group_size * bits as usize / 8;
         let mut lay = DenseLayout {
             data: AlignedVec::try_zeroed(
@@ -184,11 +217,45 @@ impl DenseLayout {
             row_blocks,
             chunks,
             bits,
-            word_stride: if interleaved { WORD_STRIDE } else { SUB * 4 },
+            interleaved,
+            word_stride: if interleaved && !pairs {
+                WORD_STRIDE
+            } else {
+                SUB * 4
+            },
         };
         // One row block per task: its 64 rows of every group, contiguous.
         let per_block = groups * ROW_BLOCK * bytes_per_row_group;
-        if per_block > 0 {
+        // The code of `row` and `input` (0 past M).
+        let code = |row: usize, input: usize| {
+            if row < m {
+                codes[row * k + input]
+            } else {
+                0
+            }
+        };
+        if per_block > 0 && pairs {
+            lay.data
+                .par_chunks_mut(per_block)
+                .enumerate()
+                .for_each(|(rb, out)| {
+                    // Word `c` of group `g`: `[g][c]`, 64 rows of 4 inputs, part `s` in bit
+                    // pair `s`.
+                    for (i, word) in out.chunks_exact_mut(SUB * 4).enumerate() {
+                        let (g, c) = (i / chunks, i % chunks);
+                        let k0 = g * group_size + 16 * (c / 4);
+                        for (r, bytes) in word.chunks_exact_mut(4).enumerate() {
+                            for (j, b) in bytes.iter_mut().enumerate() {
+                                let input = k0 + ORDER16[4 * (c % 4) + j];
+                                *b = (0..SUBS).fold(0, |b, s| {
+                                    let row = rb * ROW_BLOCK + s * SUB + r;
+                                    b | (code(row, input) << (2 * s))
+                                });
+                            }
+                        }
+                    }
+                });
+        } else if per_block > 0 {
             lay.data
                 .par_chunks_mut(per_block)
                 .enumerate()
@@ -545,10 +612,14 @@ pub fn two_bit(plan: &Plan, backend: Backend) -> bool {
         && plan.group_size <= 1 << 16
         // Codes below 4 (at most 4 levels), summed as they are (no map).
         && ints(plan).is_some_and(|i| i.map.is_none())
-        && matches!(
-            kind_for_call(backend, plan),
-            Some(Kind::Vnni512 | Kind::AvxVnni)
-        )
+        && match kind_for_call(backend, plan) {
+            Some(Kind::Vnni512) => true,
+            // The AVX-VNNI kernels read the 2-bit layout whose parts keep to their own
+            // words: on CPUs with AVX-512 VNNI too (backend `avx2` asked for), whose layout
+            // has the parts in bit pairs, these GEMVs take the tables (`applies`).
+            Some(Kind::AvxVnni) => !interleave_here(),
+            _ => false,
+        }
 }
 
 /// The dense layout a call of `plan` on `backend` reads (built on first use, then cached).
@@ -1147,9 +1218,45 @@ mod vnni {
     /// With `B8` the codes are bytes (the 8-bit layout: `chunks` words per part, two per
     /// chunk, the even inputs' then the odd ones'), summed as they are in place of the low and
     /// high nibbles.
+    ///
+    /// With a second set and codes summed as they are, the high nibbles are masked in place
+    /// (`16 c`, at most 240) rather than shifted down, their sums shifted back once at the end
+    /// (exact: sums of multiples of 16), where groups of at most [`HI16_MAX_GROUP`] inputs keep
+    /// them inside int32: one `vpand` per word instead of a shift and a `vpand` (Zen 4, int4
+    /// g128, one thread, minima of alternating builds: 512 x 2048 in L2 8.2 -> 7.4 us).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn parts_sums<const P: usize, const NC: usize, const MAP: bool, const B8: bool>(
+        w: *const u8,
+        chunks: usize,
+        x: *const i8,
+        stride: usize,
+        map: __m512i,
+    ) -> [[__m512i; NC]; P] {
+        // SAFETY: as `parts_sums_with`; the features are enabled here.
+        unsafe {
+            if P * NC < 8 && !MAP && !B8 && chunks * CHUNK <= HI16_MAX_GROUP {
+                parts_sums_with::<P, NC, MAP, B8, true>(w, chunks, x, stride, map)
+            } else {
+                parts_sums_with::<P, NC, MAP, B8, false>(w, chunks, x, stride, map)
+            }
+        }
+    }
+
+    /// The largest group whose high nibbles [`parts_sums`] masks in place: each lane of their
+    /// sum adds `G / 2` products of at most `240 * 128`, below 2^31 for `G <= 2^17`.
+    const HI16_MAX_GROUP: usize = 1 << 17;
+
+    /// [`parts_sums`], with `HI16` the high nibbles masked in place (a second set only).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn parts_sums_with<
+        const P: usize,
+        const NC: usize,
+        const MAP: bool,
+        const B8: bool,
+        const HI16: bool,
+    >(
         w: *const u8,
         chunks: usize,
         x: *const i8,
@@ -1185,6 +1292,12 @@ mod vnni {
                             _mm512_load_si512(at as *const __m512i),
                             _mm512_load_si512(at.add(WORD_STRIDE) as *const __m512i),
                         )
+                    } else if HI16 {
+                        let v = _mm512_load_si512(at as *const __m512i);
+                        (
+                            _mm512_and_si512(v, _mm512_set1_epi8(0x0f)),
+                            _mm512_and_si512(v, _mm512_set1_epi8(0xf0u8 as i8)),
+                        )
                     } else {
                         nibbles::<MAP>(_mm512_load_si512(at as *const __m512i), map)
                     };
@@ -1202,6 +1315,7 @@ mod vnni {
         if split {
             for (acc, acc_hi) in acc.iter_mut().zip(acc_hi.iter()) {
                 for (a, &h) in acc.iter_mut().zip(acc_hi.iter()) {
+                    let h = if HI16 { _mm512_srai_epi32::<4>(h) } else { h };
                     *a = _mm512_add_epi32(*a, h);
                 }
             }
@@ -1209,46 +1323,58 @@ mod vnni {
         acc
     }
 
-    /// [`parts_sums`] for one column on the 2-bit layout: each word holds 16 inputs of 16
-    /// rows, and bit pair `p` of its bytes meets activation bytes `4p .. 4p + 4` of the chunk.
-    /// Each pair is masked in place (`c 4^p`, at most 192: an unsigned byte) into a sum of its
-    /// own, shifted back at the end (exact: a sum of multiples of `4^p`). `P` parts, so `4 P`
-    /// accumulator chains.
+    /// [`parts_sums`] of the four parts of a row block for one column on the 2-bit layout
+    /// with the parts in bit pairs ([`super::DenseLayout::pairs`]): each of the `words` words
+    /// holds 4 inputs of the 64 rows, part `s` in bit pair `s`, and meets the next 4
+    /// activation bytes, broadcast once. Parts 0-2 are masked in place (`c 4^s`, at most 192:
+    /// an unsigned byte), the whole bytes (at most 255) summed as they are, each into an
+    /// accumulator of its own; at the end part 3's sum is the whole less the other three, and
+    /// each part's is shifted back (exact: sums of multiples of `4^s`; `two_bit` keeps `G <=
+    /// 2^16`, so every lane stays inside int32: `255 * 127 * G < 2^31`). Two accumulators per
+    /// sum (even and odd words): 8 chains of `vpdpbusd` in flight.
+    ///
+    /// 3 `vpand` and 4 `vpdpbusd` per 256 codes, and per row block and group 3 shifts and 7
+    /// additions. The layout before (each word 16 inputs of one part, bit pair `p` the inputs
+    /// of activation bytes `4p .. 4p + 4`) took 4 `vpand` per 256 codes and 24 operations per
+    /// row block and group to shift back and add each part's four sums; on Zen 4, whose
+    /// 512-bit `vpand` takes the vector pipes that `vpdpbusd` needs, int2 g64 4096 x 4096 on
+    /// two threads 0.0634 -> 0.0532 ms, ternary g128 0.0538 -> 0.0478, 1024 x 2048 in L2 on
+    /// one 16.0 -> 13.5 us (minima of 5 alternating rounds; the parts in bit pairs with 4
+    /// masks: 15.2 us).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn parts_sums2<const P: usize>(
-        w: *const u8,
-        chunks: usize,
-        x: *const i8,
-    ) -> [[__m512i; 1]; P] {
-        let masks = [0x03u8, 0x0c, 0x30, 0xc0].map(|m| _mm512_set1_epi8(m as i8));
-        let mut acc = [[_mm512_setzero_si512(); 4]; P];
-        for ch in 0..chunks {
-            // SAFETY: the parts hold `chunks` words of 64 bytes each; the column holds the
-            // group's `16 chunks` activations.
+    unsafe fn pairs_sums(w: *const u8, words: usize, x: *const i8) -> [__m512i; SUBS] {
+        let masks = [0x03u8, 0x0c, 0x30].map(|m| _mm512_set1_epi8(m as i8));
+        // Per set: parts 0-2 masked, then the whole bytes (all four parts).
+        let mut acc = [[_mm512_setzero_si512(); SUBS]; 2];
+        // Four words (256 bytes, 16 inputs) per step: one prefetch each.
+        for st in 0..words / 4 {
+            // SAFETY: the row block holds `words` words of 64 bytes (a multiple of 4: `G` is
+            // a multiple of 16); the column holds the group's `4 words` activations.
             unsafe {
-                let xp = x.add(ch * 16) as *const i32;
-                let xs: [__m512i; 4] =
-                    std::array::from_fn(|p| _mm512_set1_epi32(xp.add(p).read_unaligned()));
-                for (pi, acc) in acc.iter_mut().enumerate() {
-                    let at = w.add(ch * WORD_STRIDE + pi * 64);
-                    if pi == 0 {
-                        prefetch_row(at);
-                    }
-                    let v = _mm512_load_si512(at as *const __m512i);
-                    for ((a, &m), &xv) in acc.iter_mut().zip(masks.iter()).zip(xs.iter()) {
+                let at = w.add(st * 256);
+                prefetch_row(at);
+                for h in 0..4 {
+                    let v = _mm512_load_si512(at.add(64 * h) as *const __m512i);
+                    let xv =
+                        _mm512_set1_epi32((x.add(16 * st + 4 * h) as *const i32).read_unaligned());
+                    let a = &mut acc[h % 2];
+                    for (a, &m) in a.iter_mut().zip(masks.iter()) {
                         *a = _mm512_dpbusd_epi32(*a, _mm512_and_si512(v, m), xv);
                     }
+                    a[3] = _mm512_dpbusd_epi32(a[3], v, xv);
                 }
             }
         }
-        acc.map(|[a0, a1, a2, a3]| {
-            let hi = _mm512_add_epi32(_mm512_srai_epi32::<4>(a2), _mm512_srai_epi32::<6>(a3));
-            [_mm512_add_epi32(
-                _mm512_add_epi32(a0, _mm512_srai_epi32::<2>(a1)),
-                hi,
-            )]
-        })
+        let [e, o] = acc;
+        let a: [__m512i; SUBS] = std::array::from_fn(|s| _mm512_add_epi32(e[s], o[s]));
+        let a3 = _mm512_sub_epi32(a[3], _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), a[2]));
+        [
+            a[0],
+            _mm512_srai_epi32::<2>(a[1]),
+            _mm512_srai_epi32::<4>(a[2]),
+            _mm512_srai_epi32::<6>(a3),
+        ]
     }
 
     /// The `P` 16-row parts' values of a tiled array from offset `i0` (`i0 + 16 P` inside it),
@@ -1287,8 +1413,9 @@ mod vnni {
     /// 4.7 / 3.7, N = 512 19.4 / 16.0; int3 g16 N = 8 1.2-1.4 / 0.62-0.82, N = 64 8.1-10.5 /
     /// 4.6-5.5).
     ///
-    /// With `B2` the weights are on the 2-bit layout ([`parts_sums2`]; one column): the last,
-    /// ragged row block and codebooks of slope other than 1 ([`gemv`] runs the others).
+    /// With `B2` the weights are on the 2-bit layout ([`pairs_sums`]; one column, all four
+    /// parts, `P = 4` and `s0 = 0`): the last, ragged row block and codebooks of slope other
+    /// than 1 ([`gemv`] runs the others).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn parts_groups<const P: usize, const NC: usize, const B2: bool>(
@@ -1342,9 +1469,10 @@ mod vnni {
             // SAFETY: as `parts`.
             let q = unsafe {
                 if B2 {
-                    // One column (`two_bit`): `[[_; 1]; P]` is `[[_; NC]; P]`.
-                    let q = parts_sums2::<P>(w, lay.chunks, x);
-                    std::array::from_fn(|pi| std::array::from_fn(|c| q[pi][c]))
+                    // One column (`two_bit`), the four parts: `[_; 4]` as `[[_; NC]; P]`.
+                    assert!(P == SUBS && s0 == 0);
+                    let q = pairs_sums(w, lay.chunks, x);
+                    std::array::from_fn(|pi| std::array::from_fn(|_| q[pi]))
                 } else if job.map.is_some() {
                     parts_sums::<P, NC, true, false>(w, lay.chunks, x, k, map)
                 } else if lay.bits == 8 {
@@ -1549,7 +1677,7 @@ mod vnni {
     }
 
     /// The GEMV of the 4 parts of a whole row block with the `a = 1` epilogue, on the 2-bit
-    /// layout ([`parts_sums2`], `B2`) or the 4-bit one: what `parts_groups::<4, 1, B2>`
+    /// layout ([`pairs_sums`], `B2`) or the 4-bit one: what `parts_groups::<4, 1, B2>`
     /// computes (the same operations in the same order, so the same bits), with the types of
     /// the scales and zero points fixed at compile time and no bounds checks in the loop over
     /// the groups. Its branches on them per group, its bounds checks and its prefetch loop were
@@ -1595,7 +1723,7 @@ mod vnni {
                 let w = lay.data.as_ptr().add(lay.part(g, rb, 0));
                 let x = acts.xq.as_ptr().add(g * plan.group_size);
                 let q = if B2 {
-                    parts_sums2::<SUBS>(w, lay.chunks, x)
+                    pairs_sums(w, lay.chunks, x).map(|q| [q])
                 } else {
                     parts_sums::<SUBS, 1, false, false>(w, lay.chunks, x, 0, _mm512_setzero_si512())
                 };
@@ -1651,21 +1779,11 @@ mod vnni {
             return;
         }
         if job.lay.bits == 2 {
-            // A GEMV on the 2-bit layout (`two_bit`).
-            assert_eq!(n, 1);
-            let mut s = 0;
-            while s < nparts {
-                // SAFETY: as `parts_groups`: `s + P <= nparts <= SUBS`.
-                unsafe {
-                    if nparts - s >= 4 {
-                        parts_groups::<4, 1, true>(job, rb, groups.clone(), s, 0, ys);
-                        s += 4;
-                    } else {
-                        parts_groups::<1, 1, true>(job, rb, groups.clone(), s, 0, ys);
-                        s += 1;
-                    }
-                }
-            }
+            // A GEMV on the 2-bit layout (`two_bit`), the parts in bit pairs: all four at
+            // once (rows past M hold code 0, their lanes masked).
+            assert!(n == 1 && job.lay.pairs());
+            // SAFETY: as `parts_groups`.
+            unsafe { parts_groups::<4, 1, true>(job, rb, groups, 0, 0, ys) };
             return;
         }
         // All groups per part, the rows' results in registers; columns 4, 2 or 1 at a time
@@ -2077,8 +2195,9 @@ mod avx2 {
         unsafe {
             match &job.map {
                 None if lay.bits == 2 => {
-                    // GEMVs on the 2-bit layout: AVX-VNNI only (`two_bit`).
-                    assert!(VNNI && NC == 1);
+                    // GEMVs on the 2-bit layout: AVX-VNNI only, each part in words of its
+                    // own (`two_bit`).
+                    assert!(VNNI && NC == 1 && !lay.pairs());
                     let [q] = vnni_sums2::<1>(w, c, ws, x);
                     std::array::from_fn(|_| q)
                 }
@@ -2326,6 +2445,8 @@ mod avx2 {
                         let w = lay.data.as_ptr().add(lay.part(g, rb, s));
                         let x = acts.xq.as_ptr().add(c0 * plan.k + g * plan.group_size);
                         let [q0, q1] = if lay.bits == 2 {
+                            // Each part in words of its own (`two_bit`).
+                            assert!(!lay.pairs());
                             vnni_sums2::<2>(w, lay.chunks, lay.word_stride, x)
                         } else {
                             vnni_sums_part(w, lay.chunks, lay.word_stride, x)

@@ -327,27 +327,59 @@ fn eight_bit_dense_layout_holds_the_codes() {
 
 #[test]
 fn two_bit_dense_layout_holds_the_codes() {
-    // Bit pair `p` of byte `j` of a row's word holds input `ORDER[4 p + j]` of its 16 (the
-    // order of the int8 activations: each 8 inputs as 0, 2, 4, 6, 1, 3, 5, 7).
+    // Each part's words of its own: bit pair `p` of byte `j` of a row's word holds input
+    // `ORDER[4 p + j]` of its 16 (the order of the int8 activations: each 8 inputs as 0, 2,
+    // 4, 6, 1, 3, 5, 7). The parts in bit pairs: word `c` holds 4 inputs of 64 rows, bit pair
+    // `s` of byte `j` of row `r` the code of row `16 s + r` and input `16 (c / 4) + ORDER[4 (c
+    // % 4) + j]` of the group (the activation at byte `4c + j`).
     const ORDER: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
     let cb = Codebook::new(Format::Int2).unwrap();
     let (m, k, g) = (70, 96, 32);
     let pw = random_weights(&cb, (m, k, g), false, false, 5);
     let codes = pw.codes().unwrap();
+    let want = |row: usize, input: usize| if row < m { codes[row * k + input] } else { 0 };
     for interleaved in [true, false] {
         let lay = DenseLayout::build_with(&codes, m, k, g, 2, interleaved).unwrap();
-        assert_eq!((lay.bits, lay.chunks), (2, g / 16));
         assert_eq!(lay.data.len(), k / g * lay.row_blocks * ROW_BLOCK * g / 4);
-        each_row_word(&lay, interleaved, |gi, row, c, word| {
-            for (j, &byte) in word.iter().enumerate() {
-                for p in 0..4 {
-                    let got = (byte >> (2 * p)) & 3;
-                    let input = gi * g + c * 16 + ORDER[4 * p + j];
-                    let want = if row < m { codes[row * k + input] } else { 0 };
-                    assert_eq!(got, want, "g={gi} row={row} word={c} byte={j} pair={p}");
+        assert_eq!(lay.pairs(), interleaved);
+        if interleaved == dense::interleave_here() {
+            assert_eq!(pw.dense_layout2().unwrap(), &lay);
+        }
+        if !interleaved {
+            assert_eq!((lay.bits, lay.chunks), (2, g / 16));
+            each_row_word(&lay, interleaved, |gi, row, c, word| {
+                for (j, &byte) in word.iter().enumerate() {
+                    for p in 0..4 {
+                        let got = (byte >> (2 * p)) & 3;
+                        let input = gi * g + c * 16 + ORDER[4 * p + j];
+                        assert_eq!(got, want(row, input), "g={gi} row={row} word={c} byte={j}");
+                    }
+                }
+            });
+            continue;
+        }
+        assert_eq!((lay.bits, lay.chunks), (2, g / 4));
+        for gi in 0..lay.groups {
+            for rb in 0..lay.row_blocks {
+                let blk = rb * lay.groups + gi;
+                assert_eq!(lay.block_end(gi, rb), (blk + 1) * lay.chunks * SUB * 4);
+                for c in 0..lay.chunks {
+                    let at = (blk * lay.chunks + c) * SUB * 4;
+                    let input = gi * g + 16 * (c / 4);
+                    for s in 0..ROW_BLOCK / SUB {
+                        assert_eq!(lay.word(gi, rb, s, c), at, "g={gi} rb={rb} s={s} c={c}");
+                        for r in 0..SUB {
+                            let row = rb * ROW_BLOCK + s * SUB + r;
+                            for j in 0..4 {
+                                let got = (lay.data[at + 4 * r + j] >> (2 * s)) & 3;
+                                let input = input + ORDER[4 * (c % 4) + j];
+                                assert_eq!(got, want(row, input), "g={gi} row={row} c={c} j={j}");
+                            }
+                        }
+                    }
                 }
             }
-        });
+        }
     }
 }
 
@@ -532,6 +564,46 @@ fn eight_bit_rows_of_one_scale_stay_dense() {
         for b in dense_backends().into_iter().filter(|&b| runs(&pw, 2, b)) {
             let got = gemm(&pw, &x, 2, &i16_opts(b)).unwrap();
             assert_eq!(first_mismatch(&got, &want), None, "{f:?} G={g} {b:?}");
+        }
+    }
+}
+
+#[test]
+fn long_groups_stay_exact_in_gemvs() {
+    // The GEMV kernels mask codes in place, so that their sums carry the codes' weights within
+    // the byte (AVX-512: 4-bit high nibbles as `16 c`; 2-bit codes as `4^s c`, and the whole
+    // bytes, up to 255): at the largest groups an `i16` plan takes (2^16 inputs, one tuple
+    // each at depth 1), with every code at its extreme and every activation at +-127, the
+    // sums must still equal the scalar kernel's. 80 rows: a whole row block and a ragged one.
+    if !has_dense() {
+        return;
+    }
+    let m = 80;
+    for (f, code, g) in [
+        (Format::Uint4, 15u8, 1 << 16),
+        (Format::Int2, 3u8, 1 << 16),
+        (Format::Int2, 0u8, 1 << 16),
+    ] {
+        let cb = Codebook::new(f).unwrap();
+        let codes = vec![code; m * g];
+        let pw = PackedWeights::from_codes(cb.clone(), m, g, g, &codes, vec![0.5; m], None, None)
+            .unwrap();
+        let plan = make_plan(&pw, 1, &i16_opts(Backend::Auto)).unwrap();
+        assert!(dense::applies(&plan, Backend::Auto), "{f:?} G={g}");
+        // All +3 (every activation 127), then mixed signs.
+        for mixed in [false, true] {
+            let x: Vec<f32> = (0..g)
+                .map(|i| if mixed && i % 3 == 0 { -3.0 } else { 3.0 })
+                .collect();
+            let want = gemm(&pw, &x, 1, &i16_opts(Backend::Scalar)).unwrap();
+            for b in dense_backends().into_iter().filter(|&b| runs(&pw, 1, b)) {
+                let got = gemm(&pw, &x, 1, &i16_opts(b)).unwrap();
+                assert_eq!(
+                    first_mismatch(&got, &want),
+                    None,
+                    "{f:?} G={g} {b:?} {mixed}"
+                );
+            }
         }
     }
 }
