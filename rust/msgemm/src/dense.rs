@@ -226,31 +226,33 @@ impl DenseLayout {
         };
         // One row block per task: its 64 rows of every group, contiguous.
         let per_block = groups * ROW_BLOCK * bytes_per_row_group;
-        // The code of `row` and `input` (0 past M).
-        let code = |row: usize, input: usize| {
-            if row < m {
-                codes[row * k + input]
-            } else {
-                0
-            }
-        };
         if per_block > 0 && pairs {
             lay.data
                 .par_chunks_mut(per_block)
                 .enumerate()
                 .for_each(|(rb, out)| {
-                    // Word `c` of group `g`: `[g][c]`, 64 rows of 4 inputs, part `s` in bit
-                    // pair `s`.
-                    for (i, word) in out.chunks_exact_mut(SUB * 4).enumerate() {
-                        let (g, c) = (i / chunks, i % chunks);
-                        let k0 = g * group_size + 16 * (c / 4);
-                        for (r, bytes) in word.chunks_exact_mut(4).enumerate() {
-                            for (j, b) in bytes.iter_mut().enumerate() {
-                                let input = k0 + ORDER16[4 * (c % 4) + j];
-                                *b = (0..SUBS).fold(0, |b, s| {
-                                    let row = rb * ROW_BLOCK + s * SUB + r;
-                                    b | (code(row, input) << (2 * s))
-                                });
+                    // Words `[g][c]`, 64 rows of 4 inputs each, part `s` in bit pair `s`; the
+                    // 4 words of each 16-input span filled from the 16 codes of each row.
+                    const ZERO: [u8; 16] = [0; 16];
+                    for (span, words) in out.chunks_exact_mut(4 * SUB * 4).enumerate() {
+                        let k0 = span * 16; // `g G + 16 (c / 4)`: G is a multiple of 16
+                        for r in 0..SUB {
+                            let src: [&[u8]; SUBS] = std::array::from_fn(|s| {
+                                let row = rb * ROW_BLOCK + s * SUB + r;
+                                if row < m {
+                                    &codes[row * k + k0..][..16]
+                                } else {
+                                    &ZERO[..]
+                                }
+                            });
+                            for (q, word) in words.chunks_exact_mut(SUB * 4).enumerate() {
+                                for (j, b) in word[4 * r..4 * r + 4].iter_mut().enumerate() {
+                                    let i = ORDER16[4 * q + j];
+                                    *b = src[0][i]
+                                        | (src[1][i] << 2)
+                                        | (src[2][i] << 4)
+                                        | (src[3][i] << 6);
+                                }
                             }
                         }
                     }
