@@ -600,13 +600,15 @@ pub const AVX2_GEMV_MIN_GROUP: usize = 32;
 
 /// Whether a dense call of `plan` on `backend` reads the 2-bit layout ([`DenseLayout`]): GEMVs
 /// of codebooks of at most 4 levels affine in their codes (int2, uint2, ternary) on AVX-512
-/// VNNI or AVX-VNNI (AVX2 without it would saturate its int16 pairs), groups a multiple of 16 and of at most 2^16 inputs (each lane of a bit pair's sum adds
-/// `G / 4` products of at most `192 * 127`: inside int32). They read half the bytes of the
-/// 4-bit layout, and sum each bit pair masked in place (4 `vpand` + 4 `vpdpbusd` per 256
-/// codes). Measured on Zen 5 (4096 x 4096, 2 threads, Rust, minima, ms, dense against the `i8`
-/// tables): int2 g64 0.037-0.038 against 0.050-0.052, ternary g128 0.031 against 0.040-0.044;
-/// on its AVX-VNNI (backend `avx2`) int2 g64 0.108 against 0.154-0.160, ternary g128 0.081
-/// against 0.149.
+/// VNNI, or on AVX-VNNI where the CPU has no AVX-512 VNNI (AVX2 without it would saturate its
+/// int16 pairs), groups a multiple of 16 and of at most 2^16 inputs (each lane of a sum adds
+/// `G` products of at most `255 * 128` on AVX-512, the whole bytes of the parts in bit pairs:
+/// inside int32). They read half the bytes of the 4-bit layout and mask the codes in place (3
+/// `vpand` + 4 `vpdpbusd` per 256 codes on AVX-512, 4 + 4 with AVX-VNNI). Measured on Zen 5,
+/// before the parts were put in bit pairs (4096 x 4096, 2 threads, Rust, minima, ms, dense
+/// against the `i8` tables): int2 g64 0.037-0.038 against 0.050-0.052, ternary g128 0.031
+/// against 0.040-0.044; on its AVX-VNNI (backend `avx2`, which since then takes the tables
+/// on that CPU) int2 g64 0.108 against 0.154-0.160, ternary g128 0.081 against 0.149.
 pub fn two_bit(plan: &Plan, backend: Backend) -> bool {
     plan.n == 1
         && plan.levels <= 4
@@ -919,7 +921,9 @@ pub fn run_with_kind(
     let backend = kind.backend();
     let (ints, _, lay) = setup(pw, plan, backend, xt, y)?;
     let fits = ints.map.is_none() || ints.u_max <= i64::from(map_span(kind));
-    let two_bit_ok = lay.bits != 2 || matches!(kind, Kind::Vnni512 | Kind::AvxVnni);
+    // The AVX-VNNI kernels read the 2-bit layout whose parts have words of their own.
+    let two_bit_ok =
+        lay.bits != 2 || kind == Kind::Vnni512 || (kind == Kind::AvxVnni && !lay.pairs());
     if !kind.available() || !fits || !two_bit_ok || (plan.levels > 16 && kind == Kind::Amx) {
         return Err(Error::Unsupported(format!(
             "the dense kernel {} does not run this plan on this CPU",
@@ -1225,7 +1229,7 @@ mod vnni {
     /// (`16 c`, at most 240) rather than shifted down, their sums shifted back once at the end
     /// (exact: sums of multiples of 16), where groups of at most [`HI16_MAX_GROUP`] inputs keep
     /// them inside int32: one `vpand` per word instead of a shift and a `vpand` (Zen 4, int4
-    /// g128, one thread, minima of alternating builds: 512 x 2048 in L2 8.2 -> 7.4 us).
+    /// g128, one thread, minima of alternating builds: 512 x 2048 in L2 8.0 -> 7.3 us).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn parts_sums<const P: usize, const NC: usize, const MAP: bool, const B8: bool>(
@@ -1328,8 +1332,8 @@ mod vnni {
     /// [`parts_sums`] of the four parts of a row block for one column on the 2-bit layout
     /// with the parts in bit pairs ([`super::DenseLayout::pairs`]): each of the `words` words
     /// holds 4 inputs of the 64 rows, part `s` in bit pair `s`, and meets the next 4
-    /// activation bytes, broadcast once. Parts 0-2 are masked in place (`c 4^s`, at most 192:
-    /// an unsigned byte), the whole bytes (at most 255) summed as they are, each into an
+    /// activation bytes, broadcast once. Parts 0-2 are masked in place (`c 4^s`, at most 48),
+    /// the whole bytes (at most 255, unsigned) summed as they are, each into an
     /// accumulator of its own; at the end part 3's sum is the whole less the other three, and
     /// each part's is shifted back (exact: sums of multiples of `4^s`; `two_bit` keeps `G <=
     /// 2^16`, so every lane stays inside int32: `255 * 127 * G < 2^31`). Two accumulators per
@@ -2071,7 +2075,8 @@ mod avx2 {
         })
     }
 
-    /// `vnni::parts_sums2` on AVX-VNNI for one 8-row half and one column on the 2-bit layout:
+    /// The sums of one 8-row half and one column on the 2-bit layout whose parts have words
+    /// of their own (the AVX-512 kernels' until stop 45), on AVX-VNNI:
     /// each word's 32 bytes of the half hold 16 inputs of 8 rows, bit pair `p` of its bytes
     /// meeting activation bytes `4p .. 4p + 4` of the chunk; each pair masked in place (`c
     /// 4^p`, at most 192) into a sum of its own, shifted back at the end (exact: sums of

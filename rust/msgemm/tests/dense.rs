@@ -1215,7 +1215,8 @@ fn every_kernel_this_cpu_has_gives_the_same_bits() {
         assert!(ran >= 100, "{ran}");
     }
     if kinds.contains(&dense::Kind::AvxVnni) {
-        // The wide codebook's calls (and the 2-bit GEMVs) on plain AVX2.
+        // The wide codebook's calls (and, on CPUs without AVX-512 VNNI, the 2-bit GEMVs) on
+        // plain AVX2.
         assert!(refused >= 16, "{refused}");
     }
     // A kernel this CPU does not have is refused.
