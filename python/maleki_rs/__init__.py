@@ -46,6 +46,14 @@ def _check_thread_env() -> None:
 
         warnings.warn(f"MALEKI_RS_NUM_THREADS={value!r} is not an integer from 1 to 4096: ignored, "
                       f"maleki_rs uses {get_num_threads()} threads", RuntimeWarning, stacklevel=3)
+    # MALEKI_RS_SPIN_US: how long the helper thread of short calls waits before it sleeps.
+    spin = os.environ.get("MALEKI_RS_SPIN_US", "").strip()
+    digits = spin.removeprefix("+")
+    if spin and not (digits.isascii() and digits.isdigit() and int(digits) <= 100000):
+        import warnings
+
+        warnings.warn(f"MALEKI_RS_SPIN_US={spin!r} is not an integer from 0 to 100000: ignored, "
+                      f"the helper thread waits 1000 us", RuntimeWarning, stacklevel=3)
 
 
 def set_num_threads(n: int) -> None:

@@ -4,6 +4,8 @@ problem, never a Rust panic."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -326,9 +328,9 @@ def _child_call(pw, x):
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_default_gemv_survives_fork(pw, threads):
-    # A GEMV on 1-2 threads runs on the calling thread and one pool worker. In the child (pw
+    # A GEMV on 1-2 threads runs on the calling thread and the helper thread. In the child (pw
     # arrives pickled) the first call builds its caches on a pool rebuilt there, the next
-    # ones run on the caller and that pool.
+    # ones run on the caller and a helper thread started there.
     import multiprocessing as mp
     import sys
 
@@ -355,6 +357,32 @@ def test_default_gemv_survives_fork(pw, threads):
 
 def _child_default_calls(pw, x):
     return [mg.msgemm(pw, x) for _ in range(3)]
+
+
+@pytest.mark.parametrize("spin_us", ["0", "100000"])
+def test_gemvs_give_the_same_bits_whatever_the_helper_thread_waits(spin_us):
+    # The helper thread that takes the second half of 2-thread GEMVs either sleeps after each
+    # (0: every call wakes it, or runs both halves on the caller when it is late) or spins
+    # through the pauses between calls: the bits are those of the scalar kernel either way.
+    import subprocess
+    import sys
+
+    code = """
+import time, numpy as np, maleki_rs, maleki_rs.msgemm as mg
+maleki_rs.set_num_threads(2)
+rng = np.random.default_rng(3)
+pw = mg.quantize(rng.standard_normal((700, 512)).astype(np.float32), format="int4", group_size=64)
+x = rng.standard_normal(512).astype(np.float32)
+want = mg.msgemm(pw, x, table="i16", backend="scalar")
+for i in range(60):
+    if i % 3 == 0:
+        time.sleep(0.002)
+    assert np.array_equal(mg.msgemm(pw, x, table="i16"), want), i
+print("ok")
+"""
+    env = {**os.environ, "MALEKI_RS_SPIN_US": spin_us}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
 def test_concurrent_gemvs_from_python_threads_give_the_same_bits(pw):

@@ -191,27 +191,28 @@ pub fn on_a_pool() -> bool {
     rayon::current_thread_index().is_some()
 }
 
-/// Runs `a` on the calling thread while `b` runs on the library pool, or on the calling
-/// thread after `a` when no worker has started it by then; returns both results.
+/// Runs `a` on the calling thread while `b` runs on the helper thread, or on the calling
+/// thread after `a` when the helper has not started it by then; returns both results.
 ///
 /// For short jobs (a GEMV: about 100 us) called from outside the pool. [`install`] puts the
 /// caller to sleep and a worker runs the job (then [`rayon::join`] wakes a second one), and on a
 /// VM each wake-up of a sleeping thread costs tens of microseconds. Here the caller works
 /// instead, and waits for `b` by spinning (up to [`SPIN_WAIT`], yielding after
-/// [`SPIN_PURE`], then parking until the worker unparks it), so the worker finishing `b` sets a
+/// [`SPIN_PURE`], then parking until the helper unparks it), so the helper finishing `b` sets a
 /// flag rather than waking it. Measured on 2 vCPUs, two 50 us halves: 51 us (median) back to
 /// back and ~100 us after 200 us idle, against 57-62 us and ~180 us with `install` + `join`.
 ///
-/// `b` is offered to the pool, not handed over: whichever thread claims it first runs it. When
-/// the pool's threads are busy or slow to wake (another process on the other core, a worker
-/// descheduled), the caller runs `b` itself after `a` instead of waiting for one, so the call
-/// never takes much longer than `a` and `b` back to back. (With 64 offers already waiting for
-/// a worker, the caller runs both without offering.)
+/// `b` is offered to the helper thread ([`Helper`], one per process, not a rayon worker), not
+/// handed over: whichever thread claims it first runs it. When the helper is busy or slow to
+/// wake (another process on the other core, the helper descheduled), the caller runs `b`
+/// itself after `a` instead of waiting for it, so the call never takes much longer than `a`
+/// and `b` back to back. (With 64 offers already waiting for the helper, the caller runs
+/// both without offering.)
 ///
-/// To be called off every pool (`!on_a_pool()`; from a worker of the library pool `b` would
-/// wait in the caller's own queue). Neither closure may use rayon (on the calling thread its
-/// iterators would start rayon's global pool). A panic of either propagates once no thread
-/// runs `b` any more (a panic of `a` before a worker claimed `b`: `b` does not run).
+/// To be called off every pool (`!on_a_pool()`; on a pool, rayon's `join` splits the work).
+/// Neither closure may use rayon (on the calling thread, or the helper, its iterators would
+/// start rayon's global pool). A panic of either propagates once no thread
+/// runs `b` any more (a panic of `a` before the helper claimed `b`: `b` does not run).
 pub fn join_here<RA, RB, A, B>(a: A, b: B) -> (RA, RB)
 where
     A: FnOnce() -> RA,
@@ -220,15 +221,15 @@ where
 {
     debug_assert!(!on_a_pool(), "join_here is for callers off the pools");
     if OFFERS_QUEUED.load(Ordering::Relaxed) >= MAX_OFFERS_QUEUED {
-        // The pool has not even started the last offers (its threads are busy with a long
-        // job): do not queue more, run both here.
+        // The helper has not even started the last offers (it is busy with a long `b`): do
+        // not queue more, run both here.
         let ra = a();
         let rb = b();
         return (ra, rb);
     }
-    // `b` and its result (or panic) live on this stack frame; the pool's job reaches them
+    // `b` and its result (or panic) live on this stack frame; the helper reaches them
     // through a type-erased pointer, only after winning the claim, and this frame does not
-    // end before that job has finished with them (`Offer::settle`).
+    // end before it has finished with them (`Offer::settle`).
     type Outcome<RB> = Option<std::thread::Result<RB>>;
     let mut slot: (Option<B>, Outcome<RB>) = (Some(b), None);
     /// Runs the `b` in `slot` and stores its outcome; `p` is `&mut slot`.
@@ -245,21 +246,8 @@ where
         slot: &mut slot as *mut _ as *mut (),
         run: run::<B, RB>,
     });
-    let job = Arc::clone(&offer);
     OFFERS_QUEUED.fetch_add(1, Ordering::Relaxed);
-    pool().spawn(move || {
-        OFFERS_QUEUED.fetch_sub(1, Ordering::Relaxed);
-        if job
-            .claim
-            .compare_exchange(OPEN, WORKER, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // SAFETY: the claim was won; the caller waits for `done` before its frame ends.
-            unsafe { (job.run)(job.slot) };
-            job.done.store(true, Ordering::Release);
-            job.caller.unpark();
-        }
-    });
+    helper().post(Arc::clone(&offer));
     let ra = {
         // Settles the offer if `a` panics: `b` then never runs, or has ended.
         let guard = Settle(&offer);
@@ -278,23 +266,156 @@ where
     }
 }
 
-/// Offers of [`join_here`] queued on the pool and not yet started by a worker (claimed by
-/// their callers meanwhile or not).
+/// The helper thread, with the fork generation it was started in.
+static HELPER: Mutex<Option<(u64, Arc<Helper>)>> = Mutex::new(None);
+
+/// Environment variable: how long the helper thread waits for the next [`join_here`] offer,
+/// spinning, before it sleeps (microseconds, `0..=100000`).
+pub const ENV_SPIN_US: &str = "MALEKI_RS_SPIN_US";
+
+/// The default of [`ENV_SPIN_US`].
+pub const HELPER_SPIN_US: u64 = 1000;
+
+/// The thread that runs the `b` halves of [`join_here`], started at the first call.
+///
+/// Why not the pool's workers: a rayon worker that finds no work yields a few dozen times and
+/// then sleeps, some 30-50 us after its last job; on a VM waking it costs tens of
+/// microseconds, and its vCPU, halted meanwhile, comes back slowly. A caller with work between
+/// its calls (Python code between two layers' GEMVs) found the worker asleep: int4 4096 x 4096
+/// GEMV from Python on 2 vCPUs (Zen 4), median with 0 / 30 / 100 / 300 us of the caller's work
+/// between calls 74 / 93 / 127 / 177 us, where ONNX Runtime, whose threads spin, took 107 /
+/// 127 / 148 / 173 us. So this thread waits for the next offer [`HELPER_SPIN_US`] (or
+/// [`ENV_SPIN_US`]) before it parks: spinning, and after [`SPIN_PURE`] yielding its core at
+/// each look at the clock, to any other thread that wants it. The rayon workers used to do
+/// this job, two of them yielding on 2 vCPUs: a numpy 256^3 matmul (two OpenBLAS threads) right
+/// after each GEMV took 262-268 us (median) then, 192-196 us now, 179-182 us with no spin.
+struct Helper {
+    queue: Mutex<std::collections::VecDeque<Arc<Offer>>>,
+    /// `queue.len()`, read by the spinning thread without the lock.
+    queued: AtomicUsize,
+    /// Set by the thread before it parks (then it checks `queued` once more); an offer posted
+    /// meanwhile unparks it.
+    parked: AtomicBool,
+    thread: std::thread::Thread,
+}
+
+impl Helper {
+    fn post(&self, offer: Arc<Offer>) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(offer);
+        // SeqCst here and in `run`: either the thread sees this offer before it parks, or
+        // this sees `parked` and unparks it (a pending unpark makes the next `park` return).
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
+            self.thread.unpark();
+        }
+    }
+
+    fn pop(&self) -> Option<Arc<Offer>> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let o = q.pop_front();
+        if o.is_some() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        o
+    }
+
+    /// The thread's loop: takes offers, spinning up to `spin` between them, then parking.
+    fn run(helper: Arc<Mutex<Option<Arc<Helper>>>>, spin: Duration) {
+        let me = loop {
+            // Published by `start` right after the spawn.
+            if let Some(h) = helper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                break h;
+            }
+            std::thread::park();
+        };
+        let mut idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if me.queued.load(Ordering::SeqCst) > 0 {
+                if let Some(offer) = me.pop() {
+                    OFFERS_QUEUED.fetch_sub(1, Ordering::Relaxed);
+                    offer.take_for_helper();
+                    idle_since = Instant::now();
+                    continue;
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if !spins.is_multiple_of(64) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let idle = idle_since.elapsed();
+            if idle < spin {
+                if idle > SPIN_PURE {
+                    // Let a thread that wants this core run (another pool's, the caller's).
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            me.parked.store(true, Ordering::SeqCst);
+            if me.queued.load(Ordering::SeqCst) == 0 {
+                std::thread::park();
+            }
+            me.parked.store(false, Ordering::SeqCst);
+            idle_since = Instant::now();
+        }
+    }
+}
+
+/// The helper thread of this process (after a fork, a new one: the parent's does not exist
+/// in the child).
+fn helper() -> Arc<Helper> {
+    let generation = FORK_GENERATION.load(Ordering::SeqCst);
+    let mut guard = HELPER.lock().unwrap_or_else(|e| e.into_inner());
+    leak_if_stale(&mut guard, generation);
+    if let Some((_, h)) = guard.as_ref() {
+        return Arc::clone(h);
+    }
+    let spin = std::env::var(ENV_SPIN_US)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&us| us <= 100_000)
+        .unwrap_or(HELPER_SPIN_US);
+    let handoff: Arc<Mutex<Option<Arc<Helper>>>> = Arc::new(Mutex::new(None));
+    let theirs = Arc::clone(&handoff);
+    let thread = std::thread::Builder::new()
+        .name("maleki-rs-helper".into())
+        .spawn(move || Helper::run(theirs, Duration::from_micros(spin)))
+        .expect("starting the maleki_rs helper thread failed (out of threads?)")
+        .thread()
+        .clone();
+    let h = Arc::new(Helper {
+        queue: Mutex::new(std::collections::VecDeque::new()),
+        queued: AtomicUsize::new(0),
+        parked: AtomicBool::new(false),
+        thread: thread.clone(),
+    });
+    *handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&h));
+    thread.unpark();
+    *guard = Some((generation, Arc::clone(&h)));
+    h
+}
+
+/// Offers of [`join_here`] queued for the helper and not yet taken by it (claimed by their
+/// callers meanwhile or not).
 static OFFERS_QUEUED: AtomicUsize = AtomicUsize::new(0);
-/// Past this many, [`join_here`] queues no more: each holds a small allocation until a worker
-/// gets to it, which a pool busy with a long job (a search on another Python thread) may not do
-/// for a long time while calls keep coming.
+/// Past this many, [`join_here`] queues no more: each holds a small allocation until the
+/// helper gets to it, which a helper busy with a long `b` (another Python thread's call) may not
+/// do for a long time while calls keep coming.
 const MAX_OFFERS_QUEUED: usize = 64;
 
 const OPEN: u8 = 0;
 const WORKER: u8 = 1;
 const CALLER: u8 = 2;
 
-/// The offer of [`join_here`]'s `b` to the pool.
+/// The offer of [`join_here`]'s `b` to the helper thread.
 struct Offer {
     /// `OPEN`, then `WORKER` or `CALLER`: who runs `b`.
     claim: AtomicU8,
-    /// Set by the worker when `b` has run (its outcome is in the slot).
+    /// Set by the helper when `b` has run (its outcome is in the slot).
     done: AtomicBool,
     caller: std::thread::Thread,
     slot: *mut (),
@@ -302,13 +423,27 @@ struct Offer {
 }
 
 // SAFETY: `slot` is dereferenced only by the thread that wins `claim`, and the caller's frame
-// that it points into outlives the worker's use of it (`Offer::settle`).
+// that it points into outlives the helper's use of it (`Offer::settle`).
 unsafe impl Send for Offer {}
 unsafe impl Sync for Offer {}
 
 impl Offer {
-    /// Claims `b` for the caller (true: it must run it now), or waits until the worker that
-    /// claimed it has run it: spinning, then yielding, then parking.
+    /// Runs `b` on this (the helper's) thread if the caller has not claimed it.
+    fn take_for_helper(&self) {
+        if self
+            .claim
+            .compare_exchange(OPEN, WORKER, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: the claim was won; the caller waits for `done` before its frame ends.
+            unsafe { (self.run)(self.slot) };
+            self.done.store(true, Ordering::Release);
+            self.caller.unpark();
+        }
+    }
+
+    /// Claims `b` for the caller (true: it must run it now), or waits until the helper, which
+    /// claimed it, has run it: spinning, then yielding, then parking.
     fn settle(&self) -> bool {
         if self
             .claim
@@ -321,7 +456,7 @@ impl Offer {
         let mut spins = 0u32;
         while !self.done.load(Ordering::Acquire) {
             // The clock is read every 64 spins (a `clock_gettime` per spin was ~2% of a
-            // 256 x 4096 GEMV's samples, on a core that may share its pipeline with the worker).
+            // 256 x 4096 GEMV's samples, on a core that may share its pipeline with the helper).
             spins = spins.wrapping_add(1);
             if !spins.is_multiple_of(64) {
                 std::hint::spin_loop();
@@ -331,7 +466,7 @@ impl Offer {
             if waited > SPIN_WAIT {
                 std::thread::park_timeout(Duration::from_millis(1));
             } else if waited > SPIN_PURE {
-                // Let a thread that shares this core (the worker, if the OS put it here) run.
+                // Let a thread that shares this core (the helper, if the OS put it here) run.
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -341,7 +476,7 @@ impl Offer {
     }
 }
 
-/// Settles an [`Offer`] when dropped (an unwinding `a`): the worker must be done with the
+/// Settles an [`Offer`] when dropped (an unwinding `a`): the helper must be done with the
 /// caller's frame before it goes.
 struct Settle<'a>(&'a Offer);
 
@@ -434,9 +569,10 @@ mod tests {
     }
 
     #[test]
-    fn join_here_runs_a_here_and_b_on_the_pool() {
+    fn join_here_runs_a_here_and_b_on_the_helper() {
+        let _one = HELPER_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let me = std::thread::current().id();
-        // `a` long enough for a worker to claim `b`.
+        // `a` long enough for the helper to claim `b`.
         let (a, b) = join_here(
             || {
                 std::thread::sleep(Duration::from_millis(50));
@@ -448,8 +584,15 @@ mod tests {
             },
         );
         assert_eq!(a, (me, false));
-        assert!(b.0.starts_with("maleki-rs"), "{}", b.0);
-        assert!(b.1);
+        assert_eq!((b.0.as_str(), b.1), ("maleki-rs-helper", false));
+        // Again after the helper has parked (its spin is at most 100 ms): unparked by the
+        // offer, it still takes `b`.
+        std::thread::sleep(Duration::from_millis(150));
+        let (_, b) = join_here(
+            || std::thread::sleep(Duration::from_millis(50)),
+            || std::thread::current().name().unwrap_or("").to_string(),
+        );
+        assert_eq!(b, "maleki-rs-helper");
         // A slow `b` (past the spin, so the caller parks) is still waited for.
         let started = AtomicBool::new(false);
         let (_, slow) = join_here(
@@ -467,43 +610,63 @@ mod tests {
         assert_eq!(slow, 7);
     }
 
+    /// Held by the tests that need the helper thread free (tests run in parallel).
+    static HELPER_TESTS: Mutex<()> = Mutex::new(());
+
     #[test]
-    fn join_here_runs_b_on_the_caller_when_the_pool_is_busy() {
-        // Every worker of the pool blocked: the caller claims `b` after `a` and runs it.
-        let p = pool();
+    fn join_here_runs_b_on_the_caller_when_the_helper_is_busy() {
+        let _one = HELPER_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // The helper blocked in another caller's `b`: this caller claims its `b` after `a`
+        // and runs it.
         let release = Arc::new(AtomicBool::new(false));
-        let blocked = Arc::new(AtomicUsize::new(0));
-        let n = p.current_num_threads();
-        for _ in 0..n {
-            let (release, blocked) = (Arc::clone(&release), Arc::clone(&blocked));
-            p.spawn(move || {
-                blocked.fetch_add(1, Ordering::SeqCst);
-                while !release.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            });
-        }
-        while blocked.load(Ordering::SeqCst) < n {
+        let started = Arc::new(AtomicBool::new(false));
+        let blocker = {
+            let (release, started) = (Arc::clone(&release), Arc::clone(&started));
+            std::thread::spawn(move || {
+                join_here(
+                    || {
+                        while !started.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    },
+                    || {
+                        started.store(true, Ordering::SeqCst);
+                        while !release.load(Ordering::SeqCst) {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    },
+                )
+            })
+        };
+        while !started.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_micros(100));
         }
         let me = std::thread::current().id();
         let t = Instant::now();
         let (a, b) = join_here(|| 1, || (std::thread::current().id(), 2));
         let took = t.elapsed();
-        // Many more calls while the pool stays blocked: the queue of offers stays bounded.
+        // Many more calls while the helper stays busy: the queue of offers stays bounded.
         for i in 0..200u32 {
             assert_eq!(join_here(|| i, || i + 1), (i, i + 1));
         }
         let queued = OFFERS_QUEUED.load(Ordering::SeqCst);
         release.store(true, Ordering::SeqCst);
+        blocker.join().unwrap();
         assert_eq!((a, b), (1, (me, 2)));
         assert!(took < Duration::from_secs(1), "{took:?}");
         assert!(queued <= MAX_OFFERS_QUEUED + 8, "{queued} offers queued");
+        // The offers claimed by their callers meanwhile are dropped by the helper unrun, and
+        // it takes new ones again.
+        let (_, b) = join_here(
+            || std::thread::sleep(Duration::from_millis(50)),
+            || std::thread::current().name().unwrap_or("").to_string(),
+        );
+        assert_eq!(b, "maleki-rs-helper");
     }
 
     #[test]
     fn join_here_propagates_panics_once_b_is_settled() {
-        // `a` panics while a worker runs `b`: the panic leaves after `b` has ended.
+        // `a` panics while the helper runs `b`: the panic leaves after `b` has ended.
         let (started, finished) = (AtomicBool::new(false), AtomicBool::new(false));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             join_here(

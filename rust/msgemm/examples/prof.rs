@@ -3,7 +3,8 @@
 //! Environment: `M` rows and `K` inputs (default 4096), `G` group size, `D` depth; `TOTAL_ONLY=1` only the whole call, from this thread
 //! and from inside the pool; `COLD=S` the GEMV warm and over a rotation of `S` weight sets;
 //! `BACKEND=avx2` a named kernel; `TABLE=i16` a table precision; `MIRROR=1` half tables by the codebook's mirror symmetry; `BUILD_ONLY=1` the table build alone,
-//! `SCALES=f16` scales rounded to float16 (the kernels read them as float16),
+//! `SCALES=f16` scales rounded to float16 (the kernels read them as float16), `MEDIAN=1` median
+//! times instead of minima,
 //! on this thread. Whole calls are made from this thread, as the Python binding makes them.
 use maleki_common::{pool, rng};
 use maleki_msgemm::gemm::{plan, transpose_permute, XLayout};
@@ -22,13 +23,20 @@ fn gaussian(len: usize, seed: u64) -> Vec<f32> {
 }
 fn tmin(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
-    let mut best = f64::MAX;
+    let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         let t = Instant::now();
         f();
-        best = best.min(t.elapsed().as_secs_f64());
+        times.push(t.elapsed().as_secs_f64());
     }
-    best * 1e3
+    times.sort_by(f64::total_cmp);
+    // `MEDIAN=1`: the median call instead of the fastest (what a loop of calls averages).
+    let pick = if std::env::var("MEDIAN").is_ok_and(|v| v == "1") {
+        times[times.len() / 2]
+    } else {
+        times[0]
+    };
+    pick * 1e3
 }
 fn main() {
     let args: Vec<String> = std::env::args().collect();
