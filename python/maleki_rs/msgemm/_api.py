@@ -1118,7 +1118,9 @@ def msgemm(
         Run on a pool of this many threads (default: the library pool, see
         :func:`maleki_rs.set_num_threads`). Results are identical for any thread count. As
         with the library pool, a GEMV or small batch on 1 or 2 threads runs on the calling
-        thread (and at most one worker), which saves waking a sleeping worker.
+        thread (and at most one helper thread, which waits 1 ms for the next call before it
+        sleeps: environment variable ``MALEKI_RS_SPIN_US``), which saves waking a sleeping
+        worker.
     out : ndarray, optional
         float32 C-contiguous array of the result's shape to write into.
     count : bool

@@ -159,14 +159,15 @@ thread_local! {
     static STAND_IN: RefCell<Option<Arc<ThreadPool>>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` on the calling thread with `p` standing in for the library pool: [`pool`],
-/// [`install`] and [`join_here`] called from this thread (not from `p`'s workers, which use
-/// their own pool anyway) use `p` until `f` returns or unwinds.
+/// Runs `f` on the calling thread with `p` standing in for the library pool: [`pool`] and
+/// [`install`] called from this thread (not from `p`'s workers, which use their own pool
+/// anyway) use `p` until `f` returns or unwinds.
 ///
 /// For a call with its own thread count (`threads=`) into a core that hands work to the pool
-/// itself, such as msgemm's: a GEMV there runs on its caller (and at most one worker) when the
-/// pool has 1 or 2 threads, which [`ThreadPool::install`] would rule out by moving the whole
-/// call onto a worker (each wake-up of a sleeping worker costs tens of microseconds on a VM).
+/// itself, such as msgemm's: a GEMV there runs on its caller (and, on 2 threads, the helper
+/// thread of [`join_here`]) when the pool has 1 or 2 threads, which [`ThreadPool::install`]
+/// would rule out by moving the whole call onto a worker (each wake-up of a sleeping worker
+/// costs tens of microseconds on a VM).
 pub fn with_pool<R>(p: Arc<ThreadPool>, f: impl FnOnce() -> R) -> R {
     /// Puts the previous stand-in back, also when `f` unwinds.
     struct Restore(Option<Arc<ThreadPool>>);
@@ -220,7 +221,8 @@ where
     RB: Send,
 {
     debug_assert!(!on_a_pool(), "join_here is for callers off the pools");
-    if OFFERS_QUEUED.load(Ordering::Relaxed) >= MAX_OFFERS_QUEUED {
+    let helper = helper();
+    if helper.queued.load(Ordering::Relaxed) >= MAX_OFFERS_QUEUED {
         // The helper has not even started the last offers (it is busy with a long `b`): do
         // not queue more, run both here.
         let ra = a();
@@ -246,8 +248,7 @@ where
         slot: &mut slot as *mut _ as *mut (),
         run: run::<B, RB>,
     });
-    OFFERS_QUEUED.fetch_add(1, Ordering::Relaxed);
-    helper().post(Arc::clone(&offer));
+    helper.post(Arc::clone(&offer));
     let ra = {
         // Settles the offer if `a` panics: `b` then never runs, or has ended.
         let guard = Settle(&offer);
@@ -291,7 +292,10 @@ pub const HELPER_SPIN_US: u64 = 1000;
 /// after each GEMV took 262-268 us (median) then, 192-196 us now, 179-182 us with no spin.
 struct Helper {
     queue: Mutex<std::collections::VecDeque<Arc<Offer>>>,
-    /// `queue.len()`, read by the spinning thread without the lock.
+    /// `queue.len()`, read without the lock: by the spinning thread, and by [`join_here`],
+    /// which offers no more past [`MAX_OFFERS_QUEUED`]. (Offers not yet taken, whether their
+    /// callers have claimed them meanwhile or not; per helper, so that a forked child does
+    /// not count its parent's.)
     queued: AtomicUsize,
     /// Set by the thread before it parks (then it checks `queued` once more); an offer posted
     /// meanwhile unparks it.
@@ -325,7 +329,7 @@ impl Helper {
     /// The thread's loop: takes offers, spinning up to `spin` between them, then parking.
     fn run(helper: Arc<Mutex<Option<Arc<Helper>>>>, spin: Duration) {
         let me = loop {
-            // Published by `start` right after the spawn.
+            // Published by `helper()` right after the spawn.
             if let Some(h) = helper.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 break h;
             }
@@ -336,7 +340,6 @@ impl Helper {
         loop {
             if me.queued.load(Ordering::SeqCst) > 0 {
                 if let Some(offer) = me.pop() {
-                    OFFERS_QUEUED.fetch_sub(1, Ordering::Relaxed);
                     offer.take_for_helper();
                     idle_since = Instant::now();
                     continue;
@@ -399,9 +402,6 @@ fn helper() -> Arc<Helper> {
     h
 }
 
-/// Offers of [`join_here`] queued for the helper and not yet taken by it (claimed by their
-/// callers meanwhile or not).
-static OFFERS_QUEUED: AtomicUsize = AtomicUsize::new(0);
 /// Past this many, [`join_here`] queues no more: each holds a small allocation until the
 /// helper gets to it, which a helper busy with a long `b` (another Python thread's call) may not
 /// do for a long time while calls keep coming.
@@ -486,7 +486,7 @@ impl Drop for Settle<'_> {
     }
 }
 
-/// How long [`join_here`] spins for the pool's half before sleeping.
+/// How long [`join_here`] spins for the helper's half before sleeping.
 pub const SPIN_WAIT: Duration = Duration::from_millis(2);
 /// How long of that it spins without yielding its core.
 pub const SPIN_PURE: Duration = Duration::from_micros(50);
@@ -544,8 +544,14 @@ mod tests {
     use crate::progress::Progress;
     use rayon::prelude::*;
 
+    /// Held by the tests that rely on the process-wide helper thread or library pool staying
+    /// as they are (tests run in parallel: the fork test replaces both, one test keeps the
+    /// helper busy).
+    static SHARED_STATE: Mutex<()> = Mutex::new(());
+
     #[test]
     fn with_pool_stands_in_on_this_thread_only() {
+        let _one = SHARED_STATE.lock().unwrap_or_else(|e| e.into_inner());
         let p = sized_pool(3).unwrap();
         let q = sized_pool(5).unwrap();
         let library = pool();
@@ -570,7 +576,7 @@ mod tests {
 
     #[test]
     fn join_here_runs_a_here_and_b_on_the_helper() {
-        let _one = HELPER_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = SHARED_STATE.lock().unwrap_or_else(|e| e.into_inner());
         let me = std::thread::current().id();
         // `a` long enough for the helper to claim `b`.
         let (a, b) = join_here(
@@ -610,12 +616,9 @@ mod tests {
         assert_eq!(slow, 7);
     }
 
-    /// Held by the tests that need the helper thread free (tests run in parallel).
-    static HELPER_TESTS: Mutex<()> = Mutex::new(());
-
     #[test]
     fn join_here_runs_b_on_the_caller_when_the_helper_is_busy() {
-        let _one = HELPER_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = SHARED_STATE.lock().unwrap_or_else(|e| e.into_inner());
         // The helper blocked in another caller's `b`: this caller claims its `b` after `a`
         // and runs it.
         let release = Arc::new(AtomicBool::new(false));
@@ -649,7 +652,7 @@ mod tests {
         for i in 0..200u32 {
             assert_eq!(join_here(|| i, || i + 1), (i, i + 1));
         }
-        let queued = OFFERS_QUEUED.load(Ordering::SeqCst);
+        let queued = helper().queued.load(Ordering::SeqCst);
         release.store(true, Ordering::SeqCst);
         blocker.join().unwrap();
         assert_eq!((a, b), (1, (me, 2)));
@@ -666,6 +669,8 @@ mod tests {
 
     #[test]
     fn join_here_propagates_panics_once_b_is_settled() {
+        // The first `a` waits for the helper to start `b`.
+        let _one = SHARED_STATE.lock().unwrap_or_else(|e| e.into_inner());
         // `a` panics while the helper runs `b`: the panic leaves after `b` has ended.
         let (started, finished) = (AtomicBool::new(false), AtomicBool::new(false));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -725,6 +730,9 @@ mod tests {
 
     #[test]
     fn sized_pools_are_cached_and_rebuilt_after_a_fork() {
+        // `mark_forked` replaces the library pool and the helper thread: not while another
+        // test relies on them.
+        let _one = SHARED_STATE.lock().unwrap_or_else(|e| e.into_inner());
         let a = sized_pool(3).unwrap();
         assert_eq!(a.current_num_threads(), 3);
         assert!(Arc::ptr_eq(&a, &sized_pool(3).unwrap()));

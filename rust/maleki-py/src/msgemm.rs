@@ -37,8 +37,8 @@ fn to_array2<T: numpy::Element>(
 
 /// Runs a `gemm` core call with the GIL released, on the library pool or (`threads`) on a
 /// pool of that many threads. Called off every pool, the core runs on this thread and hands
-/// work to that pool itself (a GEMV on 1-2 threads runs here and on at most one worker:
-/// `gemm::gemv_here`); from a worker of some rayon pool (a polars UDF, say) it would run on
+/// work to that pool itself (a GEMV on 1-2 threads runs here and on at most the helper thread
+/// of `pool::join_here`: `gemm::gemv_here`); from a worker of some rayon pool (a polars UDF, say) it would run on
 /// that pool, so the call is moved onto ours instead.
 fn run_gemm<T: Send>(
     py: Python<'_>,

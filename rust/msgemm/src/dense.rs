@@ -967,7 +967,7 @@ fn run_on(
     Ok(())
 }
 
-/// [`run`] on the calling thread and, with `two` threads, one worker of the library pool
+/// [`run`] on the calling thread and, with `two` threads, the helper thread
 /// ([`pool::join_here`]: the rows in two halves), without rayon: for callers off every pool
 /// whose weights have everything the call reads built ([`PackedWeights::dense_ready`]), so
 /// that a small call does not pay for waking the pool. The same bits as [`run`].

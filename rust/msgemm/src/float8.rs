@@ -168,7 +168,7 @@ struct Weights<'a> {
 /// `y = Wd @ X` on `kernel` (from [`kernel_for`], or any kernel in tests), `xt` `(N, K)`
 /// row-major in packed column order, finite; `y` (`M N` floats, `y_layout`) is overwritten.
 /// `here`: `None` runs the row blocks in parallel on the current pool; `Some(two)` runs on the
-/// calling thread, off every pool, with one worker taking half of the rows when `two`
+/// calling thread, off every pool, with the helper thread taking half of the rows when `two`
 /// ([`pool::join_here`]). Errors only when a copy does not fit in memory.
 pub fn run(
     pw: &PackedWeights,

@@ -3,7 +3,7 @@
 //! Work is split into table sets (a chunk of groups for a chunk of columns, kept under a
 //! memory budget) run in parallel on the current rayon pool (called off every pool, on the
 //! library pool, `maleki_common::pool`; a GEMV on 1 or 2 threads then runs on the calling
-//! thread and at most one worker, see [`gemv_here`]): with a column per thread or more, each task takes a range
+//! thread and at most the helper thread, see [`gemv_here`]): with a column per thread or more, each task takes a range
 //! of columns, all rows, and builds its own tables; otherwise (GEMV) the threads share each
 //! table set and split its rows into contiguous chunks of 64-row blocks. Every `y[m, n]` is
 //! accumulated over its groups in ascending order by exactly one task (a GEMV in two K slices,
@@ -840,7 +840,7 @@ pub fn gemm_into(
 ///
 /// Runs on the current rayon pool; called off every pool, on the library pool
 /// (`maleki_common::pool`), where a GEMV on 1 or 2 threads runs on the calling thread and at
-/// most one worker ([`gemv_here`]).
+/// most the helper thread ([`gemv_here`]).
 pub fn gemm_into_layout(
     pw: &PackedWeights,
     x: &[f32],
@@ -982,7 +982,7 @@ enum Here {
     NotReady,
 }
 
-/// A call on the dense `i16` path ([`crate::dense`]) run on the caller (and one worker), as
+/// A call on the dense `i16` path ([`crate::dense`]) run on the caller (and the helper thread), as
 /// [`gemv_here`] runs table GEMVs and for the same reason (waking the pool costs tens of
 /// microseconds, a large part of a small call). It runs when the pool has 1 or 2 threads, the
 /// weights' dense layout and tiles are built (a first call builds them, on the pool), the
@@ -1042,7 +1042,7 @@ fn packed_columns_here<'a>(
     }
 }
 
-/// A call on the fp8 path ([`float8`]) run on the caller (and one worker), as [`dense_here`]
+/// A call on the fp8 path ([`float8`]) run on the caller (and the helper thread), as [`dense_here`]
 /// runs dense calls, or `None` (nothing written) when it may not run here now: more than 2
 /// threads, a batch of more than [`CALLER_MAX_WORK`] weight-columns, the codes used not found
 /// yet (the plan needs them: a first call finds them, on the pool), or the caller slot taken.
@@ -1077,7 +1077,7 @@ fn float8_here(
 /// threads, default table, minima), pool -> caller: 64 x 256 N = 2 / 4 / 16 30 / 41 / 80 ->
 /// 7 / 10 / 25 us, 256 x 1024 N = 2 75 -> 20 us, N = 4 31 -> 28 us; from about 2^22 on the
 /// caller was slower (1024 x 1024 N = 4 46-50 against 55 us, 1024 x 4096 N = 4 108-118 against
-/// 192 us): its two halves of the rows wait for one worker, the pool balances blocks.
+/// 192 us): its two halves of the rows wait for one another, the pool balances blocks.
 const CALLER_MAX_WORK: usize = 1 << 21;
 
 /// Builds everything a GEMV with `opts` reads from `pw` (the codes used, the tile layout of the
@@ -1137,10 +1137,10 @@ impl Drop for CallerSlot {
 /// Handing a call to the pool costs a wake-up of a sleeping worker, another one when that
 /// worker splits the work with a second, and a third when it wakes the caller; on a VM each
 /// costs tens of microseconds, comparable to a whole 4096 x 4096 int4 GEMV (~120 us). So on a
-/// pool of 2 threads the calling thread runs the first K slice itself and one worker the
-/// second ([`pool::join_here`]: the worker is woken once and the caller spins for it; when
-/// no worker has started the second slice by the time the first is done, the caller runs
-/// it), and on 1 thread the caller runs both; a single group (one slice) is built on the caller and, on 2
+/// pool of 2 threads the calling thread runs the first K slice itself and the helper thread
+/// the second ([`pool::join_here`]: the helper, spinning between calls, takes it at once and
+/// the caller spins for it; when the helper has not started the second slice by the time the
+/// first is done, the caller runs it), and on 1 thread the caller runs both; a single group (one slice) is built on the caller and, on 2
 /// threads, its row blocks are split in two halves the same way (through the pool that cost
 /// 20-35 us more per call: int4 64x128 from Python 34 -> 7 us, 4096x128 38 -> 19 us). It
 /// qualifies when each slice takes one table pass, everything it reads from the weights is
@@ -1583,7 +1583,7 @@ mod tests {
     #[test]
     fn dense_batches_from_the_caller_give_the_pool_bits() {
         // Batches on the dense path of at most CALLER_MAX_WORK weight-columns called off
-        // the pool run on the caller and one worker (`dense_here`), with X transposed and
+        // the pool run on the caller and the helper thread (`dense_here`), with X transposed and
         // permuted there (act-order weights, both X layouts) and Y in both layouts: the pool's
         // bits on 1 and 2 threads; larger batches are left to the pool.
         let cases = caller_cases(200, 640);
@@ -1671,7 +1671,7 @@ mod tests {
 
     #[test]
     fn gemv_from_the_caller_gives_the_pool_bits() {
-        // A GEMV called off the pool on 1 or 2 threads runs on the caller (and one worker;
+        // A GEMV called off the pool on 1 or 2 threads runs on the caller (and the helper thread;
         // a single group: its rows split in two, 200 rows = 4 blocks): the same bits as on
         // the pool, once the first call has built the weights' caches.
         // (Other tests may run meanwhile: the pool size never changes a result.)
