@@ -35,25 +35,25 @@ __all__ = [
 
 
 def _check_thread_env() -> None:
-    # The core reads MALEKI_RS_NUM_THREADS and, when it is not an integer from 1 to 4096, uses
-    # every core: a typo ("O", "1.5") would otherwise go unnoticed.
+    # The core reads MALEKI_RS_NUM_THREADS (pool size) and MALEKI_RS_SPIN_US (how long the helper
+    # thread of short calls waits before it sleeps) and ignores a value outside their ranges:
+    # a typo ("O", "1.5") would otherwise go unnoticed.
+    _check_int_env("MALEKI_RS_NUM_THREADS", 1, 4096, lambda: f"maleki_rs uses {get_num_threads()} threads")
+    _check_int_env("MALEKI_RS_SPIN_US", 0, 100000, lambda: "the helper thread waits 1000 us")
+
+
+def _check_int_env(name: str, lo: int, hi: int, instead: _Any) -> None:
+    """Warns when the environment variable ``name`` is set but not an integer in ``lo..=hi``
+    (as Rust's ``usize`` parse reads it, after trimming); ``instead()`` says what is used."""
     import os
 
-    value = os.environ.get("MALEKI_RS_NUM_THREADS", "").strip()
+    value = os.environ.get(name, "").strip()
     digits = value.removeprefix("+")  # what Rust's usize parse takes
-    if value and not (digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 4096):
+    if value and not (digits.isascii() and digits.isdigit() and lo <= int(digits) <= hi):
         import warnings
 
-        warnings.warn(f"MALEKI_RS_NUM_THREADS={value!r} is not an integer from 1 to 4096: ignored, "
-                      f"maleki_rs uses {get_num_threads()} threads", RuntimeWarning, stacklevel=3)
-    # MALEKI_RS_SPIN_US: how long the helper thread of short calls waits before it sleeps.
-    spin = os.environ.get("MALEKI_RS_SPIN_US", "").strip()
-    digits = spin.removeprefix("+")
-    if spin and not (digits.isascii() and digits.isdigit() and int(digits) <= 100000):
-        import warnings
-
-        warnings.warn(f"MALEKI_RS_SPIN_US={spin!r} is not an integer from 0 to 100000: ignored, "
-                      f"the helper thread waits 1000 us", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{name}={value!r} is not an integer from {lo} to {hi}: ignored, {instead()}",
+                      RuntimeWarning, stacklevel=4)
 
 
 def set_num_threads(n: int) -> None:
