@@ -152,7 +152,7 @@ def timeit_rounds(fns: dict[str, Any], repeat: int, number: int = 1, rounds: int
     untimed for at least 100 ms: on this VM the first dozen calls after an idle pause are slow
     for any code (a 4096 x 4096 int4 GEMV on one thread, no pool involved: 0.7-1.1 ms, then
     0.2-0.45 ms, against 0.12-0.23 ms in a steady loop), which spinning thread pools (ONNX
-    Runtime's) hide and sleeping ones (ours) do not. AMX tiles take longer to come up to speed
+    Runtime's) hide and sleeping ones (ours, 1 ms after a call) do not. AMX tiles take longer to come up to speed
     than that: int4 4096 x 4096, N = 16, minima of 5 calls after the pause, run for 30 ms:
     0.63-1.05 ms; for 100-300 ms: 0.61-0.75 ms; a steady loop: 0.57-0.63 ms (VNNI 0.90-1.34,
     0.92-1.03 and 0.87-0.91 ms). Hence 100 ms. (Sustained load slows this host's cores, likely
