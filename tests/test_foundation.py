@@ -292,8 +292,8 @@ class TestCommand:
 ])
 def test_a_bad_thread_setting_in_the_environment_warns_at_import(name, value, warns):
     code = "import warnings; warnings.simplefilter('error'); import maleki_rs; print(maleki_rs.get_num_threads())"
-    env = {**os.environ, name: value}
-    env.pop("MALEKI_RS_NUM_THREADS" if name != "MALEKI_RS_NUM_THREADS" else "MALEKI_RS_SPIN_US", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("MALEKI_RS_NUM_THREADS", "MALEKI_RS_SPIN_US")}
+    env[name] = value
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if warns:
         assert r.returncode != 0 and f"RuntimeWarning: {name}=" in r.stderr

@@ -221,14 +221,16 @@ where
     RB: Send,
 {
     debug_assert!(!on_a_pool(), "join_here is for callers off the pools");
-    let helper = helper();
-    if helper.queued.load(Ordering::Relaxed) >= MAX_OFFERS_QUEUED {
-        // The helper has not even started the last offers (it is busy with a long `b`): do
-        // not queue more, run both here.
-        let ra = a();
-        let rb = b();
-        return (ra, rb);
-    }
+    let helper = match helper() {
+        Some(h) if h.queued.load(Ordering::Relaxed) < MAX_OFFERS_QUEUED => h,
+        // No helper (the system would not start a thread), or it has not even started the
+        // last offers (it is busy with a long `b`): do not queue more, run both here.
+        _ => {
+            let ra = a();
+            let rb = b();
+            return (ra, rb);
+        }
+    };
     // `b` and its result (or panic) live on this stack frame; the helper reaches them
     // through a type-erased pointer, only after winning the claim, and this frame does not
     // end before it has finished with them (`Offer::settle`).
@@ -300,7 +302,8 @@ struct Helper {
     /// Set by the thread before it parks (then it checks `queued` once more); an offer posted
     /// meanwhile unparks it.
     parked: AtomicBool,
-    thread: std::thread::Thread,
+    /// Set by the thread itself when it starts, before it can ever set `parked`.
+    thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Helper {
@@ -313,7 +316,10 @@ impl Helper {
         // this sees `parked` and unparks it (a pending unpark makes the next `park` return).
         self.queued.fetch_add(1, Ordering::SeqCst);
         if self.parked.load(Ordering::SeqCst) {
-            self.thread.unpark();
+            // Always set by then: the thread sets it before it ever sets `parked`.
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
         }
     }
 
@@ -327,14 +333,8 @@ impl Helper {
     }
 
     /// The thread's loop: takes offers, spinning up to `spin` between them, then parking.
-    fn run(helper: Arc<Mutex<Option<Arc<Helper>>>>, spin: Duration) {
-        let me = loop {
-            // Published by `helper()` right after the spawn.
-            if let Some(h) = helper.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                break h;
-            }
-            std::thread::park();
-        };
+    fn run(me: Arc<Helper>, spin: Duration) {
+        let _ = me.thread.set(std::thread::current());
         let mut idle_since = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -369,37 +369,32 @@ impl Helper {
 }
 
 /// The helper thread of this process (after a fork, a new one: the parent's does not exist
-/// in the child).
-fn helper() -> Arc<Helper> {
+/// in the child), or None when the system would not start it.
+fn helper() -> Option<Arc<Helper>> {
     let generation = FORK_GENERATION.load(Ordering::SeqCst);
     let mut guard = HELPER.lock().unwrap_or_else(|e| e.into_inner());
     leak_if_stale(&mut guard, generation);
     if let Some((_, h)) = guard.as_ref() {
-        return Arc::clone(h);
+        return Some(Arc::clone(h));
     }
     let spin = std::env::var(ENV_SPIN_US)
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|&us| us <= 100_000)
         .unwrap_or(HELPER_SPIN_US);
-    let handoff: Arc<Mutex<Option<Arc<Helper>>>> = Arc::new(Mutex::new(None));
-    let theirs = Arc::clone(&handoff);
-    let thread = std::thread::Builder::new()
-        .name("maleki-rs-helper".into())
-        .spawn(move || Helper::run(theirs, Duration::from_micros(spin)))
-        .expect("starting the maleki_rs helper thread failed (out of threads?)")
-        .thread()
-        .clone();
     let h = Arc::new(Helper {
         queue: Mutex::new(std::collections::VecDeque::new()),
         queued: AtomicUsize::new(0),
         parked: AtomicBool::new(false),
-        thread: thread.clone(),
+        thread: std::sync::OnceLock::new(),
     });
-    *handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&h));
-    thread.unpark();
+    let theirs = Arc::clone(&h);
+    std::thread::Builder::new()
+        .name("maleki-rs-helper".into())
+        .spawn(move || Helper::run(theirs, Duration::from_micros(spin)))
+        .ok()?;
     *guard = Some((generation, Arc::clone(&h)));
-    h
+    Some(h)
 }
 
 /// Past this many, [`join_here`] queues no more: each holds a small allocation until the
@@ -652,7 +647,7 @@ mod tests {
         for i in 0..200u32 {
             assert_eq!(join_here(|| i, || i + 1), (i, i + 1));
         }
-        let queued = helper().queued.load(Ordering::SeqCst);
+        let queued = helper().unwrap().queued.load(Ordering::SeqCst);
         release.store(true, Ordering::SeqCst);
         blocker.join().unwrap();
         assert_eq!((a, b), (1, (me, 2)));
